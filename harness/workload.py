@@ -1,0 +1,110 @@
+"""Session specifications and the client's token content, derived from seeds alone.
+
+A session is fully described by its turn count, its tool times and one token seed: the ids it sends
+are regenerated on demand from (seed, turn), so a plan never stores the ~40k ids of a long session,
+and the i-th session of a stream is the same object in every rate, arm, cell and test (common
+random numbers, paper App. E.2). Each session draws from its own counter-based stream, keyed by
+(plan seed, stream, index), so drawing session i never depends on how many others were drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.config import WorkloadConfig
+
+# Stream identifiers inside one seed: independent families of sessions.
+STREAM_BASE = 0  # the Poisson base stream (arrival order)
+STREAM_BURST = 1  # the 200-session burst draw
+STREAM_CLOSED = 2  # closed-population replacements (Stage C, E0a)
+
+STREAM_KINDS = {STREAM_BASE: "base", STREAM_BURST: "burst", STREAM_CLOSED: "closed"}
+
+# Fixed upper bound on turn counts across all workloads; uniforms are drawn for this many tool
+# times so that changing the cap (MIRROR) keeps the same per-turn draws.
+MAX_TURN_DRAWS = 64
+
+_TOKEN_DOMAIN = 0x746F6B  # separates token streams from spec streams
+
+
+def _generator(*key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(key=np.random.SeedSequence(list(key)).generate_state(2, np.uint64)))
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What the client needs to play one session: no arrival semantics beyond `arrival`."""
+
+    stream: int
+    index: int  # position within its stream (arrival order for the base stream, draw order for bursts)
+    arrival: float  # seconds after run start; NaN for closed-population sessions
+    n_turns: int
+    tool_times: tuple[float, ...]  # n_turns - 1 tool times, the sleep after turns 1..T-1
+    token_seed: int
+    u_turns: float = field(default=float("nan"), compare=False)  # the uniform behind n_turns
+    refused: bool = False  # SHED: the session arrives (and is counted) but is turned away
+
+    @property
+    def kind(self) -> str:
+        """'base', 'burst' or 'closed': the family the session belongs to, from its stream."""
+        return STREAM_KINDS[self.stream]
+
+    def prompt_tokens(self, workload: WorkloadConfig) -> int:
+        """Prompt tokens the session sends over all its turns if every turn misses (W(T))."""
+        return sum(workload.prompt_len(k) for k in range(1, self.n_turns + 1))
+
+
+def turn_survival(workload: WorkloadConfig) -> np.ndarray:
+    """G_k = P(T >= k) for k = 1..cap: the share of sessions that reach turn k (model F's weights)."""
+    q = 1.0 - 1.0 / workload.turns.mean
+    return q ** np.arange(workload.turns.cap, dtype=float)
+
+
+def expected_turns(workload: WorkloadConfig) -> float:
+    """E[T] = sum_k P(T >= k) = mean * (1 - q^cap): 14.761 for the workload of record."""
+    q = 1.0 - 1.0 / workload.turns.mean
+    return workload.turns.mean * (1.0 - q**workload.turns.cap)
+
+
+def hit_ceiling(workload: WorkloadConfig) -> float:
+    """Long-run hit fraction bound 1 - 1/E[T]: every first turn misses, at best every later one hits."""
+    return 1.0 - 1.0 / expected_turns(workload)
+
+
+def turn_count(u: float, mean: float, cap: int) -> int:
+    """Inverse CDF of min(Geometric(1/mean), cap) on {1, 2, ...} at uniform u in [0, 1)."""
+    p = 1.0 / mean
+    if u <= 0.0:
+        return 1
+    t = math.ceil(math.log1p(-u) / math.log1p(-p))
+    return int(min(max(t, 1), cap))
+
+
+def draw_session(workload: WorkloadConfig, seed: int, stream: int, index: int, arrival: float = float("nan")) -> SessionSpec:
+    """The index-th session of `stream` under `seed`: turn count, tool times and token seed.
+
+    Turn count and tool times come from uniforms by inverse CDF, so a change of turn law (MIRROR) or
+    tool mean is a deterministic transform of the same draw.
+    """
+    g = _generator(seed, stream, index)
+    u = g.random(1 + MAX_TURN_DRAWS)
+    token_seed = int(g.integers(0, 2**63 - 1))
+    n = turn_count(float(u[0]), workload.turns.mean, workload.turns.cap)
+    mean_z = workload.tool_time.mean
+    tools = tuple(float(-mean_z * math.log1p(-x)) for x in u[1:n])
+    return SessionSpec(stream=stream, index=index, arrival=arrival, n_turns=n, tool_times=tools, token_seed=token_seed, u_turns=float(u[0]))
+
+
+def turn_tokens(workload: WorkloadConfig, spec: SessionSpec, turn: int) -> np.ndarray:
+    """The client-generated ids of turn `turn` (1-based): L0 ids for turn 1, Delta tool ids after.
+
+    The full prompt of turn k is the previous prompt + the ids the server returned + these.
+    """
+    if turn < 1 or turn > spec.n_turns:
+        raise ValueError(f"turn {turn} outside 1..{spec.n_turns}")
+    n = workload.first_prompt if turn == 1 else workload.tool_tokens
+    g = _generator(_TOKEN_DOMAIN, spec.token_seed & 0xFFFFFFFF, spec.token_seed >> 32, turn)
+    return g.integers(workload.token_ids.low, workload.token_ids.high, size=n, dtype=np.int32)

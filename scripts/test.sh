@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The project's test command: installs the harness (and the real vLLM engine in its own venv),
+# then runs the whole suite: unit tests, the simulator calibrations and paired test, and the
+# integration tests against a real vLLM server serving a tiny locally-built model.
+#
+#   scripts/test.sh            everything (what CI runs)
+#   AGENTLOAD_SKIP_VLLM=1 scripts/test.sh   skip installing/running the real vLLM
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+
+if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ]; then
+  # Sets AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL for the integration tests.
+  # shellcheck disable=SC1091
+  source scripts/engine-env.sh
+fi
+
+exec .venv/bin/python -m pytest -q -ra "$@"
