@@ -1,0 +1,508 @@
+"""Typed, strictly validated configuration: workload, cell, protocol, arm, test.
+
+Every experiment is a composition of these five files. Validation is strict (unknown keys are
+errors) because a silently ignored key in a registered test is a protocol deviation nobody sees.
+Errors name the file, the field path, the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from harness.engine.cost import CostModel
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration file is malformed. The message is meant for the person who wrote the file."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# workload
+# ---------------------------------------------------------------------------------------------
+class TurnLaw(_Strict):
+    """T = min(Geometric(p = 1/mean) on {1, 2, ...}, cap)."""
+
+    law: Literal["capped_geometric"] = "capped_geometric"
+    mean: float = Field(15.0, gt=1.0, description="mean of the uncapped geometric law (1/p)")
+    # le=64: draw_session draws a fixed 64 tool-time uniforms per session (workload.MAX_TURN_DRAWS)
+    cap: int = Field(60, ge=1, le=64, description="maximum number of turns")
+
+
+class ToolTimeLaw(_Strict):
+    law: Literal["exponential"] = "exponential"
+    mean: float = Field(5.0, gt=0.0, description="mean tool time, seconds")
+
+
+class TokenRange(_Strict):
+    """Client token ids are drawn uniformly from [low, high)."""
+
+    low: int = Field(4, ge=0)
+    high: int = Field(32000, gt=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "TokenRange":
+        if self.high <= self.low:
+            raise ValueError(f"high > low, got low {self.low} and high {self.high}")
+        return self
+
+
+class WorkloadConfig(_Strict):
+    kind: Literal["workload"] = "workload"
+    name: str
+    description: str = ""
+    first_prompt: int = Field(2000, ge=1, description="L0, tokens of the first prompt")
+    tool_tokens: int = Field(550, ge=0, description="Delta, new tool-output tokens per follow-up")
+    decode_tokens: int = Field(100, ge=1, description="d, output tokens per turn (ignore_eos)")
+    turns: TurnLaw = TurnLaw()
+    tool_time: ToolTimeLaw = ToolTimeLaw()
+    token_ids: TokenRange = TokenRange()
+
+    def prompt_len(self, k: int) -> int:
+        """L_k = L0 + (k-1)(Delta + d): the previous prompt, the returned output and the tool output."""
+        return self.first_prompt + (k - 1) * (self.tool_tokens + self.decode_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# cell
+# ---------------------------------------------------------------------------------------------
+class CostConfig(_Strict):
+    a: float = Field(9.24e-3, ge=0)
+    f0: float = Field(1.26e-3, ge=0)
+    b: float = Field(62.6e-6, ge=0)
+    c_p: float = Field(2.24e-9, ge=0)
+    chunk: int = Field(8192, ge=1)
+    c_d: float = Field(0.31e-3, ge=0)
+    speed: float = Field(1.0, gt=0)
+    token_factor: float = Field(1.0, gt=0)
+
+    def model(self) -> CostModel:
+        return CostModel(**self.model_dump())
+
+
+class EngineId(_Strict):
+    name: Literal["sglang", "vllm"]
+    version: str
+
+
+class CellConfig(_Strict):
+    """Engine + version + GPU + model + KV pool + scheduling settings (paper App. E.2, Table 4)."""
+
+    kind: Literal["cell"] = "cell"
+    name: str
+    description: str = ""
+    engine: EngineId
+    model: str
+    model_revision: str | None = Field(None, description="model repository revision the weights came from")
+    gpu: str
+    attention_backend: str | None = Field(None, description="e.g. flashinfer (A100) or fa3 (H200); provenance")
+    kv_pool_tokens: int = Field(..., ge=1)
+    page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    lpm_fallback_waiting: int = Field(128, ge=0, description="LPM sorts only while at most this many wait")
+    chunked_prefill: int = Field(8192, ge=1)
+    max_running: int = Field(256, ge=1)
+    prefix_cache: bool = True
+    waiting_prefix_refresh: bool = Field(True, description="SGLang: touch waiting prefixes every 32 passes")
+    batching: Literal["separate", "mixed"] = Field(
+        "separate", description="separate prefill/decode iterations (SGLang) or mixed (vLLM)"
+    )
+    context_length: int = Field(49152, ge=1)
+    cost: CostConfig = CostConfig()
+    cost_file: str | None = Field(
+        None, description="a cost file (kind: cost) whose parameters fill `cost`; exclusive with `cost`"
+    )
+    lambda_ref: float | None = Field(None, gt=0, description="E0a turns-based all-miss rate, sessions/s")
+    all_miss_token_rate: float | None = Field(None, gt=0, description="E0a uncached prefill tokens/s")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cost_file(cls, data: Any, info: ValidationInfo) -> Any:
+        # A shared cost file keeps fitted parameters in one place; its values are copied into
+        # `cost` so a cell object (and every meta.json that dumps it) is self-contained. A dumped
+        # cell carries both: then the inline values must match the file where the file is readable,
+        # and stand alone where it is not (reading a run's record on another machine).
+        if not isinstance(data, dict) or not isinstance(data.get("cost_file"), str):
+            return data
+        ref = data["cost_file"]
+        try:
+            from_file = load_cost_file(ref, (info.context or {}).get("base"))
+        except ConfigError as exc:
+            if "cost" in data:
+                return data
+            raise ValueError(f"cost_file {ref!r} to be a readable cost file: {exc}") from None
+        if "cost" in data:
+            try:
+                inline = CostConfig.model_validate(data["cost"])
+            except ValidationError:
+                return data  # the cost field reports its own errors
+            if inline != from_file:
+                raise ValueError(
+                    f"cost to equal the parameters of cost_file {ref!r} when both are given; "
+                    f"got cost {inline.model_dump()} and file {from_file.model_dump()}: give only one"
+                )
+        return {**data, "cost": from_file.model_dump()}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CellConfig":
+        if self.engine.name == "vllm" and self.schedule_policy == "lpm":
+            raise ValueError("schedule_policy 'fcfs' on a vLLM cell ('lpm' is SGLang's)")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# protocol
+# ---------------------------------------------------------------------------------------------
+class BurstSpec(_Strict):
+    time: float = Field(1200.0, ge=0, description="t_b, seconds after run start")
+    size: int = Field(200, ge=0)
+    width: float = Field(60.0, gt=0, description="burst arrivals are uniform in [time, time+width)")
+
+
+class WindowSpec(_Strict):
+    start: float = Field(..., ge=0)
+    end: float = Field(..., gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "WindowSpec":
+        if self.end <= self.start:
+            raise ValueError(f"end > start, got start {self.start} and end {self.end}")
+        return self
+
+
+class ProtocolConfig(_Strict):
+    kind: Literal["protocol"] = "protocol"
+    name: str
+    description: str = ""
+    duration: float = Field(8700.0, gt=0)
+    burst: BurstSpec = BurstSpec()
+    window: WindowSpec = WindowSpec(start=5700.0, end=8700.0)
+    min_window: float = Field(600.0, gt=0, description="shortest evaluation window the rule accepts")
+    backlog_bin: float = Field(10.0, gt=0, description="bin width of the backlog series")
+    hit_bin: float = Field(100.0, gt=0, description="window of the hit-fraction time series (figures)")
+    recovered_span: float = Field(300.0, gt=0, description="RECOVERED is judged over the last span")
+    gauge_interval: float = Field(5.0, gt=0, description="engine /metrics scrape period")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "ProtocolConfig":
+        if self.window.end > self.duration:
+            raise ValueError(f"window.end <= duration, got window.end {self.window.end} > duration {self.duration}")
+        if self.window.end - self.window.start < self.min_window:
+            raise ValueError(
+                f"a window of at least min_window = {self.min_window} s, "
+                f"got [{self.window.start}, {self.window.end})"
+            )
+        if self.burst.size > 0 and self.burst.time + self.burst.width > self.duration:
+            raise ValueError(
+                f"the burst to end before the run, got burst [{self.burst.time}, "
+                f"{self.burst.time + self.burst.width}) in a run of {self.duration} s"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# arm
+# ---------------------------------------------------------------------------------------------
+class ToolSlow(_Strict):
+    """Every tool call that starts in [start, end) lasts delta seconds longer.
+
+    Whether a call starts in the window depends on how fast the engine served the turn before it,
+    so this is a rule the client applies at run time, not a property of the frozen plan.
+    """
+
+    start: float = Field(..., ge=0)
+    end: float = Field(..., gt=0)
+    delta: float = Field(..., gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "ToolSlow":
+        if self.end <= self.start:
+            raise ValueError(f"end > start, got start {self.start} and end {self.end}")
+        return self
+
+
+class Shed(_Strict):
+    """Arrivals in [start, start + duration) are refused (and counted)."""
+
+    start: float = Field(..., ge=0)
+    duration: float = Field(..., gt=0)
+
+
+class Cut(_Strict):
+    """From `start`, base arrivals are thinned to `rate` (a multiple of lambda_ref)."""
+
+    start: float = Field(..., ge=0)
+    rate: float = Field(..., gt=0)
+
+
+class Gate(_Strict):
+    """Client session gate. `fifo_cap`: CAPPED from t=0. `rescue`: engaged at t_on by attrition and pause.
+
+    `cap` may be left out: the registered cap then comes from the test (TestConfig.cap), so one arm
+    file serves every cell whose registration fills a different cap.
+    """
+
+    kind: Literal["fifo_cap", "rescue"]
+    cap: int | None = Field(None, ge=1, description="n_cap; absent = the test's cap")
+    t_on: float = Field(0.0, ge=0)
+    release_hold: float = Field(300.0, gt=0, description="rescue: both queues empty this long before release")
+    release_min_after: float = Field(600.0, ge=0, description="rescue: no release before t_on + this")
+    release_tick: float = Field(10.0, gt=0)
+
+
+class ArmConfig(_Strict):
+    kind: Literal["arm"] = "arm"
+    name: str
+    description: str = ""
+    burst: bool = True
+    burst_size: int | None = Field(None, ge=0, description="overrides the protocol's burst size (BASIN)")
+    gate: Gate | None = None
+    toolslow: ToolSlow | None = None
+    shed: Shed | None = None
+    cut: Cut | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ArmConfig":
+        if not self.burst and self.burst_size not in (None, 0):
+            raise ValueError(f"burst_size absent or 0 when burst is false, got burst_size {self.burst_size}")
+        return self
+
+    def gate_cap(self, test_cap: int | None = None) -> int | None:
+        """The cap the gate enforces: the arm's own, else the test's; None when the arm has no gate."""
+        if self.gate is None:
+            return None
+        cap = self.gate.cap if self.gate.cap is not None else test_cap
+        if cap is None:
+            raise ConfigError(
+                f"arm {self.name!r}: gate.cap is absent and no test cap was given; "
+                "expected a cap in the arm file or in the test's 'cap' field"
+            )
+        return cap
+
+
+# ---------------------------------------------------------------------------------------------
+# test
+# ---------------------------------------------------------------------------------------------
+class TestConfig(_Strict):
+    """Which arms x rates x seeds of a cell, workload and protocol make one registered test."""
+
+    __test__ = False  # not a pytest class
+
+    kind: Literal["test"] = "test"
+    name: str
+    description: str = ""
+    rule: Literal["e2"] = "e2"
+    cell: str
+    workload: str
+    protocol: str
+    arms: list[str] = Field(..., min_length=1)
+    rates: list[float] = Field(..., min_length=1)
+    seeds: list[int] = Field(..., min_length=1)
+    cap: int | None = Field(None, ge=1, description="n_cap for arms whose gate cap is not fixed")
+    registration: str | None = None
+
+    @model_validator(mode="after")
+    def _positive(self) -> "TestConfig":
+        for r in self.rates:
+            if r <= 0:
+                raise ValueError(f"rates to be positive multiples of lambda_ref, got {r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"distinct seeds, got {self.seeds}")
+        if len(set(self.rates)) != len(self.rates):
+            raise ValueError(f"distinct rates, got {self.rates}")
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"distinct arms, got {self.arms}")
+        return self
+
+
+ConfigModel = WorkloadConfig | CellConfig | ProtocolConfig | ArmConfig | TestConfig
+M = TypeVar("M", bound=BaseModel)
+
+_KINDS: dict[str, type[BaseModel]] = {
+    "workload": WorkloadConfig,
+    "cell": CellConfig,
+    "protocol": ProtocolConfig,
+    "arm": ArmConfig,
+    "test": TestConfig,
+}
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _expected(e: Any) -> str:
+    msg = e["msg"].removeprefix("Value error, ")
+    if msg.startswith("Input should be "):
+        msg = msg.removeprefix("Input should be ")
+    return msg
+
+
+def _format_errors(path: Path | str, err: ValidationError) -> str:
+    lines = [f"{path}: invalid {err.title} configuration ({err.error_count()} error(s))"]
+    for e in err.errors(include_url=False):
+        loc = _fmt_loc(tuple(x for x in e["loc"] if x not in ("function-after", "function-before")))
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its spelling")
+        elif e["type"] == "missing":
+            lines.append(f"  {loc}: required field is missing; expected a value")
+        elif e["type"] == "value_error":
+            # model-level checks already name the values they compare; the input is the whole mapping
+            lines.append(f"  {loc}: expected {_expected(e)}")
+        else:
+            lines.append(f"  {loc}: got {_short(e['input'])}; expected {_expected(e)}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, model: type[M], source: Path | str = "<memory>") -> M:
+    """Validate already-loaded data against `model`, raising ConfigError with a readable message.
+
+    Files are validated strictly (no "60" -> 60 or 20.0 -> 20 coercion): a registered value should
+    be exactly what its file says. References inside the file (cost_file) resolve relative to it.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    base = Path(source).parent if str(source) != "<memory>" else None
+    try:
+        return model.model_validate(data, strict=True, context={"base": base})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def resolve_path(ref: str | Path, base: Path | None = None) -> Path:
+    """Find a referenced config: absolute, relative to `base`, to the cwd, or under configs/."""
+    p = Path(ref)
+    candidates = [p] if p.is_absolute() else [*(([base / p]) if base else []), Path.cwd() / p, CONFIG_ROOT / p]
+    for c in candidates:
+        if c.is_file():
+            return c
+        if c.with_suffix(".yaml").is_file():
+            return c.with_suffix(".yaml")
+    tried = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"config {str(ref)!r} not found (tried {tried})")
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with two fixes for configs: a key given twice is an error (plain YAML keeps the last
+    one silently), and `1e-3` is a float (YAML 1.1 reads it as a string)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (line {line}; first given on line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(path: Path | str) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def load_config(path: Path | str, model: type[M] | None = None, base: Path | None = None) -> M:
+    """Load and validate one config file. The `kind:` key selects the model when none is given."""
+    resolved = resolve_path(path, base)
+    data = load_yaml(resolved)
+    if model is None:
+        if not isinstance(data, dict) or "kind" not in data:
+            raise ConfigError(f"{resolved}: missing 'kind' (one of {sorted(_KINDS)})")
+        kind = data["kind"]
+        if kind not in _KINDS:
+            raise ConfigError(f"{resolved}: kind: got {kind!r}; expected one of {sorted(_KINDS)}")
+        model = _KINDS[kind]  # type: ignore[assignment]
+    return parse_config(data, model, resolved)  # type: ignore[arg-type]
+
+
+def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
+    """Read a cost file: `kind: cost`, optional name/description, and CostConfig's parameters."""
+    resolved = resolve_path(ref, base)
+    data = load_yaml(resolved)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
+    if data.get("kind") != "cost":
+        raise ConfigError(f"{resolved}: kind: got {data.get('kind')!r}; expected 'cost'")
+    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description")}
+    return parse_config(params, CostConfig, resolved)
+
+
+@dataclass(frozen=True)
+class TestBundle:
+    """A test with every file it names loaded and checked against the others."""
+
+    __test__ = False
+
+    test: TestConfig
+    cell: CellConfig
+    workload: WorkloadConfig
+    protocol: ProtocolConfig
+    arms: dict[str, ArmConfig]
+    path: Path | None = None
+
+
+def load_test(path: Path | str) -> TestBundle:
+    """Load a test file and the cell, workload, protocol and arms it names (arms/<name>.yaml)."""
+    resolved = resolve_path(path)
+    test = load_config(resolved, TestConfig)
+    base = resolved.parent
+    cell = load_config(config_ref(test.cell, "cells"), CellConfig, base)
+    workload = load_config(config_ref(test.workload, "workloads"), WorkloadConfig, base)
+    protocol = load_config(config_ref(test.protocol, "protocols"), ProtocolConfig, base)
+    arms: dict[str, ArmConfig] = {}
+    for name in test.arms:
+        arm = load_config(config_ref(name, "arms"), ArmConfig, base)
+        try:
+            arm.gate_cap(test.cap)
+        except ConfigError as exc:
+            raise ConfigError(f"{resolved}: cap: {exc}") from None
+        arms[name] = arm
+    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved)
+
+
+def config_ref(name: str, folder: str) -> str:
+    """A bare name ('burst') means configs/<folder>/<name>.yaml; anything with a slash is a path."""
+    return name if ("/" in name or name.endswith((".yaml", ".yml"))) else f"{folder}/{name}"

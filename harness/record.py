@@ -1,0 +1,457 @@
+"""Run records: one directory per run, written append-only while the run goes (docs/run-format.md).
+
+Every driver (the simulator, the real-engine driver, the emulator-backed driver) writes through
+RunRecorder, and every analysis reads through load_run, so a run is one format whatever produced
+it. Rows go to one JSONL file per table as they happen, flushed every FLUSH_ROWS rows and at least
+every FLUSH_SECONDS of wall time, so a killed process leaves readable data behind (at worst the
+last second and a cut-short final line). close() compacts each table to Parquet, records each
+file's SHA-256 in meta.json and then removes the JSONL: the Parquet file is the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Mapping
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+
+FORMAT_VERSION = 1
+RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "INTERRUPTED")
+TURN_STATUSES = ("ok", "error", "timeout", "unfinished")  # unfinished: still in flight when the run ended
+OUTCOMES = ("completed", "refused", "unfinished", "failed")
+RESERVED_META = ("format", "format_version", "status", "status_reason", "created_at", "finished_at", "tables")
+
+FLUSH_ROWS = 512
+FLUSH_SECONDS = 1.0
+
+_f64, _i64, _i32, _str, _bool = pa.float64(), pa.int64(), pa.int32(), pa.string(), pa.bool_()
+
+
+def _schema(*cols: tuple[str, pa.DataType, bool]) -> pa.Schema:
+    return pa.schema([pa.field(n, t, nullable=nullable) for n, t, nullable in cols])
+
+
+# Column order here is the column order of the files; docs/run-format.md documents each column.
+SCHEMAS: dict[str, pa.Schema] = {
+    "turns": _schema(
+        ("session", _i64, False),
+        ("kind", _str, False),
+        ("turn", _i32, False),
+        ("request_id", _i64, True),
+        ("send_time", _f64, False),
+        ("first_token_time", _f64, True),
+        ("done_time", _f64, True),
+        ("prompt_tokens", _i64, True),
+        ("cached_tokens", _i64, True),
+        ("completion_tokens", _i64, True),
+        ("n_output_ids", _i64, True),
+        ("queue_time", _f64, True),
+        ("status", _str, False),
+        ("http_status", _i32, True),
+        ("error", _str, True),
+    ),
+    "sessions": _schema(
+        ("session", _i64, False),
+        ("kind", _str, False),
+        ("stream", _i32, True),
+        ("index", _i32, True),
+        ("arrival", _f64, False),
+        ("admission", _f64, True),
+        ("end", _f64, True),
+        ("outcome", _str, False),
+        ("n_turns", _i32, True),
+        ("turns_done", _i32, True),
+        ("gate_wait", _f64, True),
+        ("paused_time", _f64, True),
+    ),
+    "gate_events": _schema(
+        ("time", _f64, False),
+        ("event", _str, False),
+        ("session", _i64, True),
+        ("queue_new", _i32, True),
+        ("queue_resume", _i32, True),
+        ("admitted", _i32, True),
+        ("cap", _i32, True),
+    ),
+    "gauges": _schema(
+        ("time", _f64, False),
+        ("running", _f64, True),
+        ("waiting", _f64, True),
+        ("kv_used_tokens", _f64, True),
+        ("kv_evictable_tokens", _f64, True),
+        ("pool_tokens", _f64, True),
+        ("prompt_tokens_total", _f64, True),
+        ("cached_tokens_total", _f64, True),
+        ("generation_tokens_total", _f64, True),
+        ("preemptions_total", _f64, True),
+    ),
+}
+TABLES = tuple(SCHEMAS)
+
+
+class RunFormatError(ValueError):
+    """A run directory cannot be read as a run record."""
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot store {type(obj).__name__} in meta.json")
+
+
+def _dump_meta(meta: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(
+        meta, default=_json_default, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    )
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class RunRecorder:
+    """Writes one run directory. Use as a context manager, or call close() yourself.
+
+    Times are seconds since run start (the driver's clock: virtual in the simulator, monotonic wall
+    time on real engines). `meta` is the caller's description of the run (config, plan hash, arm,
+    rate, seed, engine, ...); the recorder adds the keys in RESERVED_META and owns them.
+    """
+
+    def __init__(self, run_dir: Path | str, meta: Mapping[str, Any]) -> None:
+        self.dir = Path(run_dir)
+        clash = sorted(set(meta) & set(RESERVED_META))
+        if clash:
+            raise ValueError(f"meta keys {clash} are set by the recorder; rename them")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if (self.dir / "meta.json").exists():
+            raise FileExistsError(f"{self.dir} already holds a run (meta.json exists); use a fresh directory")
+        self._meta: dict[str, Any] = {
+            **meta,
+            "format": "agentload-run",
+            "format_version": FORMAT_VERSION,
+            "status": "RUNNING",
+            "status_reason": None,
+            "created_at": _now_iso(),
+            "finished_at": None,
+            "tables": None,
+        }
+        self._write_meta()
+        self._files: dict[str, BinaryIO] = {t: open(self.dir / f"{t}.jsonl", "ab") for t in TABLES}
+        self._buf: dict[str, list[bytes]] = {t: [] for t in TABLES}
+        self._pending = 0
+        self._last_flush = time.monotonic()
+        self.closed = False
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _row(self, table: str, row: dict[str, Any]) -> None:
+        if self.closed:
+            raise RuntimeError(f"run record {self.dir} is closed")
+        self._buf[table].append(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        self._pending += 1
+        if self._pending >= FLUSH_ROWS or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def turn(
+        self,
+        *,
+        session: int,
+        kind: str,
+        turn: int,
+        send_time: float,
+        done_time: float | None,
+        status: str = "ok",
+        first_token_time: float | None = None,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        n_output_ids: int | None = None,
+        queue_time: float | None = None,
+        http_status: int | None = None,
+        error: str | None = None,
+        request_id: int | None = None,
+    ) -> None:
+        """One finished (or failed) request: written when its response is known."""
+        if status not in TURN_STATUSES:
+            raise ValueError(f"turn status {status!r}; expected one of {TURN_STATUSES}")
+        self._row("turns", {
+            "session": session, "kind": kind, "turn": turn, "request_id": request_id,
+            "send_time": send_time, "first_token_time": first_token_time, "done_time": done_time,
+            "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+            "completion_tokens": completion_tokens, "n_output_ids": n_output_ids,
+            "queue_time": queue_time, "status": status, "http_status": http_status, "error": error,
+        })  # fmt: skip
+
+    def session(
+        self,
+        *,
+        session: int,
+        kind: str,
+        arrival: float,
+        outcome: str,
+        stream: int | None = None,
+        index: int | None = None,
+        admission: float | None = None,
+        end: float | None = None,
+        n_turns: int | None = None,
+        turns_done: int | None = None,
+        gate_wait: float | None = None,
+        paused_time: float | None = None,
+    ) -> None:
+        """A session's state. May be written several times (arrival, admission, end): the last wins,
+        so a killed run still lists sessions that had arrived, as 'unfinished'."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"session outcome {outcome!r}; expected one of {OUTCOMES}")
+        self._row("sessions", {
+            "session": session, "kind": kind, "stream": stream, "index": index, "arrival": arrival,
+            "admission": admission, "end": end, "outcome": outcome, "n_turns": n_turns,
+            "turns_done": turns_done, "gate_wait": gate_wait, "paused_time": paused_time,
+        })  # fmt: skip
+
+    def gate_event(
+        self,
+        *,
+        time: float,
+        event: str,
+        session: int | None = None,
+        queue_new: int | None = None,
+        queue_resume: int | None = None,
+        admitted: int | None = None,
+        cap: int | None = None,
+    ) -> None:
+        """A gate decision (engage, admit, pause, resume, release, refuse, ...) with queue lengths after it."""
+        self._row("gate_events", {
+            "time": time, "event": event, "session": session, "queue_new": queue_new,
+            "queue_resume": queue_resume, "admitted": admitted, "cap": cap,
+        })  # fmt: skip
+
+    def gauge(
+        self,
+        *,
+        time: float,
+        running: float | None = None,
+        waiting: float | None = None,
+        kv_used_tokens: float | None = None,
+        kv_evictable_tokens: float | None = None,
+        pool_tokens: float | None = None,
+        prompt_tokens_total: float | None = None,
+        cached_tokens_total: float | None = None,
+        generation_tokens_total: float | None = None,
+        preemptions_total: float | None = None,
+    ) -> None:
+        """One engine metrics sample; None where the engine does not expose the quantity."""
+        self._row("gauges", {
+            "time": time, "running": running, "waiting": waiting, "kv_used_tokens": kv_used_tokens,
+            "kv_evictable_tokens": kv_evictable_tokens, "pool_tokens": pool_tokens,
+            "prompt_tokens_total": prompt_tokens_total, "cached_tokens_total": cached_tokens_total,
+            "generation_tokens_total": generation_tokens_total, "preemptions_total": preemptions_total,
+        })  # fmt: skip
+
+    def flush(self) -> None:
+        """Hand buffered rows to the OS: after this, a killed process loses none of them."""
+        for t, buf in self._buf.items():
+            if buf:
+                f = self._files[t]
+                f.write(b"".join(buf))
+                f.flush()
+                buf.clear()
+        self._pending = 0
+        self._last_flush = time.monotonic()
+
+    # -- meta and status -------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict[str, Any]:
+        return dict(self._meta)
+
+    def _write_meta(self) -> None:
+        _atomic_write(self.dir / "meta.json", _dump_meta(self._meta))
+
+    def update_meta(self, values: Mapping[str, Any]) -> None:
+        """Add what is learned during the run (engine build, node, smoke results) to meta.json."""
+        clash = sorted(set(values) & set(RESERVED_META))
+        if clash:
+            raise ValueError(f"meta keys {clash} are set by the recorder")
+        self._meta.update(values)
+        self._write_meta()
+
+    def set_status(self, status: str, reason: str | None = None) -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status {status!r}; expected one of {RUN_STATUSES}")
+        self.flush()
+        self._meta["status"] = status
+        self._meta["status_reason"] = reason
+        self._write_meta()
+
+    # -- end -------------------------------------------------------------------------------------
+    def close(self, status: str | None = None, reason: str | None = None) -> None:
+        """Compact every table to Parquet, record hashes, and finish the status (COMPLETED if still RUNNING)."""
+        if self.closed:
+            return
+        self.flush()
+        for f in self._files.values():
+            f.close()
+        self.closed = True
+        tables: dict[str, Any] = {}
+        for t in TABLES:
+            table, _ = _read_table(self.dir / f"{t}.jsonl", t)
+            dst = self.dir / f"{t}.parquet"
+            tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, dst)
+            tables[t] = {"file": dst.name, "rows": table.num_rows, "sha256": _sha256(dst)}
+        if status is not None:
+            if status not in RUN_STATUSES:
+                raise ValueError(f"run status {status!r}; expected one of {RUN_STATUSES}")
+            self._meta["status"], self._meta["status_reason"] = status, reason
+        elif self._meta["status"] == "RUNNING":
+            self._meta["status"] = "COMPLETED"
+        self._meta["tables"] = tables
+        self._meta["finished_at"] = _now_iso()
+        self._write_meta()
+        for t in TABLES:  # only now: until meta.json names the Parquet files, the JSONL is the record
+            (self.dir / f"{t}.jsonl").unlink(missing_ok=True)
+
+    def __enter__(self) -> "RunRecorder":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is None:
+            self.close()
+        elif issubclass(et, KeyboardInterrupt):
+            self.close("INTERRUPTED", "interrupted (KeyboardInterrupt)")
+        else:
+            self.close("FAILED", f"{et.__name__}: {ev}")
+
+
+def _last_per_session(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    last: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        last.pop(r["session"], None)  # re-insert so the order is that of each session's last row
+        last[r["session"]] = r
+    return sorted(last.values(), key=lambda r: (r["arrival"], r["session"]))
+
+
+def _complete_lines(path: Path) -> tuple[bytes, int]:
+    """The file's complete lines, and 1 if a final line was cut short (a kill mid-write), else 0.
+
+    A row is complete exactly when its newline was written, so whatever follows the last newline
+    is a cut-short row and is dropped.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return b"", 0
+    cut = data.rfind(b"\n") + 1
+    return data[:cut], int(bool(data[cut:].strip()))
+
+
+def _read_table(path: Path, table: str) -> tuple[pa.Table, int]:
+    """A JSONL table with the table's fixed schema, and the number of cut-short lines dropped."""
+    data, dropped = _complete_lines(path)
+    schema = SCHEMAS[table]
+    if not data.strip():
+        return schema.empty_table(), dropped
+    if table == "sessions":  # last row per session wins
+        return pa.Table.from_pylist(_last_per_session([orjson.loads(x) for x in data.splitlines() if x.strip()]), schema=schema), dropped
+    try:
+        out = pj.read_json(
+            pa.BufferReader(data),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error"),
+            read_options=pj.ReadOptions(block_size=1 << 24),
+        )
+    except pa.ArrowInvalid as exc:
+        raise RunFormatError(f"{path}: damaged row ({exc})") from None
+    return out.select(schema.names).cast(schema), dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+_PANDAS_TYPES = {_i64: pd.Int64Dtype(), _i32: pd.Int32Dtype(), _bool: pd.BooleanDtype()}
+
+
+def _to_frame(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+
+
+@dataclass
+class RunData:
+    """A run as analysis sees it. `partial`: some table was read from JSONL (the run never closed:
+    still going, killed or crashed), so the tables may stop short of the run's end."""
+
+    path: Path
+    meta: dict[str, Any]
+    turns: pd.DataFrame
+    sessions: pd.DataFrame
+    gate_events: pd.DataFrame
+    gauges: pd.DataFrame
+    partial: bool
+    dropped_lines: int = 0
+
+    @property
+    def status(self) -> str:
+        return str(self.meta.get("status"))
+
+
+def load_run(run_dir: Path | str, verify: bool = False) -> RunData:
+    """Read a complete or partial run. Same columns and dtypes either way (SCHEMAS).
+
+    Turns gain two derived columns: ttft = first_token_time - send_time and latency = done_time -
+    send_time. With verify=True, each Parquet file's SHA-256 is checked against meta.json.
+    """
+    d = Path(run_dir)
+    try:
+        meta = orjson.loads((d / "meta.json").read_bytes())
+    except FileNotFoundError:
+        raise RunFormatError(f"{d}: no meta.json; not a run directory") from None
+    except orjson.JSONDecodeError as exc:
+        raise RunFormatError(f"{d}/meta.json: not valid JSON ({exc})") from None
+    recorded = meta.get("tables") or {}
+    frames: dict[str, pd.DataFrame] = {}
+    partial = False
+    dropped = 0
+    for t in TABLES:
+        pq_path = d / f"{t}.parquet"
+        if pq_path.exists() and t in recorded:
+            if verify and _sha256(pq_path) != recorded[t]["sha256"]:
+                raise RunFormatError(f"{pq_path}: SHA-256 differs from meta.json; the file changed after the run")
+            table = pq.read_table(pq_path).select(SCHEMAS[t].names).cast(SCHEMAS[t])
+        else:
+            partial = True
+            table, n = _read_table(d / f"{t}.jsonl", t)
+            dropped += n
+        frames[t] = _to_frame(table)
+    turns = frames["turns"]
+    turns["ttft"] = turns["first_token_time"] - turns["send_time"]
+    turns["latency"] = turns["done_time"] - turns["send_time"]
+    return RunData(path=d, meta=meta, partial=partial, dropped_lines=dropped, **frames)

@@ -1,0 +1,97 @@
+"""The agentload command: grouped help, plan make / show, and user errors without tracebacks."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import GROUPS, REGISTRARS, main
+from harness.plans import read_plan
+
+MAKE = ["plan", "make", "--workload", "standard", "--protocol", "e2", "--arm", "burst", "--rate", "1.35", "--seed", "1"]
+
+
+def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["--help"])
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert "plan" in out and "Workload: freeze what the client will send" in out
+    for absent in ("calibrate", "prereg", "submit", "analyze", "predict", "emulator"):
+        assert f"\n    {absent} " not in out  # listed only once its module registers it
+    assert [g for g, _ in GROUPS] == ["workload", "calibrate", "execute", "judge"]
+    assert "harness.plans:register" in REGISTRARS
+
+
+def test_console_script_help() -> None:
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "make", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--lambda-ref" in r.stdout and "--cell" in r.stdout
+
+
+def test_plan_make_prints_the_file_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.parquet"
+    assert main([*MAKE, "--cell", "sglang-a100-300k", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    digest, path = line.split()
+    assert path == str(out) and digest == hashlib.sha256(out.read_bytes()).hexdigest()
+    plan = read_plan(out)
+    assert plan.lambda_ref == 0.071534 and plan.meta["seed"] == 1 and plan.meta["counts"]["burst"] == 200
+    # the same plan through --lambda-ref, in another file: same bytes
+    out2 = tmp_path / "q.parquet"
+    assert main([*MAKE, "--lambda-ref", "0.071534", "--out", str(out2)]) == 0
+    assert out2.read_bytes() == out.read_bytes()
+
+
+def test_plan_show_reports_rates_and_ks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.parquet"
+    main([*MAKE, "--cell", "sglang-a100-300k", "--out", str(out)])
+    capsys.readouterr()
+    assert main(["plan", "show", str(out), "--rows", "3"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("sessions and turns", "evaluation window", "[5700, 8700)", "before burst", "whole run", "burst sessions", "KS test", "sha256"):
+        assert needle in text, needle
+    assert main(["plan", "show", str(out), "--rows", "0", "--window", "0:600", "--window", "600:8700"]) == 0
+    text = capsys.readouterr().out
+    assert "[0, 600)" in text and "evaluation window" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["plan", "show", "/nonexistent/plan.parquet"], "cannot read plan"),
+        ([*MAKE, "--lambda-ref", "0.07", "--workload", "nope"], "config 'workloads/nope' not found"),
+        ([*MAKE[:-2], "--seed", "0", "--rate", "99", "--lambda-ref", "0.0715"], "top rate"),
+        ([*MAKE, "--cell", "llama-a100-300k", "--lambda-ref", "0.1"], "not allowed with argument"),
+    ],
+)
+def test_user_errors_exit_2_without_traceback(argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main([*argv, "--out", str(tmp_path / "x.parquet")] if argv[1] == "make" else argv)
+    except SystemExit as ex:  # argparse's own errors
+        code = ex.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_bad_config_file_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "arm.yaml"
+    bad.write_text("kind: arm\nname: a\nburts: true\n")
+    code = main([*MAKE[:6], "--arm", str(bad), "--rate", "1.35", "--seed", "0", "--lambda-ref", "0.07", "--out", str(tmp_path / "x.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and str(bad) in err and "burts: unknown key" in err and "Traceback" not in err
+
+
+def test_cell_without_lambda_ref_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cell = tmp_path / "c.yaml"
+    cell.write_text("kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m\ngpu: g\nkv_pool_tokens: 300000\n")
+    assert main([*MAKE, "--cell", str(cell), "--out", str(tmp_path / "x.parquet")]) == 2
+    assert "has no lambda_ref" in capsys.readouterr().err
+
+
+def test_bare_group_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan"]) == 2
+    assert "make" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+"""Configs: the shipped files load, carry the paper's values, and every malformed class is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.config import (
+    CONFIG_ROOT,
+    ArmConfig,
+    CellConfig,
+    ConfigError,
+    ProtocolConfig,
+    TestConfig,
+    WorkloadConfig,
+    load_config,
+    load_cost_file,
+    load_test,
+    parse_config,
+)
+
+SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name != "costs")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(CONFIG_ROOT)))
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+
+
+def test_required_configs_are_shipped() -> None:
+    names = {str(p.relative_to(CONFIG_ROOT)) for p in SHIPPED}
+    for n in (
+        "workloads/standard.yaml", "workloads/mirror-k20.yaml", "protocols/e2.yaml",
+        *(f"arms/{a}.yaml" for a in ("burst", "noburst", "capped", "toolslow-d30", "toolslow-w", "shed-t600",
+                                     "shed-t3600", "cut-a115", "cut-b085", "rescue-r1")),
+        *(f"cells/{c}.yaml" for c in ("sglang-a100-300k", "sglang-a100-150k", "sglang-a100-600k", "sglang-a100-native",
+                                      "vllm-a100-300k", "llama-a100-300k", "sglang-h200-300k", "sglang-h200-600k")),
+        "tests/e2-sglang-300k.yaml",
+    ):  # fmt: skip
+        assert n in names, n
+
+
+def test_standard_workload_values() -> None:
+    w = load_config("workloads/standard", WorkloadConfig)
+    assert (w.first_prompt, w.tool_tokens, w.decode_tokens) == (2000, 550, 100)
+    assert (w.turns.mean, w.turns.cap, w.tool_time.mean) == (15.0, 60, 5.0)
+    assert [w.prompt_len(k) for k in (1, 2, 3, 60)] == [2000 + 650 * (k - 1) for k in (1, 2, 3, 60)]
+    m = load_config("workloads/mirror-k20", WorkloadConfig)
+    assert (m.turns.mean, m.turns.cap) == (1000.0, 20)
+    assert m.model_dump(exclude={"name", "description", "turns"}) == w.model_dump(exclude={"name", "description", "turns"})
+
+
+def test_protocol_and_test_values() -> None:
+    p = load_config("protocols/e2", ProtocolConfig)
+    assert (p.duration, p.burst.time, p.burst.size, p.burst.width) == (8700.0, 1200.0, 200, 60.0)
+    assert (p.window.start, p.window.end, p.backlog_bin) == (5700.0, 8700.0, 10.0)
+    b = load_test("tests/e2-sglang-300k")
+    assert b.test.arms == ["burst", "noburst", "capped"] and b.test.rates == [1.35, 1.65] and b.test.seeds == [0, 1, 2]
+    assert b.arms["capped"].gate_cap(b.test.cap) == 20
+    assert b.arms["burst"].gate_cap(b.test.cap) is None
+    assert b.cell.name == "sglang-a100-300k" and b.protocol.name == "e2"
+
+
+def test_cell_values() -> None:
+    c = {p.stem: load_config(p, CellConfig) for p in (CONFIG_ROOT / "cells").glob("*.yaml")}
+    assert c["sglang-a100-300k"].lambda_ref == pytest.approx(0.0715, abs=1e-4)
+    assert c["sglang-a100-300k"].all_miss_token_rate == 11243
+    assert c["sglang-a100-native"].kv_pool_tokens == 955757 and c["sglang-a100-native"].lambda_ref == 0.0718
+    assert c["sglang-a100-native"].all_miss_token_rate == 11282
+    assert c["sglang-a100-150k"].kv_pool_tokens == 150000 and c["sglang-a100-600k"].kv_pool_tokens == 600000
+    assert c["sglang-a100-150k"].lambda_ref == c["sglang-a100-300k"].lambda_ref  # the 300k value of their GPU
+    v = c["vllm-a100-300k"]
+    assert (v.engine.name, v.page_size, v.batching, v.waiting_prefix_refresh) == ("vllm", 16, "mixed", False)
+    assert v.kv_pool_tokens // v.page_size == 18750
+    assert v.cost.token_factor == 1.0882 and v.lambda_ref == pytest.approx(0.0657, abs=1e-4) and v.all_miss_token_rate == 10349
+    assert c["sglang-h200-300k"].cost.speed == 2.742 and c["sglang-h200-300k"].lambda_ref == 0.194
+    assert c["sglang-h200-600k"].kv_pool_tokens == 600000 and c["sglang-h200-600k"].cost.speed == 2.742
+    assert c["llama-a100-300k"].lambda_ref == 0.0596 and "Llama-3.1-8B" in c["llama-a100-300k"].model
+    for cell in c.values():
+        assert (cell.chunked_prefill, cell.max_running, cell.schedule_policy) == (8192, 256, "fcfs")
+        assert cell.cost.model().a == pytest.approx(9.24e-3)
+
+
+def test_arm_values() -> None:
+    a = {p.stem: load_config(p, ArmConfig) for p in (CONFIG_ROOT / "arms").glob("*.yaml")}
+    assert not a["noburst"].burst and a["burst"].burst
+    assert a["toolslow-d30"].toolslow.model_dump() == {"start": 1200.0, "end": 2100.0, "delta": 30.0}
+    assert a["toolslow-w"].toolslow.model_dump() == {"start": 1200.0, "end": 3000.0, "delta": 30.0}
+    assert (a["shed-t600"].shed.start, a["shed-t600"].shed.duration) == (1800.0, 600.0)
+    assert a["shed-t3600"].shed.duration == 3600.0
+    assert (a["cut-a115"].cut.start, a["cut-a115"].cut.rate, a["cut-b085"].cut.rate) == (2400.0, 1.15, 0.85)
+    g = a["rescue-r1"].gate
+    assert (g.kind, g.cap, g.t_on, g.release_hold, g.release_min_after, g.release_tick) == ("rescue", 20, 1800.0, 300.0, 600.0, 10.0)
+    with pytest.raises(ConfigError, match="no test cap"):
+        a["capped"].gate_cap(None)
+
+
+# -------------------------------------------------------------------------------------------------
+# malformed files: each class of mistake names file, field path, value and expectation
+# -------------------------------------------------------------------------------------------------
+def _write(tmp_path: Path, text: str, name: str = "bad.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+WORKLOAD = "kind: workload\nname: w\n"
+CELL = "kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m\ngpu: g\nkv_pool_tokens: 300000\n"
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        (WORKLOAD + "turns: {mean: 15.0, cap: 60, capp: 3}\n", ["turns.capp", "unknown key", "3"]),
+        (WORKLOAD + "tool_tokns: 550\n", ["tool_tokns", "unknown key", "550"]),
+        (WORKLOAD + "turns: {mean: 15.0, cap: '60'}\n", ["turns.cap", "'60'", "expected a valid integer"]),
+        (WORKLOAD + "turns: {mean: 15.0, cap: 60.0}\n", ["turns.cap", "60.0", "expected a valid integer"]),
+        (WORKLOAD + "turns: {mean: 0.5}\n", ["turns.mean", "0.5", "greater than 1"]),
+        (WORKLOAD + "turns: {cap: 100}\n", ["turns.cap", "100", "less than or equal to 64"]),
+        (WORKLOAD + "turns: {law: poisson}\n", ["turns.law", "'poisson'", "capped_geometric"]),
+        (WORKLOAD + "token_ids: {low: 10, high: 5}\n", ["token_ids", "high > low", "low 10", "high 5"]),
+        ("kind: workload\n", ["name", "required field is missing"]),
+        ("kind: workloads\nname: w\n", ["kind", "'workloads'"]),
+        (CELL + "engine: {name: tgi, version: '1'}\n", ["duplicate key 'engine'", "line 7"]),
+        (CELL.replace("sglang", "tgi"), ["engine.name", "'tgi'", "'sglang' or 'vllm'"]),
+        (CELL + "kv_pool_tokens_x: 1\n", ["kv_pool_tokens_x", "unknown key"]),
+        (CELL + "prefix_cache: 1\n", ["prefix_cache", "1", "valid boolean"]),
+        (CELL + "cost: {a: -1.0}\n", ["cost.a", "-1.0", "greater than or equal to 0"]),
+        (CELL + "cost: {speed: 2.0}\ncost_file: costs/sglang-a100.yaml\n", ["cost to equal the parameters of cost_file", "give only one"]),
+        (CELL + "cost_file: costs/nope.yaml\n", ["cost_file", "nope", "not found"]),
+        (CELL.replace("sglang", "vllm") + "schedule_policy: lpm\n", ["'fcfs' on a vLLM cell"]),
+        ("kind: protocol\nname: p\nwindow: {start: 8000.0, end: 7000.0}\n", ["window", "end > start", "start 8000.0"]),
+        ("kind: protocol\nname: p\nduration: 3000.0\n", ["window.end <= duration", "8700.0", "3000.0"]),
+        ("kind: protocol\nname: p\nwindow: {start: 8500.0, end: 8700.0}\n", ["min_window", "8500.0"]),
+        ("kind: arm\nname: a\ntoolslow: {start: 10.0, end: 5.0, delta: 3.0}\n", ["toolslow", "end > start"]),
+        ("kind: arm\nname: a\ngate: {kind: fifo, cap: 20}\n", ["gate.kind", "'fifo'", "'fifo_cap' or 'rescue'"]),
+        ("kind: arm\nname: a\ngate: {kind: fifo_cap, cap: 0}\n", ["gate.cap", "0", "greater than or equal to 1"]),
+        ("kind: arm\nname: a\nburst: false\nburst_size: 50\n", ["burst_size absent or 0", "50"]),
+        ("kind: arm\nname: a\ncut: {start: 2400.0}\n", ["cut.rate", "required field is missing"]),
+        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35, -1.0]\nseeds: [0]\n", ["rates", "positive", "-1.0"]),
+        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35]\nseeds: [0, 0]\n", ["distinct seeds", "[0, 0]"]),
+        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: []\nrates: [1.35]\nseeds: [0]\n", ["arms", "at least 1"]),
+    ],
+)
+def test_malformed_config_messages(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg, f"{f!r} not in:\n{msg}"
+
+
+def test_file_level_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "kind: [unclosed\n"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(_write(tmp_path, "- 1\n- 2\n"), WorkloadConfig)
+    with pytest.raises(ConfigError, match="missing 'kind'"):
+        load_config(_write(tmp_path, "name: w\n"))
+    with pytest.raises(ConfigError, match=r"kind: got 'cell'; expected 'workload'"):
+        load_config(_write(tmp_path, CELL), WorkloadConfig)
+    with pytest.raises(ConfigError, match="kind: got 'workload'; expected 'cost'"):
+        load_cost_file(_write(tmp_path, WORKLOAD))
+
+
+def test_cost_file_fills_cost_and_resolves_relative_to_the_cell(tmp_path: Path) -> None:
+    _write(tmp_path, "kind: cost\nname: x\na: 1e-3\nspeed: 2.0\n", "mycost.yaml")
+    cell = load_config(_write(tmp_path, CELL + "cost_file: mycost.yaml\n"), CellConfig)
+    assert cell.cost.a == 1e-3 and cell.cost.speed == 2.0 and cell.cost_file == "mycost.yaml"
+    with pytest.raises(ConfigError, match=r"(?s)cost_file 'typo\.yaml' to be a readable.*b_typo: unknown key"):
+        _write(tmp_path, "kind: cost\nb_typo: 1.0\n", "typo.yaml")
+        load_config(_write(tmp_path, CELL + "cost_file: typo.yaml\n", "c2.yaml"), CellConfig)
+
+
+def test_test_bundle_requires_a_cap_for_capless_gates(tmp_path: Path) -> None:
+    _write(tmp_path, "kind: test\nname: t\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\n"
+           "arms: [burst, capped]\nrates: [1.35]\nseeds: [0]\n", "t.yaml")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"t\.yaml: cap: .*gate\.cap is absent"):
+        load_test(tmp_path / "t.yaml")
+
+
+def test_parse_config_in_memory_is_strict_too() -> None:
+    with pytest.raises(ConfigError, match=r"(?s)<memory>.*turns\.cap"):
+        parse_config({"name": "w", "turns": {"cap": "60"}}, WorkloadConfig)
+    # programmatic construction stays lax for code (not files)
+    assert WorkloadConfig(name="w").turns.cap == 60
+    assert TestConfig.__test__ is False
+
+
+def test_a_dumped_cell_parses_again_anywhere() -> None:
+    cell = load_config("cells/vllm-a100-300k", CellConfig)
+    dumped = cell.model_dump(mode="json")
+    assert parse_config(dumped, CellConfig) == cell  # file readable: inline values match it
+    dumped["cost_file"] = "costs/not-on-this-machine.yaml"
+    assert parse_config(dumped, CellConfig).cost == cell.cost  # file absent: the record stands alone
