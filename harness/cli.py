@@ -40,6 +40,7 @@ GROUPS: list[tuple[str, str]] = [
 
 REGISTRARS: list[str] = [
     "harness.plans:register",
+    "analysis.theory.cli:register",
 ]
 
 
