@@ -40,7 +40,9 @@ GROUPS: list[tuple[str, str]] = [
 
 REGISTRARS: list[str] = [
     "harness.plans:register",
+    "harness.stages:register",
     "analysis.theory.cli:register",
+    "analysis.cli:register",
 ]
 
 

@@ -101,6 +101,28 @@ class CostModel:
         )
         return t / self.speed
 
+    def decode_run(self, running: int, context_sum: float, max_iters: int, budget: float) -> tuple[int, float]:
+        """Fuse consecutive decode iterations over a fixed set of `running` requests.
+
+        Iteration j (0-based) costs decode_time(running, (context_sum + j*running)/running): every
+        request's context grows by one token per iteration. Iterations are taken while they *start*
+        before `budget` seconds have passed (the first always), up to `max_iters`; returns
+        (iterations, total seconds). An event-driven simulator uses this to skip per-iteration events
+        while nothing but the contexts changes, and gets the same iteration boundaries as stepping.
+        """
+        tf = self.token_factor
+        base = (self.a + max(self.f0, tf * self.b * running)) / self.speed
+        per_ctx = tf * self.c_d / 8192.0 / self.speed
+        step_ctx = per_ctx * running
+        t = base + per_ctx * context_sum
+        total = t
+        k = 1
+        while k < max_iters and total < budget:
+            t += step_ctx
+            total += t
+            k += 1
+        return k, total
+
     def scaled(self, speed: float | None = None, token_factor: float | None = None) -> "CostModel":
         """A copy with another speed or token factor (e.g. to fit one factor to a measured all-miss rate)."""
         from dataclasses import replace

@@ -1,0 +1,135 @@
+"""Window statistics of the calibration stages (paper App. E.3): μ(n), hit fraction, all-miss rates.
+
+One definition serves simulated and real runs (both read as turn and session tables):
+- μ(n), sessions-based: sessions completed inside the window per second;
+- μ(n), turns-based: turns completed inside the window per second, divided by E[T]. Session work is
+  heavy-tailed in T, so this has much lower variance than the session count;
+- hit fraction: share of the window's completed turns with more than half their prompt cached;
+- uncached prefill token rate: prompt tokens not served from cache, summed over the window's
+  completed turns, per second. With the cache off (E0a) it is the all-miss token rate.
+E0a's λ_ref is the mean over seeds of the turns-based rate; its standard error is over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+HIT_THRESHOLD = 0.5  # a turn hits if more than half its prompt came from cache
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    n: int
+    seed: int
+    start: float
+    end: float
+    sessions_completed: int
+    turns_completed: int
+    mu_sessions: float  # sessions/s
+    mu_turns: float  # turns/s / E[T], sessions/s
+    hit_fraction: float
+    token_hit_fraction: float  # cached / prompt tokens over the window's turns
+    uncached_token_rate: float  # tokens/s
+    prompt_token_rate: float  # tokens/s
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def window_stats(
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    start: float,
+    end: float,
+    expected_turns: float,
+    *,
+    n: int = 0,
+    seed: int = 0,
+) -> WindowStats:
+    """Statistics over [start, end) by completion time. Turns need done_time, status,
+    prompt_tokens, cached_tokens; sessions need end and outcome."""
+    span = end - start
+    if span <= 0:
+        raise ValueError(f"empty window [{start}, {end})")
+    t = turns[(turns["status"] == "ok") & (turns["done_time"] >= start) & (turns["done_time"] < end)]
+    s = sessions[(sessions["outcome"] == "completed") & (sessions["end"] >= start) & (sessions["end"] < end)]
+    prompt = t["prompt_tokens"].astype(float)
+    cached = t["cached_tokens"].fillna(0).astype(float)
+    nt = len(t)
+    hits = float((cached > HIT_THRESHOLD * prompt).mean()) if nt else math.nan
+    ptok = float(prompt.sum())
+    return WindowStats(
+        n=n,
+        seed=seed,
+        start=start,
+        end=end,
+        sessions_completed=len(s),
+        turns_completed=nt,
+        mu_sessions=len(s) / span,
+        mu_turns=nt / span / expected_turns,
+        hit_fraction=hits,
+        token_hit_fraction=float(cached.sum()) / ptok if ptok else math.nan,
+        uncached_token_rate=(ptok - float(cached.sum())) / span,
+        prompt_token_rate=ptok / span,
+    )
+
+
+def curve_table(stats: Sequence[WindowStats]) -> pd.DataFrame:
+    """Stage C as a table, one row per (n, seed), sorted by n."""
+    return pd.DataFrame([s.as_dict() for s in stats]).sort_values(["n", "seed"]).reset_index(drop=True)
+
+
+def curve_means(stats: Sequence[WindowStats]) -> pd.DataFrame:
+    """Per-n means over seeds (with the standard error of μ when there are several seeds)."""
+    df = curve_table(stats)
+    g = df.groupby("n")
+    out = g[["mu_sessions", "mu_turns", "hit_fraction", "uncached_token_rate"]].mean()
+    out["mu_sessions_se"] = g["mu_sessions"].sem()
+    out["seeds"] = g.size()
+    return out.reset_index()
+
+
+def hit_crossing(ns: Sequence[float], hits: Sequence[float], level: float = 0.5) -> float:
+    """First n at which the hit fraction falls through `level`, by linear interpolation (NaN if none)."""
+    pts = sorted(zip(ns, hits))
+    for (n0, h0), (n1, h1) in zip(pts, pts[1:]):
+        if h0 >= level > h1:
+            return n0 + (h0 - level) * (n1 - n0) / (h0 - h1)
+    return math.nan
+
+
+@dataclass(frozen=True)
+class E0aSummary:
+    lambda_ref: float  # turns-based all-miss session rate, mean over seeds
+    lambda_ref_se: float
+    lambda_sessions: float  # completed-sessions estimate, mean over seeds
+    lambda_sessions_se: float
+    all_miss_token_rate: float  # uncached prefill tokens/s, mean over seeds
+    all_miss_token_rate_se: float
+    seeds: int
+    check: WindowStats | None  # the saturation check (more sessions, same rates expected)
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["check"] = None if self.check is None else self.check.as_dict()
+        return d
+
+
+def _mean_se(x: Sequence[float]) -> tuple[float, float]:
+    a = np.asarray(x, dtype=float)
+    if a.size == 0:
+        return math.nan, math.nan
+    se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else math.nan
+    return float(a.mean()), se
+
+
+def e0a_summary(per_seed: Sequence[WindowStats], check: WindowStats | None = None) -> E0aSummary:
+    lt, lt_se = _mean_se([s.mu_turns for s in per_seed])
+    ls, ls_se = _mean_se([s.mu_sessions for s in per_seed])
+    tr, tr_se = _mean_se([s.uncached_token_rate for s in per_seed])
+    return E0aSummary(lt, lt_se, ls, ls_se, tr, tr_se, len(per_seed), check)

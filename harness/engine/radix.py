@@ -1,0 +1,215 @@
+"""SGLang-flavour prefix cache: a radix tree over token ids with LRU eviction of unlocked leaves.
+
+The rules the trap depends on, as SGLang 0.5.22 applies them (paper App. E.2, E.14):
+- a match touches every node on its path (moves it to the recent end of the LRU order) and is
+  split where it ends inside an edge, so a later eviction can free a suffix but keep the prefix;
+- a running request locks its matched path (lock counts propagate to the root); a waiting request
+  does not, so the prefix of a queued session stays evictable;
+- eviction frees least-recently-used unlocked *leaves*; a parent whose last child went becomes a
+  leaf itself and competes with its own stamp.
+
+Edge labels are stored as `bytes` of little-endian int32 ids and prompts are compared with
+`bytes.startswith(label, offset)`, a memcmp without copies: a 40k-token prompt with a 60-node path
+matches in a few microseconds. Children are keyed by the bytes of their first page. LRU stamps are
+a logical counter, never a clock, so the order is deterministic and ties cannot happen.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+_ITEM = 4  # bytes per token id (int32)
+
+
+class Node:
+    __slots__ = ("key", "n", "children", "parent", "lock", "stamp", "alive", "nid")
+
+    def __init__(self, key: bytes, parent: "Node | None", nid: int) -> None:
+        self.key = key
+        self.n = len(key) // _ITEM
+        self.children: dict[bytes, Node] = {}
+        self.parent = parent
+        self.lock = 0
+        self.stamp = 0
+        self.alive = True
+        self.nid = nid
+
+
+class RadixCache:
+    """Token-granular (page_size 1) or paged radix tree. Sizes are in tokens."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page = page_size
+        self._pb = page_size * _ITEM  # bytes per page
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every cached prefix (the engine checks that nothing is locked)."""
+        self._nid = 0
+        self._tick = 0
+        self.root = Node(b"", None, self._new_id())
+        self.root.lock = 1  # never evicted, never counted
+        self.total = 0  # tokens held by the tree
+        self.evictable = 0  # tokens in nodes with lock == 0
+        self._heap: list[tuple[int, int, Node]] = []
+
+    def _new_id(self) -> int:
+        self._nid += 1
+        return self._nid
+
+    # -- LRU bookkeeping -------------------------------------------------------------------------
+    def _touch(self, node: Node) -> None:
+        self._tick += 1
+        node.stamp = self._tick
+        if node.lock == 0 and not node.children:
+            heapq.heappush(self._heap, (node.stamp, node.nid, node))
+
+    def _maybe_leaf(self, node: Node) -> None:
+        """Queue `node` for eviction if it has just become an unlocked leaf."""
+        if node is not self.root and node.lock == 0 and not node.children and node.alive:
+            heapq.heappush(self._heap, (node.stamp, node.nid, node))
+
+    # -- match -----------------------------------------------------------------------------------
+    def match(self, ids: bytes, limit: int, touch: bool = True) -> tuple[int, Node]:
+        """Longest cached prefix of `ids` within its first `limit` tokens, page-aligned.
+
+        Returns (tokens, last node). The caller passes limit = len(prompt) - 1 so at least one
+        token is computed (the logits of the last prompt position produce the first output).
+        """
+        limit_b = (limit // self.page) * self._pb
+        node = self.root
+        pos = 0
+        pb = self._pb
+        path: list[Node] = []
+        while pos < limit_b:
+            child = node.children.get(ids[pos : pos + pb])
+            if child is None:
+                break
+            klen = len(child.key)
+            if pos + klen <= limit_b and ids.startswith(child.key, pos):
+                path.append(child)
+                node = child
+                pos += klen
+                continue
+            m = self._common(child.key, ids, pos, min(klen, limit_b - pos))
+            if m > 0:
+                node = self._split(child, m)
+                path.append(node)
+                pos += m
+            break
+        if touch:
+            for nd in path:
+                self._touch(nd)
+        return pos // _ITEM, node
+
+    def _common(self, key: bytes, ids: bytes, pos: int, nbytes: int) -> int:
+        """Bytes of the page-aligned common prefix of key and ids[pos:], at most nbytes."""
+        n = nbytes // _ITEM
+        a = np.frombuffer(key, dtype=np.int32, count=n)
+        b = np.frombuffer(ids, dtype=np.int32, count=n, offset=pos)
+        diff = np.flatnonzero(a != b)
+        m = int(diff[0]) if diff.size else n
+        return (m // self.page) * self._pb
+
+    def _split(self, child: Node, mbytes: int) -> Node:
+        """Cut `child`'s edge after mbytes: a new parent holds the prefix, `child` keeps the rest."""
+        parent = child.parent
+        assert parent is not None
+        head = Node(child.key[:mbytes], parent, self._new_id())
+        head.lock = child.lock
+        head.stamp = child.stamp
+        parent.children[child.key[: self._pb]] = head
+        child.key = child.key[mbytes:]
+        child.n = len(child.key) // _ITEM
+        child.parent = head
+        head.children[child.key[: self._pb]] = child
+        return head
+
+    # -- locks -----------------------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        """A request was admitted on the path ending at `node`: protect it from eviction."""
+        while node is not self.root:
+            if node.lock == 0:
+                self.evictable -= node.n
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable += node.n
+                self._maybe_leaf(node)
+            elif node.lock < 0:
+                raise AssertionError("radix lock count below zero")
+            node = node.parent  # type: ignore[assignment]
+
+    # -- insert ----------------------------------------------------------------------------------
+    def insert(self, ids: bytes) -> tuple[int, Node]:
+        """Insert the page-aligned part of `ids`; returns (tokens newly added, last node).
+
+        Tokens already present are not added again; the caller frees its own copy of them.
+        """
+        end = (len(ids) // self._pb) * self._pb
+        node = self.root
+        pos = 0
+        pb = self._pb
+        while pos < end:
+            child = node.children.get(ids[pos : pos + pb])
+            if child is None:
+                leaf = Node(ids[pos:end], node, self._new_id())
+                node.children[ids[pos : pos + pb]] = leaf
+                self.total += leaf.n
+                self.evictable += leaf.n
+                self._touch(leaf)
+                return (end - pos) // _ITEM, leaf
+            klen = len(child.key)
+            if pos + klen <= end and ids.startswith(child.key, pos):
+                node = child
+                pos += klen
+                self._touch(node)
+                continue
+            m = self._common(child.key, ids, pos, min(klen, end - pos))
+            node = self._split(child, m)
+            pos += m
+            self._touch(node)
+        return 0, node
+
+    # -- evict -----------------------------------------------------------------------------------
+    def evict(self, tokens: int) -> int:
+        """Free at least `tokens` tokens from least-recently-used unlocked leaves (fewer if none)."""
+        freed = 0
+        heap = self._heap
+        while freed < tokens and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if not node.alive or node.lock or node.children or node.stamp != stamp:
+                continue  # stale entry: touched, locked, grown or gone since it was queued
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key[: self._pb]]
+            node.alive = False
+            freed += node.n
+            self.total -= node.n
+            self.evictable -= node.n
+            self._maybe_leaf(parent)
+        return freed
+
+    # -- introspection (tests, gauges) ---------------------------------------------------------
+    @property
+    def protected(self) -> int:
+        return self.total - self.evictable
+
+    def leaves(self) -> list[Node]:
+        out: list[Node] = []
+        stack = [self.root]
+        while stack:
+            nd = stack.pop()
+            if nd.children:
+                stack.extend(nd.children.values())
+            elif nd is not self.root:
+                out.append(nd)
+        return out

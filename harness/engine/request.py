@@ -1,0 +1,107 @@
+"""Requests as the engine model sees them: the public records and the internal per-request state."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class EngineRequest:
+    req_id: int
+    prompt: np.ndarray  # int32 token ids
+    max_tokens: int
+
+
+@dataclass
+class EngineCompletion:
+    req_id: int
+    output_ids: np.ndarray
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    submit_time: float
+    first_token_time: float
+    done_time: float
+    preemptions: int = 0
+
+
+_M64 = (1 << 64) - 1
+_VOCAB = 32000  # output ids stay inside the client's id range
+
+
+def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
+    """Deterministic stand-in for greedy decoding: a function of the prompt's tail and length.
+
+    Two different sessions' prompts end in different random ids, so their outputs differ; the same
+    prompt always yields the same ids, as greedy decoding would (so repeated runs and the canary
+    see identical sequences).
+    """
+    tail = np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes()
+    seed = (zlib.crc32(tail) << 32 | zlib.crc32(len(prompt).to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
+    seed &= _M64
+    # splitmix64 over a counter; unsigned array arithmetic wraps mod 2^64 without warnings
+    z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z % np.uint64(_VOCAB)).astype(np.int32)
+
+
+class Req:
+    """Mutable state of one request inside the engine.
+
+    `target` is the number of tokens the current prefill must cover: the prompt, or after a
+    preemption (vLLM flavour) the prompt plus the tokens generated so far. `gen` counts output
+    tokens produced before the current decode stint; during a stint the engine derives the live
+    count from its global decode-iteration counter (`join`), so a decode iteration costs O(1)
+    rather than O(running).
+    """
+
+    __slots__ = (
+        "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
+        "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
+        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "state",
+    )
+
+    def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:
+        prompt = np.ascontiguousarray(req.prompt, dtype=np.int32)
+        self.rid = req.req_id
+        self.prompt = prompt
+        self.pb = prompt.tobytes()
+        self.L = int(prompt.shape[0])
+        self.max_tokens = int(req.max_tokens)
+        self.out = output_ids(prompt, self.max_tokens, salt)
+        self.outb = self.out.tobytes()
+        self.submit = now
+        self.seq = seq
+        self.gen = 0
+        self.join = 0
+        self.stint = 0
+        self.done = 0
+        self.target = self.L
+        self.cached = -1  # reported cached tokens, fixed at the first admission
+        self.prefix = 0
+        self.first_token = float("nan")
+        self.preemptions = 0
+        self.node = None
+        self.blocks: list[int] = []
+        self.hit: list[int] = []
+        self.reserve = 0
+        self.keys: list[int] = []
+        self.keys_len = -1
+        self.state = "waiting"  # waiting | prefill | decode | done
+
+    def seq_bytes(self) -> bytes:
+        """The ids the next prefill covers, as bytes (prompt, plus outputs after a preemption)."""
+        if self.target == self.L:
+            return self.pb
+        return self.pb + self.outb[: (self.target - self.L) * 4]
+
+    def seq_tokens(self, n: int) -> np.ndarray:
+        """The first n ids of prompt + output."""
+        if n <= self.L:
+            return self.prompt[:n]
+        return np.concatenate((self.prompt, self.out[: n - self.L]))
