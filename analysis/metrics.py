@@ -1,0 +1,319 @@
+"""Per-run series and window statistics, computed from a run's turn, session and gate rows.
+
+Everything is rebuilt from the client's own records, never from engine gauges, so a simulated run
+and a real one are measured by the same code, and a run that ended early (or a partial record) is
+measured the same way as a complete one.
+
+Definitions (the registered E2 rule reads them; see analysis/rules.py):
+- hit: a turn with cached/prompt > threshold (0.5), attributed to its completion time. The hit
+  fraction counts every completed turn; the follow-up hit fraction only turns after the first.
+- uncached prefill token rate: sum of (prompt - cached) over completed turns, attributed to the
+  time of the first output token (when prefill ends), divided by the window length.
+- sessions in the system at t: arrived (not refused) and not ended, whether held at the gate,
+  paused, waiting for the engine or asleep in a tool call.
+- outstanding at t: requests in flight (sent, no response yet) + sessions held at the gate
+  (+ sessions paused by a rescue gate, where a rule asks for it).
+- bin means are exact time averages of these step functions over each bin, not samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+NAN = float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# step functions
+# ---------------------------------------------------------------------------------------------
+def _cum_integral(points: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """sum_i max(0, x - p_i) for every x, with `points` sorted."""
+    k = np.searchsorted(points, x, side="right")
+    csum = np.concatenate(([0.0], np.cumsum(points)))
+    return k * x - csum[k]
+
+
+def interval_bin_means(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Time average per bin of the number of intervals [start, end) covering t.
+
+    An end of NaN or +inf means "still open"; a NaN start means the interval never began.
+    """
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    ok = ~np.isnan(s)
+    s, e = s[ok], e[ok]
+    e = np.where(np.isnan(e), np.inf, e)
+    e = np.maximum(e, s)
+    x = np.asarray(edges, dtype=float)
+    up = np.sort(s)
+    down = np.sort(e[np.isfinite(e)])
+    f = _cum_integral(up, x) - _cum_integral(down, x)
+    return np.diff(f) / np.diff(x)
+
+
+def interval_count_at(starts: np.ndarray, ends: np.ndarray, t: float) -> int:
+    """Number of intervals [start, end) covering t (open ends count)."""
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    e = np.where(np.isnan(e), np.inf, e)
+    return int(np.sum((s <= t) & (e > t)))
+
+
+def ls_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Ordinary least-squares slope of y on x (NaN with fewer than two points)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if x.size < 2:
+        return NAN
+    xc = x - x.mean()
+    den = float(np.dot(xc, xc))
+    return float(np.dot(xc, y - y.mean()) / den) if den > 0 else NAN
+
+
+# ---------------------------------------------------------------------------------------------
+# interval sets from the records
+# ---------------------------------------------------------------------------------------------
+def _col(df: pd.DataFrame, name: str, default: float = NAN) -> np.ndarray:
+    if name in df.columns:
+        return df[name].to_numpy(dtype=float, na_value=NAN)
+    return np.full(len(df), default)
+
+
+def present_sessions(sessions: pd.DataFrame) -> pd.DataFrame:
+    """Sessions that entered the system (SHED refusals never do)."""
+    if sessions.empty:
+        return sessions
+    return sessions[sessions["outcome"] != "refused"]
+
+
+def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    s = present_sessions(sessions)
+    return _col(s, "arrival"), _col(s, "end")
+
+
+def gated_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Held at the gate: from arrival to admission (never admitted = held to the end)."""
+    s = present_sessions(sessions)
+    arr = _col(s, "arrival")
+    adm = _col(s, "admission")
+    end = _col(s, "end")
+    # A session that ended without admission cannot exist; guard anyway by closing at its end.
+    adm = np.where(np.isnan(adm), end, adm)
+    return arr, adm
+
+
+def inflight_intervals(turns: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Requests in flight: from send to response (open requests stay in flight to the end)."""
+    return _col(turns, "send_time"), _col(turns, "done_time")
+
+
+def paused_intervals(gate_events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Rescue pauses, matched per session in time order (an unmatched pause lasts to the end)."""
+    if gate_events is None or gate_events.empty:
+        return np.empty(0), np.empty(0)
+    ev = gate_events[gate_events["event"].isin(["pause", "resume"])].sort_values("time", kind="stable")
+    open_at: dict[int, float] = {}
+    starts: list[float] = []
+    ends: list[float] = []
+    for t, kind, sid in zip(ev["time"].to_numpy(float), ev["event"], ev["session"].to_numpy(dtype=float, na_value=-1)):
+        if kind == "pause":
+            open_at[int(sid)] = float(t)
+        elif int(sid) in open_at:
+            starts.append(open_at.pop(int(sid)))
+            ends.append(float(t))
+    for t in open_at.values():
+        starts.append(t)
+        ends.append(NAN)
+    return np.asarray(starts), np.asarray(ends)
+
+
+# ---------------------------------------------------------------------------------------------
+# turn statistics
+# ---------------------------------------------------------------------------------------------
+def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
+    if turns.empty:
+        return turns
+    return turns[turns["status"] == "ok"]
+
+
+def _hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:
+    prompt = _col(turns, "prompt_tokens")
+    cached = _col(turns, "cached_tokens")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return cached / prompt > threshold
+
+
+def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float = 0.5, followup: bool = False) -> float:
+    """Share of completed turns in [start, end) that hit; NaN if none completed."""
+    t = completed_turns(turns)
+    if t.empty:
+        return NAN
+    done = _col(t, "done_time")
+    m = (done >= start) & (done < end)
+    if followup:
+        m &= _col(t, "turn") > 1
+    n = int(m.sum())
+    return float(_hits(t, threshold)[m].sum() / n) if n else NAN
+
+
+def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float = 0.5, followup: bool = False) -> np.ndarray:
+    t = completed_turns(turns)
+    out = np.full(len(edges) - 1, NAN)
+    if t.empty:
+        return out
+    done = _col(t, "done_time")
+    hits = _hits(t, threshold).astype(float)
+    keep = np.ones(len(t), bool) if not followup else _col(t, "turn") > 1
+    n, _ = np.histogram(done[keep], bins=edges)
+    h, _ = np.histogram(done[keep], bins=edges, weights=hits[keep])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(n > 0, h / np.maximum(n, 1), NAN)
+    return out
+
+
+def uncached_tokens(turns: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(time of prefill end, uncached prompt tokens) per completed turn."""
+    t = completed_turns(turns)
+    ft = _col(t, "first_token_time")
+    at = np.where(np.isnan(ft), _col(t, "done_time"), ft)
+    return at, np.maximum(_col(t, "prompt_tokens") - _col(t, "cached_tokens"), 0.0)
+
+
+def uncached_token_rate(turns: pd.DataFrame, start: float, end: float) -> float:
+    at, tok = uncached_tokens(turns)
+    m = (at >= start) & (at < end)
+    return float(tok[m].sum() / (end - start))
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-run summary the rules read
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricSpec:
+    """Measurement settings; the registered values come from the rule spec and the protocol."""
+
+    window_start: float
+    window_end: float
+    duration: float
+    backlog_bin: float = 10.0
+    recovered_span: float = 300.0
+    hit_threshold: float = 0.5
+    outstanding_stat: str = "mean"  # how the last span's outstanding backlog is summarised: mean | max | end
+    outstanding_paused: bool = False  # count rescue-paused sessions as outstanding
+
+
+def _bins(start: float, end: float, width: float) -> np.ndarray:
+    n = max(1, int(math.floor((end - start) / width + 1e-9)))
+    return start + width * np.arange(n + 1)
+
+
+def run_statistics(
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    gate_events: pd.DataFrame | None,
+    spec: MetricSpec,
+) -> dict[str, Any]:
+    """The window statistics of one run: the inputs of every E2 condition, plus descriptive extras."""
+    w0, w1 = spec.window_start, spec.window_end
+    edges = _bins(w0, w1, spec.backlog_bin)
+    sys_s, sys_e = system_intervals(sessions)
+    n_sys = interval_bin_means(sys_s, sys_e, edges)
+    centers = 0.5 * (edges[:-1] + edges[1:])
+
+    last0 = spec.duration - spec.recovered_span
+    last_edges = _bins(last0, spec.duration, spec.backlog_bin)
+    outst = outstanding_bins(turns, sessions, gate_events, last_edges, spec.outstanding_paused)
+    outst_end = outstanding_at(turns, sessions, gate_events, spec.duration - 1e-9, spec.outstanding_paused)
+    if spec.outstanding_stat == "mean":
+        o_last = float(np.mean(outst))
+    elif spec.outstanding_stat == "max":
+        o_last = float(np.max(outst))
+    elif spec.outstanding_stat == "end":
+        o_last = float(outst_end)
+    else:
+        raise ValueError(f"outstanding_stat: got {spec.outstanding_stat!r}; expected mean, max or end")
+
+    present = present_sessions(sessions)
+    ended = _col(present, "end")
+    done_ok = present["outcome"].to_numpy() == "completed" if not present.empty else np.zeros(0, bool)
+    in_w = (ended >= w0) & (ended < w1)
+    arr = _col(present, "arrival")
+    base = present["kind"].to_numpy() == "base" if not present.empty else np.zeros(0, bool)
+    arrived_w = int(np.sum(base & (arr >= w0) & (arr < w1)))
+    refused = int((sessions["outcome"] == "refused").sum()) if not sessions.empty else 0
+    ct = completed_turns(turns)
+    tdone = _col(ct, "done_time")
+    g_s, g_e = gated_intervals(sessions)
+    waited = (g_e - g_s) > 1e-9
+    failed_turns = int((turns["status"].isin(["error", "timeout"])).sum()) if not turns.empty else 0
+
+    return {
+        "window_start": w0,
+        "window_end": w1,
+        "window_len": w1 - w0,
+        "hit": hit_fraction(turns, w0, w1, spec.hit_threshold),
+        "followup_hit": hit_fraction(turns, w0, w1, spec.hit_threshold, followup=True),
+        "token_rate": uncached_token_rate(turns, w0, w1),
+        "backlog_mean": float(np.mean(n_sys)),
+        "backlog_end": float(interval_count_at(sys_s, sys_e, spec.duration - 1e-9)),
+        "slope": ls_slope(centers, n_sys),
+        "hit_last": hit_fraction(turns, last0, spec.duration, spec.hit_threshold),
+        "outstanding_last": o_last,
+        "outstanding_end": float(outst_end),
+        "sessions_completed_rate": float(np.sum(in_w & done_ok) / (w1 - w0)),
+        "turns_completed_rate": float(np.sum((tdone >= w0) & (tdone < w1)) / (w1 - w0)),
+        "base_arrivals_window": arrived_w,
+        "base_arrival_rate_window": arrived_w / (w1 - w0),
+        "sessions": int(len(present)),
+        "refused": refused,
+        "failed_sessions": int(np.sum(present["outcome"].to_numpy() == "failed")) if not present.empty else 0,
+        "failed_turns": failed_turns,
+        "gate_waited": int(np.sum(waited)),
+        "gate_mean_wait": float(np.mean((g_e - g_s)[waited])) if np.any(waited) else 0.0,
+        "gate_last_held": float(np.nanmax(g_e[waited])) if np.any(waited) else NAN,
+    }
+
+
+def outstanding_bins(
+    turns: pd.DataFrame, sessions: pd.DataFrame, gate_events: pd.DataFrame | None, edges: np.ndarray, paused: bool = False
+) -> np.ndarray:
+    out = interval_bin_means(*inflight_intervals(turns), edges) + interval_bin_means(*gated_intervals(sessions), edges)
+    if paused and gate_events is not None:
+        out = out + interval_bin_means(*paused_intervals(gate_events), edges)
+    return out
+
+
+def outstanding_at(
+    turns: pd.DataFrame, sessions: pd.DataFrame, gate_events: pd.DataFrame | None, t: float, paused: bool = False
+) -> int:
+    n = interval_count_at(*inflight_intervals(turns), t) + interval_count_at(*gated_intervals(sessions), t)
+    if paused and gate_events is not None:
+        n += interval_count_at(*paused_intervals(gate_events), t)
+    return n
+
+
+def run_series(
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    gate_events: pd.DataFrame | None,
+    duration: float,
+    hit_bin: float = 100.0,
+    backlog_bin: float = 10.0,
+    threshold: float = 0.5,
+) -> dict[str, np.ndarray]:
+    """Time series for figures: hit fractions per `hit_bin`, backlogs per `backlog_bin`."""
+    he = _bins(0.0, duration, hit_bin)
+    be = _bins(0.0, duration, backlog_bin)
+    return {
+        "hit_t": he[:-1],
+        "hit": hit_fraction_bins(turns, he, threshold),
+        "followup_hit": hit_fraction_bins(turns, he, threshold, followup=True),
+        "backlog_t": 0.5 * (be[:-1] + be[1:]),
+        "in_system": interval_bin_means(*system_intervals(sessions), be),
+        "outstanding": outstanding_bins(turns, sessions, gate_events, be),
+    }
