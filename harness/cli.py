@@ -41,6 +41,7 @@ GROUPS: list[tuple[str, str]] = [
 REGISTRARS: list[str] = [
     "harness.plans:register",
     "harness.stages:register",
+    "harness.emulator.cli:register",
     "analysis.theory.cli:register",
     "analysis.cli:register",
 ]

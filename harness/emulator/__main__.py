@@ -1,0 +1,5 @@
+import sys
+
+from harness.emulator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,468 @@
+"""The HTTP emulator: the reference engine model behind SGLang's or vLLM's HTTP API, in real time.
+
+Why it exists: the real-time client path (sockets, JSON of 40k-id prompts, timeouts, crashes, the
+metrics scrape, the flush and canary) must be testable on a laptop or CI runner with no GPU, and a
+run against the emulator must be comparable to the same plan run in virtual time. So the server is
+only a clock and a transport around `EngineModel`: one background task runs iterations (step, sleep
+until the iteration's end, complete, wake the waiting handlers), and `--time-scale X` makes X
+seconds of engine time pass per wall second so that a long protocol fits in a test.
+
+The engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds: iterations shorter
+than that are not slept individually (the event loop's sleep granularity would otherwise slow the
+emulated engine down at high time scales), yet replies are never sent noticeably early.
+
+Fault injection (`--fault`, TEST-ONLY, never used by registered runs): makes the server fail in the
+ways a real engine does, so that the driver's crash handling is exercised end to end:
+  die-after:N   the process exits abruptly when the N-th completion request arrives
+  5xx:N         every N-th completion request gets a 500 error body
+  malformed:N   every N-th completion gets a 200 whose body is truncated JSON
+  no-usage:N    every N-th completion gets a 200 without the `usage` object
+  hang:N        every N-th completion request is never answered
+  unhealthy     /health answers 503 forever (a server that never becomes ready)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from harness.config import CellConfig
+from harness.emulator import flavors
+
+log = logging.getLogger("agentload.emulator")
+
+_MAX_LEAD = 0.001  # wall seconds the engine clock may run ahead of the wall clock
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+_FAULT_KINDS = ("die-after", "5xx", "malformed", "no-usage", "hang", "unhealthy")
+VERSION = {"sglang": "0.5.22-emulated", "vllm": "0.32.0-emulated"}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Test-only failure modes; all off by default."""
+
+    die_after: int | None = None
+    every_5xx: int | None = None
+    every_malformed: int | None = None
+    every_no_usage: int | None = None
+    every_hang: int | None = None
+    unhealthy: bool = False
+
+    @classmethod
+    def parse(cls, specs: list[str] | tuple[str, ...] | None) -> "Faults":
+        """Parse `KIND[:N]` strings (see the module docstring)."""
+        kw: dict[str, Any] = {}
+        names = {"die-after": "die_after", "5xx": "every_5xx", "malformed": "every_malformed", "no-usage": "every_no_usage", "hang": "every_hang"}
+        for spec in specs or ():
+            kind, _, arg = spec.partition(":")
+            if kind == "unhealthy":
+                kw["unhealthy"] = True
+                continue
+            if kind not in names:
+                raise ValueError(f"unknown fault {spec!r}; expected one of {', '.join(_FAULT_KINDS)}")
+            try:
+                n = int(arg)
+            except ValueError:
+                raise ValueError(f"fault {spec!r}: expected {kind}:N with a positive integer N") from None
+            if n < 1:
+                raise ValueError(f"fault {spec!r}: N must be >= 1")
+            kw[names[kind]] = n
+        return cls(**kw)
+
+    def hits(self, every: int | None, n: int) -> bool:
+        return every is not None and n % every == 0
+
+
+class _Reply(Exception):
+    """A ready HTTP error for the client (bad request, context overflow)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__()
+        self.response = response
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future
+    submit_wall: float
+
+
+@dataclass
+class EmulatorStats:
+    requests: int = 0
+    completed: int = 0
+    rejected: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+
+
+class Emulator:
+    """One emulated engine: the model, its clock, and the requests waiting on it."""
+
+    def __init__(
+        self,
+        cell: CellConfig,
+        *,
+        flavor: str | None = None,
+        time_scale: float = 1.0,
+        model_name: str = "emulated",
+        seed: int = 0,
+        faults: Faults | None = None,
+        die: Callable[[], None] | None = None,
+    ) -> None:
+        from harness.engine.model import EngineModel  # the engine model; imported late so the CLI stays light
+
+        flavor = flavor or cell.engine.name
+        if flavor not in flavors.FLAVORS:
+            raise ValueError(f"flavor {flavor!r}; expected one of {flavors.FLAVORS}")
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self.cell = cell
+        self.flavor = flavor
+        self.time_scale = float(time_scale)
+        self.model_name = model_name
+        self.model = EngineModel(cell, seed=seed)
+        self.faults = faults or Faults()
+        self._die = die or (lambda: os._exit(17))
+        self.stats = EmulatorStats()
+        self._waiters: dict[int, _Waiter] = {}
+        self._next_id = 0
+        self._t0 = time.monotonic()
+        self._floor = 0.0  # latest engine time handed to the model; the model's clock never goes back
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._dead: str | None = None
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(flavors.EngineCollector(flavor, model_name, cell, self.model.gauges))
+
+    # ------------------------------------------------------------------ clock
+    def engine_now(self) -> float:
+        """Engine time: wall seconds since start times the time scale, never behind the model."""
+        return max((time.monotonic() - self._t0) * self.time_scale, self._floor)
+
+    # ------------------------------------------------------------------ engine loop
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._t0 = time.monotonic()
+        self._task = asyncio.create_task(self._run(), name="emulator-engine")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for w in self._waiters.values():
+            if not w.future.done():
+                w.future.cancel()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        m = self.model
+        try:
+            while True:
+                now = self.engine_now()
+                # Decode-only iterations that start within the lead bound may be fused: a request
+                # arriving meanwhile waits at most _MAX_LEAD wall seconds longer than it would.
+                end = m.step(now, now + _MAX_LEAD * self.time_scale)
+                self._floor = now
+                if end is None:  # idle: sleep until a request arrives
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                lead = (end - (time.monotonic() - self._t0) * self.time_scale) / self.time_scale
+                await asyncio.sleep(lead if lead > _MAX_LEAD else 0)
+                self._floor = max(self._floor, end)
+                self._resolve(m.complete(end))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a model bug: fail every waiter loudly, keep serving health as dead
+            log.exception("engine model failed")
+            self._dead = f"engine model failed: {exc!r}"
+            for w in self._waiters.values():
+                if not w.future.done():
+                    w.future.set_exception(RuntimeError(self._dead))
+
+    def _resolve(self, done: list[Any]) -> None:
+        for c in done:
+            w = self._waiters.pop(c.req_id, None)
+            if w is not None and not w.future.done():
+                w.future.set_result(c)
+                self.stats.completed += 1
+
+    async def submit(self, prompt: np.ndarray, max_tokens: int) -> Any:
+        """Queue one request on the engine and wait for its completion."""
+        from harness.engine.model import EngineRequest
+
+        if self._dead:
+            raise RuntimeError(self._dead)
+        req_id = self._next_id
+        self._next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self.engine_now())
+        self._waiters[req_id] = _Waiter(fut, time.monotonic())
+        assert self._wake is not None
+        self._wake.set()
+        return await fut
+
+    def try_flush(self) -> bool:
+        return bool(self.model.flush_cache())
+
+    # ------------------------------------------------------------------ request parsing
+    def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError") -> _Reply:
+        self.stats.rejected += 1
+        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind)), content_type="application/json"))
+
+    def parse_prompt(self, raw: Any) -> np.ndarray:
+        """Token ids as sent, or a text prompt split into test-vocabulary words (`w<id>`)."""
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (list, str)):
+            raw = raw[0]  # a batch of one
+        if isinstance(raw, str):
+            return _words_to_ids(raw)
+        if isinstance(raw, list) and (not raw or isinstance(raw[0], int)):
+            try:
+                return np.asarray(raw, dtype=np.int64).astype(np.int32)
+            except (TypeError, ValueError, OverflowError):
+                raise self._bad("prompt must be a list of token ids") from None
+        raise self._bad("prompt must be a string or a list of token ids (batches are not supported)")
+
+    def check_fits(self, prompt: np.ndarray, max_tokens: int) -> None:
+        n, ctx = int(prompt.shape[0]), self.cell.context_length
+        if n == 0:
+            raise self._bad("The prompt is empty.")
+        too_long = n >= ctx if self.flavor == "sglang" else n + max_tokens > ctx
+        if too_long:
+            raise self._bad(flavors.context_error(self.flavor, n, max_tokens, ctx))
+
+    def fault_for(self, n: int) -> str | None:
+        f = self.faults
+        if f.die_after is not None and n >= f.die_after:
+            return "die"
+        for name, every in (("hang", f.every_hang), ("5xx", f.every_5xx), ("malformed", f.every_malformed), ("no-usage", f.every_no_usage)):
+            if f.hits(every, n):
+                self.stats.faults[name] = self.stats.faults.get(name, 0) + 1
+                return name
+        return None
+
+
+def _words_to_ids(text: str) -> np.ndarray:
+    ids = []
+    for w in text.split():
+        m = re.fullmatch(r"w(\d+)", w)
+        ids.append(int(m.group(1)) if m else 4 + (hash(w) % 31996))
+    return np.asarray(ids, dtype=np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP handlers
+# ---------------------------------------------------------------------------------------------
+_EMU = web.AppKey("emulator", Emulator)
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj, option=_ORJSON_OPTS), content_type="application/json")
+
+
+async def _load_json(request: web.Request, emu: Emulator) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise emu._bad(f"invalid JSON body: {exc}")
+    if not isinstance(body, dict):
+        raise emu._bad("the request body must be a JSON object")
+    return body
+
+
+async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int) -> tuple[Any, str | None]:
+    """Count the request, apply any injected fault, run it on the engine."""
+    emu.stats.requests += 1
+    fault = emu.fault_for(emu.stats.requests)
+    if fault == "die":
+        log.error("fault die-after: exiting on request %d", emu.stats.requests)
+        emu._die()
+        await asyncio.Event().wait()  # an in-process die() that returned: never answer
+    if fault == "hang":
+        await asyncio.Event().wait()
+    if fault == "5xx":
+        raise _Reply(web.Response(status=500, body=orjson.dumps(flavors.error_body(emu.flavor, "injected server error", 500, "InternalServerError")), content_type="application/json"))
+    try:
+        comp = await emu.submit(prompt, max_tokens)
+    except ValueError as exc:  # the model refuses what the engine would (context overflow)
+        raise emu._bad(str(exc)) from None
+    except RuntimeError as exc:
+        raise _Reply(_json(flavors.error_body(emu.flavor, str(exc), 500, "InternalServerError"), 500)) from None
+    return comp, fault
+
+
+def _max_tokens(emu: Emulator, value: Any, default: int = 16) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise emu._bad(f"max_tokens must be a positive integer, got {value!r}")
+    return value
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    emu = request.app[_EMU]
+    try:
+        body = await _load_json(request, emu)
+        prompt = emu.parse_prompt(body.get("prompt"))
+        max_tokens = _max_tokens(emu, body.get("max_tokens"))
+        emu.check_fits(prompt, max_tokens)
+        comp, fault = await _run_turn(emu, prompt, max_tokens)
+    except _Reply as r:
+        return r.response
+    out = np.asarray(comp.output_ids, dtype=np.int32)
+    return_ids = bool(body.get("return_token_ids", False))
+    resp = flavors.completion_body(
+        emu.flavor,
+        model=body.get("model") or emu.model_name,
+        prompt_ids=prompt,
+        output_ids=out,
+        prompt_tokens=int(comp.prompt_tokens),
+        cached_tokens=int(comp.cached_tokens),
+        completion_tokens=int(comp.completion_tokens),
+        return_ids=return_ids,
+        with_usage=fault != "no-usage",
+    )
+    if fault == "malformed":
+        raw = orjson.dumps(resp, option=_ORJSON_OPTS)
+        return web.Response(status=200, body=raw[: max(len(raw) // 2, 1)], content_type="application/json")
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        sresp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await sresp.prepare(request)
+        for chunk in flavors.stream_chunks(emu.flavor, resp, include_usage):
+            await sresp.write(b"data: " + orjson.dumps(chunk, option=_ORJSON_OPTS) + b"\n\n")
+        await sresp.write(b"data: [DONE]\n\n")
+        await sresp.write_eof()
+        return sresp
+    return _json(resp)
+
+
+async def generate(request: web.Request) -> web.Response:
+    """SGLang's native endpoint: input_ids + sampling_params, counts under meta_info."""
+    emu = request.app[_EMU]
+    t0 = time.monotonic()
+    try:
+        body = await _load_json(request, emu)
+        raw = body.get("input_ids", body.get("text"))
+        prompt = emu.parse_prompt(raw)
+        sp = body.get("sampling_params") or {}
+        max_tokens = _max_tokens(emu, sp.get("max_new_tokens"), default=128)
+        emu.check_fits(prompt, max_tokens)
+        comp, fault = await _run_turn(emu, prompt, max_tokens)
+    except _Reply as r:
+        return r.response
+    resp = flavors.generate_body(
+        output_ids=np.asarray(comp.output_ids, dtype=np.int32),
+        prompt_tokens=int(comp.prompt_tokens),
+        cached_tokens=int(comp.cached_tokens),
+        completion_tokens=int(comp.completion_tokens),
+        latency=time.monotonic() - t0,
+    )
+    if fault == "malformed":
+        raw_b = orjson.dumps(resp, option=_ORJSON_OPTS)
+        return web.Response(status=200, body=raw_b[: len(raw_b) // 2], content_type="application/json")
+    if fault == "no-usage":
+        resp.pop("meta_info")
+    return _json(resp)
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """SGLang: refuse (400) while anything runs or waits, unless ?timeout=S, then wait up to S."""
+    emu = request.app[_EMU]
+    timeout = request.query.get("timeout")
+    deadline = time.monotonic() + (float(timeout) if timeout else 0.0)
+    while True:
+        if emu.try_flush():
+            return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
+        if time.monotonic() >= deadline:
+            return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
+        await asyncio.sleep(0.01)
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM: always 200; the body says whether the cache was reset (false while blocks are in use)."""
+    emu = request.app[_EMU]
+    return _json({"success": emu.try_flush()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    emu = request.app[_EMU]
+    return web.Response(body=generate_latest(emu.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def health(request: web.Request) -> web.Response:
+    emu = request.app[_EMU]
+    if emu.faults.unhealthy or emu._dead:
+        return web.Response(status=503, text=emu._dead or "")
+    return web.Response(status=200)
+
+
+async def models(request: web.Request) -> web.Response:
+    emu = request.app[_EMU]
+    return _json(flavors.models_body(emu.model_name, emu.cell.context_length))
+
+
+async def server_info(request: web.Request) -> web.Response:
+    emu = request.app[_EMU]
+    info = flavors.server_info(emu.flavor, model=emu.model_name, cell=emu.cell, time_scale=emu.time_scale, version=VERSION[emu.flavor])
+    info["stats"] = {"requests": emu.stats.requests, "completed": emu.stats.completed, "rejected": emu.stats.rejected, "faults": emu.stats.faults}
+    return _json(info)
+
+
+async def version(request: web.Request) -> web.Response:
+    return _json({"version": VERSION[request.app[_EMU].flavor]})
+
+
+def make_app(emulator: Emulator) -> web.Application:
+    """The aiohttp application; the engine task starts and stops with it."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[_EMU] = emulator
+
+    async def _lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        await emulator.start()
+        yield
+        await emulator.close()
+
+    app.cleanup_ctx.append(_lifecycle)
+    r = app.router
+    r.add_post("/v1/completions", completions)
+    r.add_get("/metrics", metrics)
+    r.add_get("/health", health)
+    r.add_get("/v1/models", models)
+    r.add_get("/version", version)
+    r.add_get("/server_info", server_info)
+    r.add_get("/get_server_info", server_info)
+    if emulator.flavor == "sglang":
+        r.add_post("/generate", generate)
+        r.add_get("/flush_cache", flush_cache)
+        r.add_post("/flush_cache", flush_cache)
+        r.add_get("/health_generate", health)
+    else:
+        r.add_post("/reset_prefix_cache", reset_prefix_cache)
+    return app
+
+
+async def serve(emulator: Emulator, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
+    """Start serving in the running loop; returns the runner (call .cleanup()) and the base URL."""
+    # a short shutdown: a stopped engine does not finish its requests either (and hung ones never would)
+    runner = web.AppRunner(make_app(emulator), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=False)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    bound = sock.getsockname()[1]
+    return runner, f"http://{host}:{bound}"
