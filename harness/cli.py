@@ -42,6 +42,7 @@ REGISTRARS: list[str] = [
     "harness.plans:register",
     "harness.stages:register",
     "harness.emulator.cli:register",
+    "harness.engines.smoke:register",
     "analysis.theory.cli:register",
     "analysis.cli:register",
 ]
