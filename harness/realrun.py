@@ -219,6 +219,11 @@ async def _preflight(adapter: Any, base_url: str, cell: CellConfig, model_name: 
     except ImportError:
         smoke = None  # type: ignore[assignment]
     async with aiohttp.ClientSession() as http:
+        if not cell.prefix_cache:
+            # Cache-off cells (E0a): the smoke's cache checks and the canary cannot pass by design;
+            # the check is instead that a repeated prompt reuses nothing, on an idle engine.
+            out["cache_off"] = await _cache_off_check(adapter, http, base_url, model_name)
+            return out
         if options.smoke and smoke is not None and hasattr(smoke, "run_smoke"):
             report = await smoke.run_smoke(adapter, http, base_url, cell=cell, model_name=model_name)
             out["smoke"] = _plain(report)
@@ -236,6 +241,22 @@ async def _preflight(adapter: Any, base_url: str, cell: CellConfig, model_name: 
                 raise PreflightError(f"cache flush: {exc}") from None
             out["flush"] = "ok (canary module not available)"
     return out
+
+
+async def _cache_off_check(adapter: Any, http: Any, base_url: str, model_name: str) -> dict[str, Any]:
+    """Send one prompt twice; with the prefix cache off the repeat must reuse nothing."""
+    import numpy as np
+
+    gauges = await adapter.scrape_metrics(http, base_url)
+    busy = {k: gauges[k] for k in ("running", "waiting") if gauges.get(k)}
+    if busy:
+        raise PreflightError(f"engine not idle before a cache-off run: {busy}")
+    prompt = np.random.default_rng(7).integers(4, 32000, size=256, dtype=np.int32)
+    first = await adapter.complete(http, base_url, prompt, 4, model_name)
+    again = await adapter.complete(http, base_url, prompt, 4, model_name)
+    if again.cached_tokens > 0:
+        raise PreflightError(f"prefix cache is not off: a repeated 256-token prompt reused {again.cached_tokens} tokens")
+    return {"repeat_cached_tokens": int(again.cached_tokens), "first_cached_tokens": int(first.cached_tokens), "passed": True}
 
 
 def _plain(obj: Any) -> Any:

@@ -6,8 +6,10 @@ Stage C runs the cell as configured for each n; E0a runs it with the prefix cach
 sessions for seeds 0-2, plus a 64-session check that the engine is saturated (the token rate
 should not move). Both write the same run records as a real run when given a directory.
 
-`agentload calibrate stage-c|e0a --cell CELL --engine sim` is the command; real-engine stages are
-run by the job scripts and analysed with the same statistics (analysis/calibration.py).
+`agentload calibrate stage-c|e0a --cell CELL --engine sim|emulator|vllm|sglang` is the command. On
+a real engine every run gets a fresh server (launched through the engine adapter, with the smoke
+checks and the flush + canary before it, or a cache-off check for E0a), the same closed client
+driven in wall time, and the same statistics (analysis/calibration.py).
 """
 
 from __future__ import annotations
@@ -52,9 +54,17 @@ def run_closed(
     run_dir: Path | str | None = None,
     meta: dict[str, Any] | None = None,
     gauge_interval: float = 5.0,
+    engine: Any = None,
 ) -> ClosedRun:
-    """One closed-population run of warmup + window virtual seconds, and its window statistics."""
+    """One closed-population run of warmup + window seconds, and its window statistics.
+
+    `engine` None runs the engine model in virtual time; an EngineOptions (harness.realrun) runs
+    the same client against a real server, which needs `run_dir` for its log and records.
+    """
     end = warmup + window
+    if engine is not None:
+        return _run_closed_real(cell, workload, n, seed=seed, end=end, warmup=warmup, run_dir=run_dir,
+                                meta=meta, gauge_interval=gauge_interval, options=engine)  # fmt: skip
     engine = EngineModel(cell, seed=seed)
     if run_dir is None:
         client = ClosedClient(workload, n, seed=seed)
@@ -90,6 +100,51 @@ def run_closed(
     return ClosedRun(stats, res)
 
 
+def _run_closed_real(
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    n: int,
+    *,
+    seed: int,
+    end: float,
+    warmup: float,
+    run_dir: Path | str | None,
+    meta: dict[str, Any] | None,
+    gauge_interval: float,
+    options: Any,
+) -> ClosedRun:
+    from harness.realrun import run_real
+    from harness.record import RunRecorder, load_run
+
+    if run_dir is None:
+        raise ValueError("a real-engine calibration run needs a run directory (--out)")
+    base_meta = {
+        "run_kind": "closed",
+        "engine_kind": options.engine,
+        "cell": cell,
+        "workload": workload,
+        "population": n,
+        "seed": seed,
+        "warmup": warmup,
+        "window": end - warmup,
+        **(meta or {}),
+    }
+    rec = RunRecorder(run_dir, base_meta)
+    try:
+        client = ClosedClient(workload, n, seed=seed, sink=rec)
+        result = run_real(client, cell=cell, options=options, run_dir=run_dir, recorder=rec,
+                          duration=end, gauge_interval=gauge_interval)  # fmt: skip
+    except BaseException:
+        rec.close("FAILED", "calibration run raised")
+        raise
+    rec.close()
+    if result.status != "COMPLETED":
+        raise RuntimeError(f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})")
+    data = load_run(run_dir)
+    stats = window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
+    return ClosedRun(stats, None)  # type: ignore[arg-type]
+
+
 def stage_c(
     cell: CellConfig,
     workload: WorkloadConfig,
@@ -99,13 +154,15 @@ def stage_c(
     out_dir: Path | str | None = None,
     warmup: float = WARMUP,
     window: float = WINDOW,
+    engine: Any = None,
 ) -> list[WindowStats]:
     """μ(n) and hit fraction for each population n (and seed)."""
     out: list[WindowStats] = []
     for n in ns:
         for s in seeds:
             rd = None if out_dir is None else Path(out_dir) / f"stage-c-n{n}-s{s}"
-            out.append(run_closed(cell, workload, n, seed=s, warmup=warmup, window=window, run_dir=rd, meta={"stage": "C"}).stats)
+            out.append(run_closed(cell, workload, n, seed=s, warmup=warmup, window=window, run_dir=rd,
+                                  meta={"stage": "C"}, engine=engine).stats)  # fmt: skip
     return out
 
 
@@ -123,13 +180,15 @@ def e0a(
     out_dir: Path | str | None = None,
     warmup: float = WARMUP,
     window: float = WINDOW,
+    engine: Any = None,
 ) -> E0aSummary:
     """λ_ref (turns-based all-miss session rate) and the all-miss uncached token rate."""
     off = cache_off(cell)
 
     def one(pop: int, s: int) -> WindowStats:
         rd = None if out_dir is None else Path(out_dir) / f"e0a-n{pop}-s{s}"
-        return run_closed(off, workload, pop, seed=s, warmup=warmup, window=window, run_dir=rd, meta={"stage": "E0a"}).stats
+        return run_closed(off, workload, pop, seed=s, warmup=warmup, window=window, run_dir=rd,
+                          meta={"stage": "E0a"}, engine=engine).stats  # fmt: skip
 
     per_seed = [one(n, s) for s in seeds]
     check = one(check_n, seeds[0]) if check_n else None
@@ -168,19 +227,25 @@ def _cmd(args: Any) -> int:
     from harness.cli import CLIError
     from harness.config import config_ref, load_config
 
-    if args.engine != "sim":
-        raise CLIError(f"--engine {args.engine}: real-engine calibration runs through the job scripts; here only 'sim'")
     cell = load_config(config_ref(args.cell, "cells"), CellConfig)
     workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
     out = Path(args.out) if args.out else None
+    engine = None
+    if args.engine != "sim":
+        from harness.realrun import options_from_args
+
+        if out is None:
+            raise CLIError(f"--engine {args.engine}: a real-engine calibration needs --out for its server logs and run records")
+        engine = options_from_args(args, cell_ref=args.cell)
     if args.stage == "stage-c":
         stats = stage_c(cell, workload, _ints(args.n) if args.n else STAGE_C_NS, seeds=_ints(args.seeds or "0"),
-                        out_dir=out, warmup=args.warmup, window=args.window)  # fmt: skip
+                        out_dir=out, warmup=args.warmup, window=args.window, engine=engine)  # fmt: skip
         print(_fmt_curve(stats))
         result: Any = [s.as_dict() for s in stats]
     else:
         summary = e0a(cell, workload, seeds=_ints(args.seeds or "0,1,2"), n=int(args.n or E0A_N),
-                      check_n=args.check_n or None, out_dir=out, warmup=args.warmup, window=args.window)  # fmt: skip
+                      check_n=args.check_n or None, out_dir=out, warmup=args.warmup, window=args.window,
+                      engine=engine)  # fmt: skip
         print(_fmt_e0a(summary))
         result = summary.as_dict()
     if out is not None:
@@ -203,7 +268,8 @@ def register(cli: Any) -> None:
         q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
         q.add_argument("--workload", default="standard", help="workload config (default: standard)")
         q.add_argument("--engine", default="sim", choices=["sim", "sglang", "vllm", "emulator"],
-                       help="where to run: 'sim' = the engine model in virtual time")  # fmt: skip
+                       help="where to run: 'sim' = the engine model in virtual time; otherwise a fresh "
+                            "server per run, launched from the cell (see the real-engine options)")  # fmt: skip
         q.add_argument("--seeds", help="comma-separated seeds (stage-c default 0; e0a default 0,1,2)")
         q.add_argument("--n", help="stage-c: comma-separated populations (default the nine of record); e0a: population (32)")
         if name == "e0a":
@@ -211,4 +277,7 @@ def register(cli: Any) -> None:
         q.add_argument("--warmup", type=float, default=WARMUP, help="seconds before the window (900)")
         q.add_argument("--window", type=float, default=WINDOW, help="window length, seconds (1800)")
         q.add_argument("--out", help="directory for run records and a JSON summary")
+        from harness.realrun import add_engine_arguments
+
+        add_engine_arguments(q)
         q.set_defaults(func=_cmd)
