@@ -74,9 +74,12 @@ def run_closed(
     else:
         from harness.record import RunRecorder, load_run
 
+        from provenance.meta import capture
+
         base_meta = {
             "run_kind": "closed",
             "engine_kind": "sim",
+            "provenance": capture(include_gpu=False),
             "cell": cell,
             "workload": workload,
             "population": n,
@@ -118,9 +121,12 @@ def _run_closed_real(
 
     if run_dir is None:
         raise ValueError("a real-engine calibration run needs a run directory (--out)")
+    from provenance.meta import capture
+
     base_meta = {
         "run_kind": "closed",
         "engine_kind": options.engine,
+        "provenance": capture(),
         "cell": cell,
         "workload": workload,
         "population": n,
