@@ -209,15 +209,7 @@ class EngineCollector(Collector):
         prompt_total = float(g.get("prompt_tokens_total", 0))
         cached_total = float(g.get("cached_tokens_total", 0))
 
-        def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
-            m = GaugeMetricFamily(f"sglang:{name}", doc, labels=labels)
-            m.add_metric(values, v)
-            return m
-
-        def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
-            m = CounterMetricFamily(f"sglang:{name}", doc, labels=labels)
-            m.add_metric(values, v)
-            return m
+        gauge, counter = _family_makers("sglang", labels, values)
 
         yield gauge("num_running_reqs", "The number of running requests.", g.get("running", 0))
         yield gauge("num_queue_reqs", "The number of requests in the waiting queue.", g.get("waiting", 0))
@@ -238,15 +230,7 @@ class EngineCollector(Collector):
         pool = float(g.get("pool_tokens", self.cell.kv_pool_tokens))
         used = float(g.get("kv_used_tokens", 0))
 
-        def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
-            m = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
-            m.add_metric(values, v)
-            return m
-
-        def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
-            m = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
-            m.add_metric(values, v)
-            return m
+        gauge, counter = _family_makers("vllm", labels, values)
 
         yield gauge("num_requests_running", "Number of requests in model execution batches.", g.get("running", 0))
         yield gauge("num_requests_waiting", "Number of requests waiting to be processed.", g.get("waiting", 0))
@@ -267,3 +251,19 @@ class EngineCollector(Collector):
             1.0,
         )
         yield info
+
+
+def _family_makers(prefix: str, labels: list[str], values: list[str]) -> tuple[Any, Any]:
+    """One-sample gauge and counter families under an engine's metric prefix and label set."""
+
+    def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
+        m = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=labels)
+        m.add_metric(values, v)
+        return m
+
+    def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
+        m = CounterMetricFamily(f"{prefix}:{name}", doc, labels=labels)
+        m.add_metric(values, v)
+        return m
+
+    return gauge, counter
