@@ -149,7 +149,8 @@ def markdown_table(verdict: Mapping[str, Any]) -> str:
         "",
         f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} tokens/s; "
         f"states for seeds {', '.join(str(s) for s in verdict['seeds'])}: T trapped, I indeterminate, D draining, "
-        "G good, R recovered, F failed, - missing. Window statistics; ranges over seeds.",
+        "G good, R recovered, F failed, X window shorter than the rule allows, - missing. Window statistics; ranges over seeds; "
+        "NOBURST and CAPPED slopes in absolute value.",
         "",
         "| λ/λref | arm | states | hit | tokens (× all-miss) | backlog | slope (s⁻¹) | slope thr. | stuck | rate verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -18,9 +18,10 @@ that cannot keep up would silently turn an open-loop experiment into a closed on
 
 Ending. The run ends COMPLETED when the client is finished or the plan horizon (`duration`) is
 reached, INTERRUPTED on SIGTERM/SIGINT or `stop_event`, FAILED when the server is gone (connection
-refused, the process exited, /health no longer answers) or the client raised. In every case
-requests still in flight are abandoned (not fed back), `client.close(now)` is called when the client
-has it (the plan client then records them as open), and the recorder is flushed.
+refused, the process exited, /health no longer answers or answers 5xx after a failed turn) or the
+client raised. In every case requests still in flight are abandoned (not fed back),
+`client.close(now)` is called when the client has it (the plan client then records them as open),
+and the recorder is flushed.
 """
 
 from __future__ import annotations
@@ -263,7 +264,9 @@ class _Driver:
             log.exception("client failed in on_response")
             self.finish(FAILED, f"client error in on_response: {exc!r}")
             return
-        if conn_error and not self._probing:
+        # A dropped connection, or a 5xx (an engine whose core died may still answer HTTP: vLLM's
+        # /health then says 503), asks whether the server is still there.
+        if (conn_error or (http_status is not None and http_status >= 500)) and not self._probing:
             self._probing = True
             self.loop.create_task(self._probe_server())
         self._check_finished()
@@ -281,7 +284,7 @@ class _Driver:
 
     # ------------------------------------------------------------------ server health
     async def _probe_server(self) -> None:
-        """After a dropped connection: is the server gone (FAILED) or was it one bad request?"""
+        """After a dropped connection or a 5xx: is the server gone (FAILED) or was it one bad request?"""
         try:
             reason = self.server_alive() if self.server_alive else None
             if reason is None:
@@ -408,7 +411,8 @@ async def drive(
     gauge_interval: PLAN seconds between /metrics scrapes (None: no scrapes).
     duration: PLAN seconds after which the drive ends (None: when the client is finished).
     server_alive: returns a reason string once the server process is gone (e.g. from its
-        Popen handle); checked by a watchdog and after every dropped connection.
+        Popen handle); checked by a watchdog and, with GET /health, after every dropped
+        connection or 5xx reply.
     progress: a harness.progress.RunProgress (or anything with on_turn/update).
     handle_signals: SIGTERM/SIGINT end the drive as INTERRUPTED (main thread only).
     """

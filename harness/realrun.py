@@ -210,36 +210,33 @@ class PreflightError(RuntimeError):
 
 
 async def _preflight(adapter: Any, base_url: str, cell: CellConfig, model_name: str, options: EngineOptions) -> dict[str, Any]:
-    """Smoke checks and the flush + canary of part (a)'s module when present; otherwise a flush."""
+    """Stage 0 smoke checks and the flush + canary (cache-off cells: a no-reuse check instead)."""
     import aiohttp
 
+    from harness.engines import smoke
+
     out: dict[str, Any] = {}
-    try:
-        from harness.engines import smoke  # noqa: PLC0415 (optional until the smoke module lands)
-    except ImportError:
-        smoke = None  # type: ignore[assignment]
     async with aiohttp.ClientSession() as http:
         if not cell.prefix_cache:
             # Cache-off cells (E0a): the smoke's cache checks and the canary cannot pass by design;
             # the check is instead that a repeated prompt reuses nothing, on an idle engine.
-            out["cache_off"] = await _cache_off_check(adapter, http, base_url, model_name)
-            return out
-        if options.smoke and smoke is not None and hasattr(smoke, "run_smoke"):
-            report = await smoke.run_smoke(adapter, http, base_url, cell=cell, model_name=model_name)
-            out["smoke"] = _plain(report)
-            if not getattr(report, "passed", True):
-                raise PreflightError(f"smoke test: {getattr(report, 'reason', report)}")
-        if options.canary and smoke is not None and hasattr(smoke, "run_canary"):
-            report = await smoke.run_canary(adapter, http, base_url, cell=cell, model_name=model_name)
-            out["canary"] = _plain(report)
-            if not getattr(report, "passed", True):
-                raise PreflightError(f"canary: {getattr(report, 'reason', report)}")
-        elif options.canary:
             try:
-                await adapter.flush_cache(http, base_url, timeout=60.0)
-            except Exception as exc:
-                raise PreflightError(f"cache flush: {exc}") from None
-            out["flush"] = "ok (canary module not available)"
+                out["cache_off"] = await _cache_off_check(adapter, http, base_url, model_name)
+            except PreflightError:
+                raise
+            except Exception as exc:  # a bad reply or a dead server is a failed check, not a crash
+                raise PreflightError(f"cache-off check: {type(exc).__name__}: {exc}") from None
+            return out
+        if options.smoke:
+            report = await smoke.run_smoke(adapter, http, base_url, cell=cell, model_name=model_name)
+            out["smoke"] = report.to_dict()
+            if not report.passed:
+                raise PreflightError(f"smoke test: {report.reason}")
+        if options.canary:
+            result = await smoke.run_canary(adapter, http, base_url, cell=cell, model_name=model_name)
+            out["canary"] = result.to_dict()
+            if not result.passed:
+                raise PreflightError(f"canary: {result.reason}")
     return out
 
 
@@ -257,15 +254,6 @@ async def _cache_off_check(adapter: Any, http: Any, base_url: str, model_name: s
     if again.cached_tokens > 0:
         raise PreflightError(f"prefix cache is not off: a repeated 256-token prompt reused {again.cached_tokens} tokens")
     return {"repeat_cached_tokens": int(again.cached_tokens), "first_cached_tokens": int(first.cached_tokens), "passed": True}
-
-
-def _plain(obj: Any) -> Any:
-    to_dict = getattr(obj, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    with contextlib.suppress(TypeError):
-        return asdict(obj)
-    return obj if isinstance(obj, (dict, list, str, int, float, bool, type(None))) else repr(obj)
 
 
 def _served_name(adapter: Any, cell: CellConfig) -> str:

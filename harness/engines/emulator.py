@@ -62,6 +62,13 @@ def cell_file(cell: CellConfig, ref: str | None = None) -> str:
     return str(out)
 
 
+def _exact(x: float) -> str:
+    """A float as text that parses back to the same float (the emulator's engine clock must run at
+    exactly the driver's time scale; `:g` alone keeps only six significant digits)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
 class EmulatorAdapter(EngineAdapter):
     name = "emulator"
 
@@ -98,7 +105,7 @@ class EmulatorAdapter(EngineAdapter):
             *prefix, "serve",
             "--cell", cell_file(cell, self.cell_ref),
             "--flavor", self.flavor,
-            "--time-scale", f"{self.time_scale:g}",
+            "--time-scale", _exact(self.time_scale),
             "--port", str(port),
         ]  # fmt: skip
         if host not in ("127.0.0.1", "localhost"):
