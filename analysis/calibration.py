@@ -5,8 +5,10 @@ One definition serves simulated and real runs (both read as turn and session tab
 - μ(n), turns-based: turns completed inside the window per second, divided by E[T]. Session work is
   heavy-tailed in T, so this has much lower variance than the session count;
 - hit fraction: share of the window's completed turns with more than half their prompt cached;
-- uncached prefill token rate: prompt tokens not served from cache, summed over the window's
-  completed turns, per second. With the cache off (E0a) it is the all-miss token rate.
+- uncached prefill token rate: prompt tokens not served from cache, per second, attributed to
+  each turn's prefill end. With the cache off (E0a) it is the all-miss token rate.
+The hit and token-rate estimators are analysis.metrics' own, so the all-miss reference measured
+here and the rate the E2 rule compares with it are the same estimator.
 E0a's λ_ref is the mean over seeds of the turns-based rate; its standard error is over seeds.
 """
 
@@ -18,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+
+from analysis.metrics import hit_fraction, uncached_token_rate
 
 HIT_THRESHOLD = 0.5  # a turn hits if more than half its prompt came from cache
 
@@ -61,7 +65,6 @@ def window_stats(
     prompt = t["prompt_tokens"].astype(float)
     cached = t["cached_tokens"].fillna(0).astype(float)
     nt = len(t)
-    hits = float((cached > HIT_THRESHOLD * prompt).mean()) if nt else math.nan
     ptok = float(prompt.sum())
     return WindowStats(
         n=n,
@@ -72,9 +75,9 @@ def window_stats(
         turns_completed=nt,
         mu_sessions=len(s) / span,
         mu_turns=nt / span / expected_turns,
-        hit_fraction=hits,
+        hit_fraction=hit_fraction(turns, start, end, HIT_THRESHOLD),
         token_hit_fraction=float(cached.sum()) / ptok if ptok else math.nan,
-        uncached_token_rate=(ptok - float(cached.sum())) / span,
+        uncached_token_rate=uncached_token_rate(turns, start, end),
         prompt_token_rate=ptok / span,
     )
 
