@@ -214,6 +214,14 @@ def _build(
                 f"{TOP_RATE / lambda_ref:.4g} x lambda_ref (raising TOP_RATE changes every plan)"
             )
 
+    if cut is not None and cut.rate > float(rate):
+        # The cut keeps the points already kept whose marks pass a second threshold, so it can
+        # only lower the rate; a higher cut rate would leave the arrivals unchanged while the
+        # nominal rate (rate_report, ks_exponential) claimed the higher one.
+        raise PlanError(
+            f"cut.rate: got {cut.rate} x lambda_ref; expected at most the run's rate {float(rate)} x lambda_ref "
+            "(a cut thins the base stream, it cannot raise it)"
+        )
     duration = protocol.duration
     t, marks = top_process(int(seed), duration)
     keep = marks < rate_abs / TOP_RATE

@@ -160,10 +160,16 @@ def simulate(
         if client.finished() and not engine.has_work() and not engine.busy:
             break
         kick(now)
-        if not heap and until is not None and not client.finished():
-            now = until
-            res.status = "HORIZON"
-            break
+    if res.status == "COMPLETED" and not client.finished():
+        # Nothing is pending, yet the client still expects something: with a horizon the run simply
+        # idles to it; without one it would never end, which is a client or engine-model bug.
+        if until is None:
+            raise RuntimeError(
+                f"simulation stalled at t = {now:g} s: the client is not finished but no event is pending "
+                f"(engine: {len(engine.waiting)} waiting, {len(engine.running)} running)"
+            )
+        now = until
+        res.status = "HORIZON"
     res.end_time = now
     res.in_flight = len(sent_at)
     close: Callable[[float], None] | None = getattr(client, "close", None)

@@ -74,21 +74,7 @@ def run_closed(
     else:
         from harness.record import RunRecorder, load_run
 
-        from provenance.meta import capture
-
-        base_meta = {
-            "run_kind": "closed",
-            "engine_kind": "sim",
-            "provenance": capture(include_gpu=False),
-            "cell": cell,
-            "workload": workload,
-            "population": n,
-            "seed": seed,
-            "warmup": warmup,
-            "window": window,
-            **(meta or {}),
-        }
-        rec = RunRecorder(run_dir, base_meta)
+        rec = RunRecorder(run_dir, _closed_meta("sim", cell, workload, n, seed, warmup, window, meta))
         try:
             client = ClosedClient(workload, n, seed=seed, sink=rec)
             res = simulate(client, engine, recorder=rec, until=end, gauge_interval=gauge_interval)
@@ -101,6 +87,33 @@ def run_closed(
         turns, sessions = data.turns, data.sessions
     stats = window_stats(turns, sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
     return ClosedRun(stats, res)
+
+
+def _closed_meta(
+    engine_kind: str,
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    n: int,
+    seed: int,
+    warmup: float,
+    window: float,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """meta.json of one closed-population run, simulated or real (GPU facts only for a real one)."""
+    from provenance.meta import capture
+
+    return {
+        "run_kind": "closed",
+        "engine_kind": engine_kind,
+        "provenance": capture(include_gpu=engine_kind != "sim"),
+        "cell": cell,
+        "workload": workload,
+        "population": n,
+        "seed": seed,
+        "warmup": warmup,
+        "window": window,
+        **(extra or {}),
+    }
 
 
 def _run_closed_real(
@@ -121,21 +134,7 @@ def _run_closed_real(
 
     if run_dir is None:
         raise ValueError("a real-engine calibration run needs a run directory (--out)")
-    from provenance.meta import capture
-
-    base_meta = {
-        "run_kind": "closed",
-        "engine_kind": options.engine,
-        "provenance": capture(),
-        "cell": cell,
-        "workload": workload,
-        "population": n,
-        "seed": seed,
-        "warmup": warmup,
-        "window": end - warmup,
-        **(meta or {}),
-    }
-    rec = RunRecorder(run_dir, base_meta)
+    rec = RunRecorder(run_dir, _closed_meta(options.engine, cell, workload, n, seed, warmup, end - warmup, meta))
     try:
         client = ClosedClient(workload, n, seed=seed, sink=rec)
         result = run_real(client, cell=cell, options=options, run_dir=run_dir, recorder=rec,

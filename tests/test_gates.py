@@ -145,6 +145,25 @@ def test_rescue_hold_restarts_when_someone_is_held() -> None:
     assert released == 990.0  # first tick >= 690 + 300
 
 
+def test_rescue_ticks_stay_on_the_grid_when_timers_fire_late() -> None:
+    # a wall-clock driver hands the gate the time its timer actually fired, a little late; the
+    # next tick must come from the absolute grid, or the lateness accumulates tick after tick
+    g = _trapped_rescue(cap=1, n=2)
+    _, t = g.on_timer(100.0)
+    assert g.tool_end(650.0, 0) is False
+    assert sids(g.session_end(690.0, 1)) == [(0, True)]
+    released = None
+    for _ in range(100):
+        _, nt = g.on_timer(t + 0.004)  # every timer fires 4 ms late
+        if g.released:
+            released = t
+            break
+        assert nt == t + 10.0  # on the grid, not 4 ms later each time
+        t = nt
+    assert released == 990.0
+    assert g.release_time == pytest.approx(990.004)
+
+
 def test_rescue_first_tick_on_grid_when_t_on_off_grid() -> None:
     g = RescueGate(5, t_on=1803.0)
     assert g.first_tick() == 2410.0

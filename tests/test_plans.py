@@ -156,6 +156,14 @@ def test_cut_thins_the_same_marks_after_its_start() -> None:
         assert cut.expected_arrivals(0.0, 8700.0) == pytest.approx(LREF * (1.65 * 2400 + rate * 6300))
 
 
+def test_cut_above_the_run_rate_is_refused() -> None:
+    # a cut only thins: at run rate 1.0 a cut "to" 1.15 would change no arrival while the plan's
+    # nominal rate (and so its rate report and KS test) claimed 1.15 after the cut
+    with pytest.raises(PlanError, match=r"cut\.rate: got 1\.15 x lambda_ref; expected at most the run's rate 1\.0"):
+        make_plan(W, E2, ARMS["cut-a115"], 1.0, LREF, 0)
+    make_plan(W, E2, ARMS["cut-a115"], 1.15, LREF, 0)  # equal: allowed (no change)
+
+
 def test_shed_flags_arrivals_in_its_window_and_keeps_identities() -> None:
     full = make_plan(W, E2, ARMS["burst"], 1.35, LREF, 0)
     shed = make_plan(W, E2, ARMS["shed-t600"], 1.35, LREF, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Hashable, Sequence
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from harness.client.closed import ClosedClient
@@ -85,6 +86,29 @@ def test_any_client_refusals_and_timers():
     ok = c.responses[1]
     assert ok.send_time == 2.5 and ok.done_time > ok.first_token_time > 2.5
     assert ok.prompt_tokens == 100 and ok.completion_tokens == 10 and len(ok.output_ids) == 10
+
+
+class _Silent:
+    """A client that never finishes and never asks for anything: it waits for nothing."""
+
+    def start(self, now: float) -> Sequence[Command]:
+        return []
+
+    def on_timer(self, now: float, key: Hashable) -> Sequence[Command]:
+        return []
+
+    def on_response(self, now: float, response: TurnResponse) -> Sequence[Command]:
+        return []
+
+    def finished(self) -> bool:
+        return False
+
+
+def test_a_client_left_waiting_for_nothing_is_not_reported_completed():
+    res = simulate(_Silent(), EngineModel(cell()), until=50.0, gauge_interval=None)
+    assert res.status == "HORIZON" and res.end_time == 50.0
+    with pytest.raises(RuntimeError, match="stalled"):
+        simulate(_Silent(), EngineModel(cell()), gauge_interval=None)
 
 
 def test_plan_client_runs_open_loop():

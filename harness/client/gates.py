@@ -171,7 +171,10 @@ class RescueGate(_CapGate):
     def __init__(self, cap: int, t_on: float, hold: float = 300.0, min_after: float = 600.0, tick: float = 10.0) -> None:
         super().__init__(cap)
         if tick <= 0 or hold <= 0 or min_after < 0:
-            raise ValueError("rescue gate needs tick > 0, hold > 0, min_after >= 0")
+            raise ValueError(
+                f"rescue gate: expected tick > 0, hold > 0 and min_after >= 0, "
+                f"got tick {tick!r}, hold {hold!r}, min_after {min_after!r}"
+            )
         self.t_on = t_on
         self.hold = hold
         self.min_after = min_after
@@ -194,6 +197,13 @@ class RescueGate(_CapGate):
         k = math.ceil(x / self.tick - 1e-9)
         return k * self.tick
 
+    def next_tick(self, now: float) -> float:
+        """The first tick of the absolute grid strictly after `now`. A wall-clock driver fires a
+        timer a little late; taking the next tick from the grid, not from `now + tick`, keeps that
+        lateness from accumulating over the hundreds of ticks of a run."""
+        k = math.floor(now / self.tick + 1e-9) + 1
+        return k * self.tick
+
     def on_timer(self, now: float) -> tuple[list[Start], float | None]:
         if not self.engaged:
             self.engaged = True
@@ -207,7 +217,7 @@ class RescueGate(_CapGate):
             self.release_time = now
             self._event(now, "release", None)
             return [], None
-        return [], now + self.tick
+        return [], self.next_tick(now)
 
     def release_due(self, now: float) -> bool:
         """The release test at a tick: late enough, queues empty, and empty for the whole hold."""

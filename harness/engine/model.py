@@ -65,7 +65,7 @@ class EngineModel:
         n = int(len(req.prompt))
         ctx = self.cell.context_length
         if n < 1:
-            raise ValueError("empty prompt")
+            raise ValueError("prompt: got 0 tokens; expected at least 1")
         if req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         if self.cell.engine.name == "sglang" and n >= ctx:
