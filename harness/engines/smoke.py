@@ -346,7 +346,7 @@ def register(cli: Any) -> None:
     p.add_argument("--port", type=int, default=0, help="0 = a free port")
     p.add_argument("--engine-arg", "--server-arg", dest="engine_arg", action="append", default=[], metavar="ARG",
                    help="extra server argument(s), shell-split (repeatable): --engine-arg='--dtype bfloat16'")
-    p.add_argument("--run-dir", type=Path, default=None, help="where the server log and smoke.json go (default runs/smoke-<time>)")
+    p.add_argument("--run-dir", type=Path, default=None, help="where the server log and smoke.json go (default results/smoke/smoke-<time>)")
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--long-prompt", type=int, default=WORKLOAD_MAX_PROMPT)
     p.add_argument("--decode-tokens", type=int, default=100)
@@ -365,7 +365,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     cell = load_config(args.cell, CellConfig)
     adapter = get_adapter(args.engine, cell=cell, flavor=args.flavor, time_scale=args.time_scale, cell_ref=args.cell,
                           server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None)  # fmt: skip
-    run_dir = args.run_dir or Path("runs") / time.strftime("smoke-%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or Path("results") / "smoke" / time.strftime("smoke-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     handle = None
     argv: list[str] | None = None
