@@ -230,6 +230,49 @@ def test_vllm_preempts_the_latest_request_and_recomputes_it_from_the_queue_head(
     assert by[2].completion_tokens == 300
 
 
+def test_vllm_admits_only_when_the_whole_prompt_fits_not_just_the_first_chunk():
+    # vLLM 0.32 (scheduler_reserve_full_isl, on by default): a waiting request's whole sequence
+    # must fit the free blocks; only its first chunk is allocated. Pool 64 blocks of 16, chunk 256.
+    e = EngineModel(cell("vllm", kv_pool_tokens=64 * 16, chunked_prefill=256, prefix_cache=False))
+    e.submit(EngineRequest(1, toks(600, 1), 4), 0.0)  # 38 blocks once prefilled
+    e.submit(EngineRequest(2, toks(600, 2), 4), 0.0)  # 38 more: its first chunk fits, the whole does not
+    t = 0.0
+    seen_both = False
+    while e.has_work():
+        t = e.step(t)
+        assert t is not None
+        g = e.gauges()
+        seen_both |= g["running"] == 2
+        e.complete(t)
+    assert not seen_both  # request 2 waited for request 1 instead of being admitted on its first chunk
+    assert e.gauges()["preemptions_total"] == 0
+
+
+def test_vllm_admission_counts_hit_blocks_and_the_outputs_of_a_preempted_request():
+    from harness.engine.request import Req
+
+    e = EngineModel(cell("vllm", kv_pool_tokens=64 * 16, chunked_prefill=256))
+    kv = e.kv
+    p = toks(600, 3)
+    run_one(e, 1, p, d=1)  # 37 full blocks stay cached in the free queue
+    r = Req(EngineRequest(2, p, 4), 0.0, 99, 0)
+    prefix = kv.match(r, True)
+    assert prefix == 16 * 37
+    assert kv.can_admit(r, prefix, 8)  # 37 hits taken out of the queue + 1 new block <= 64 free
+    held = kv.pool.allocate(27)  # 37 free left, all of them the hits: the last block has no room
+    r.hit = []
+    prefix = kv.match(r, True)
+    assert prefix == 16 * 37 and not kv.can_admit(r, prefix, 8)
+    kv.pool.release(held)
+    q = Req(EngineRequest(3, toks(100, 4), 200), 0.0, 100, 0)
+    q.target = 100 + 200  # resumed after a preemption: prompt plus the 200 outputs so far
+    q.hit = []
+    held = kv.pool.allocate(64 - 18)  # 18 free: the first chunk (1 block) fits, the 19-block sequence not
+    assert not kv.can_admit(q, 0, 16)
+    kv.pool.release(held[:1])
+    assert kv.can_admit(q, 0, 16)
+
+
 # -- API -----------------------------------------------------------------------------------------
 def test_submit_rejects_what_the_server_would_refuse():
     e = EngineModel(cell(context_length=4096))

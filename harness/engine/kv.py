@@ -7,9 +7,10 @@ App. E.9, S3-S4). Cached KV that no running request locks is evictable and never
 it is evicted (LRU leaves) only when a running request needs the physical slots. Reservations make
 retraction unnecessary, so this flavour never preempts.
 
-BlockKV (vLLM): a pool of M/B blocks with hashed prefix caching. Admission allocates the blocks of
-the first chunk from what is free right now (free blocks include cached ones, evicted on reuse);
-a running request that cannot get a block for its next token forces a preemption.
+BlockKV (vLLM): a pool of M/B blocks with hashed prefix caching. A waiting request is admitted only
+if its whole sequence fits what is free right now (free blocks include cached ones, evicted on
+reuse), but only the blocks of its first chunk are allocated; later chunks and decode tokens
+allocate as they go, and a running request that cannot get a block forces a preemption.
 """
 
 from __future__ import annotations
@@ -135,7 +136,13 @@ class BlockKV:
         return max(0, -(-tokens // self.B) - len(req.blocks))
 
     def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:
-        new = max(0, -(-(prefix + first_chunk) // self.B) - len(req.hit))
+        """vLLM 0.32 admits a waiting or preempted request only if its *whole* current sequence
+        (prompt, plus the outputs so far after a preemption) fits the free blocks, not just the
+        first chunk (`scheduler_reserve_full_isl`, on by default: KVCacheManager.allocate_slots
+        with full_sequence_must_fit). Only the first chunk is allocated now; the rest comes chunk
+        by chunk. Free blocks include cached ones; hit blocks taken out of the free queue count."""
+        full = max(prefix + first_chunk, req.target)
+        new = max(0, -(-full // self.B) - len(req.hit))
         return self.pool.needed(req.hit, new) <= self.pool.free_count()
 
     def admit(self, req: Req, prefix: int) -> None:

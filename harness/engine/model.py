@@ -10,8 +10,10 @@ Iterations:
   continues first, then waiting requests are admitted into the remaining chunk budget); otherwise
   one decode iteration over every decoding request. Decode stalls while prefills run.
 - mixed (vLLM): one iteration carries a decode token for every decoding request plus prefill
-  chunks in the remaining token budget; when a block cannot be allocated, the most recently
-  admitted running request is preempted (KV freed, recomputed later from the head of the queue).
+  chunks in the remaining token budget; a waiting request is admitted only if its whole sequence
+  fits the free blocks (vLLM's default admission gate), though only its first chunk is allocated;
+  when a block cannot be allocated, the most recently admitted running request is preempted (KV
+  freed, recomputed later from the head of the queue), and nothing is admitted in that step.
 
 While only decoding happens and nothing can change, `step(now, horizon)` fuses the decode
 iterations that start before `horizon` (the driver's next event) into one; the boundaries are the
