@@ -21,9 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import hit_fraction, uncached_token_rate
-
-HIT_THRESHOLD = 0.5  # a turn hits if more than half its prompt came from cache
+from analysis.metrics import HIT_THRESHOLD, hit_fraction, uncached_token_rate
 
 
 @dataclass(frozen=True)

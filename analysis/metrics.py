@@ -141,6 +141,14 @@ def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
     return turns[turns["status"] == "ok"]
 
 
+HIT_THRESHOLD = 0.5  # a turn hits if more than this share of its prompt was served from cache
+
+
+def is_hit(cached_tokens: int | None, prompt_tokens: int | None, threshold: float = HIT_THRESHOLD) -> bool:
+    """One turn's hit, for live counters; the same definition as the tables' `_hits`."""
+    return bool(prompt_tokens) and (cached_tokens or 0) > threshold * prompt_tokens  # type: ignore[operator]
+
+
 def _hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:
     prompt = _col(turns, "prompt_tokens")
     cached = _col(turns, "cached_tokens")
@@ -148,7 +156,7 @@ def _hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:
         return cached / prompt > threshold
 
 
-def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float = 0.5, followup: bool = False) -> float:
+def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float = HIT_THRESHOLD, followup: bool = False) -> float:
     """Share of completed turns in [start, end) that hit; NaN if none completed."""
     t = completed_turns(turns)
     if t.empty:
@@ -161,7 +169,7 @@ def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float
     return float(_hits(t, threshold)[m].sum() / n) if n else NAN
 
 
-def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float = 0.5, followup: bool = False) -> np.ndarray:
+def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float = HIT_THRESHOLD, followup: bool = False) -> np.ndarray:
     t = completed_turns(turns)
     out = np.full(len(edges) - 1, NAN)
     if t.empty:
@@ -202,7 +210,7 @@ class MetricSpec:
     duration: float
     backlog_bin: float = 10.0
     recovered_span: float = 300.0
-    hit_threshold: float = 0.5
+    hit_threshold: float = HIT_THRESHOLD
     outstanding_stat: str = "mean"  # how the last span's outstanding backlog is summarised: mean | max | end
     outstanding_paused: bool = False  # count rescue-paused sessions as outstanding
 
@@ -304,7 +312,7 @@ def run_series(
     duration: float,
     hit_bin: float = 100.0,
     backlog_bin: float = 10.0,
-    threshold: float = 0.5,
+    threshold: float = HIT_THRESHOLD,
 ) -> dict[str, np.ndarray]:
     """Time series for figures: hit fractions per `hit_bin`, backlogs per `backlog_bin`."""
     he = _bins(0.0, duration, hit_bin)

@@ -70,7 +70,9 @@ class RunProgress:
             self._errors += 1
             return
         self._ok += 1
-        hit = bool(prompt_tokens) and (cached_tokens or 0) * 2 > (prompt_tokens or 0)
+        from analysis.metrics import is_hit
+
+        hit = is_hit(cached_tokens, prompt_tokens)
         self._hits += hit
         self._recent.append((t, hit))
 

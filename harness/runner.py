@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
+from analysis.metrics import is_hit
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
 from harness.client.protocol import Command, TurnResponse
@@ -147,7 +148,7 @@ class _Observed:
     def on_response(self, now: float, response: TurnResponse) -> Sequence[Command]:
         if response.status == "ok" and response.prompt_tokens:
             self._o._n += 1
-            self._o._hits += (response.cached_tokens or 0) * 2 > response.prompt_tokens
+            self._o._hits += is_hit(response.cached_tokens, response.prompt_tokens)
         out = self._c.on_response(now, response)
         self._o.see(now, self._c)
         return out
