@@ -18,7 +18,7 @@ import orjson
 
 from analysis.metrics import MetricSpec, run_series, run_statistics
 from analysis.rules import STATE_LETTER, RunVerdict, judge_run, judge_test, load_rule
-from harness.record import RunFormatError, load_run
+from harness.recording.record import RunFormatError, load_run
 
 ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
 

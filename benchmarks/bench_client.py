@@ -39,11 +39,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.aio_driver import drive  # noqa: E402
+from harness.drivers.wall import drive  # noqa: E402
 from harness.client.openloop import ListSink, PlanClient  # noqa: E402
 from harness.config import CellConfig, WorkloadConfig, load_config  # noqa: E402
-from harness.engines import free_port, get_adapter  # noqa: E402
-from harness.workload import STREAM_BASE, SessionSpec, draw_session  # noqa: E402
+from harness.servers import free_port, get_adapter  # noqa: E402
+from harness.workload.draws import STREAM_BASE, SessionSpec, draw_session  # noqa: E402
 
 LATENESS_LIMIT = 0.005  # seconds, p99 of session starts
 DRAIN_LIMIT = 1.0  # seconds after the last arrival for the last reply

@@ -18,8 +18,8 @@ import time
 
 from harness.client.closed import ClosedClient
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
-from harness.engine.model import EngineModel
-from harness.sim import simulate
+from harness.refengine.model import EngineModel
+from harness.drivers.virtual import simulate
 
 TARGET = 1000.0  # simulated seconds per wall second
 

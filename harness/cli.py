@@ -39,10 +39,11 @@ GROUPS: list[tuple[str, str]] = [
 ]
 
 REGISTRARS: list[str] = [
-    "harness.plans:register",
-    "harness.stages:register",
+    "harness.workload.plans:register",
+    "harness.protocols.calibration:register",
     "harness.emulator.cli:register",
-    "harness.engines.smoke:register",
+    "harness.servers.smoke:register",
+    "harness.protocols.cli:register",
     "analysis.theory.cli:register",
     "analysis.cli:register",
 ]

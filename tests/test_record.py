@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from harness.record import SCHEMAS, RunFormatError, RunRecorder, load_run
+from harness.recording.record import SCHEMAS, RunFormatError, RunRecorder, load_run
 
 META = {"arm": "burst", "rate": 1.35, "seed": 0, "plan": {"sha256": "ab" * 32}}
 
@@ -76,7 +76,7 @@ def test_killed_process_leaves_readable_rows(tmp_path: Path) -> None:
     d = tmp_path / "killed"
     child = f"""
 import os, signal
-from harness.record import RunRecorder
+from harness.recording.record import RunRecorder
 rec = RunRecorder({str(d)!r}, {{"seed": 1}})
 for i in range(2000):
     rec.turn(session=i, kind="base", turn=1, send_time=float(i), done_time=i + 1.0, prompt_tokens=2000)

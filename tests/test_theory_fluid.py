@@ -12,7 +12,7 @@ from analysis.theory.fluid import ExactFluid, burst_state, good_state_initial, p
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import WorkloadConfig
-from harness.engine.cost import CostModel
+from harness.refengine.cost import CostModel
 
 LAMBDA_REF = 0.071534
 
@@ -133,7 +133,7 @@ def test_plan_fluid_matches_exact_fluid_in_the_mean(mf: ModelF) -> None:
 
 
 def test_plan_fluid_wave_on_a_mirror_plan() -> None:
-    plans = pytest.importorskip("harness.plans")
+    plans = pytest.importorskip("harness.workload.plans")
     from harness.config import ArmConfig, ProtocolConfig, TurnLaw
 
     wl = WorkloadConfig(name="mirror-k20", turns=TurnLaw(mean=1000.0, cap=20))

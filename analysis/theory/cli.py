@@ -167,7 +167,7 @@ def _cmd_curve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 def _cmd_fluid(args: argparse.Namespace) -> int:
     from harness.cli import CLIError
-    from harness.plans import read_plan
+    from harness.workload.plans import read_plan
 
     from analysis.theory.fluid import plan_fluid_from_plan
     from analysis.theory.model_f import model_f_from_cost

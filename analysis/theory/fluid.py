@@ -493,7 +493,7 @@ def plan_fluid(
 
 
 def plan_fluid_from_plan(model: ModelF, plan: Any, *, t_end: float, **kw: Any) -> PlanFluidResult:
-    """Adapter from a frozen plan object (harness.plans.Plan): its sessions' arrival, n_turns and
+    """Adapter from a frozen plan object (harness.workload.plans.Plan): its sessions' arrival, n_turns and
     kind ('burst' marks the burst cohort). Tool times are used for the good state before the trap.
     """
     sess = [s for s in plan.sessions if not bool(_get(s, "refused", False))]  # SHED: turned away

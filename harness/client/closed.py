@@ -17,7 +17,7 @@ from harness.client.openloop import ListSink, RecordSink
 from harness.client.protocol import Command, Send, Timer, TurnResponse
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
-from harness.workload import STREAM_CLOSED, draw_session
+from harness.workload.draws import STREAM_CLOSED, draw_session
 
 _TOOL = "tool"
 

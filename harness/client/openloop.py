@@ -21,7 +21,7 @@ from harness.client.gates import GateEvent, NoGate, Start
 from harness.client.protocol import Command, Send, Timer, TurnResponse
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
-from harness.workload import SessionSpec
+from harness.workload.draws import SessionSpec
 
 NAN = float("nan")
 
@@ -39,7 +39,7 @@ class ToolSlowRule:
 
 
 class RecordSink(Protocol):
-    """Where rows go: `harness.record.RunRecorder`, or anything with the same keyword methods."""
+    """Where rows go: `harness.recording.record.RunRecorder`, or anything with the same keyword methods."""
 
     def turn(self, **row: Any) -> None: ...
 

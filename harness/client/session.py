@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.config import WorkloadConfig
-from harness.workload import SessionSpec, turn_tokens
+from harness.workload.draws import SessionSpec, turn_tokens
 
 
 class Phase(enum.Enum):

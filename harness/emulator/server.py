@@ -120,7 +120,7 @@ class Emulator:
         faults: Faults | None = None,
         die: Callable[[], None] | None = None,
     ) -> None:
-        from harness.engine.model import EngineModel  # the engine model; imported late so the CLI stays light
+        from harness.refengine.model import EngineModel  # the engine model; imported late so the CLI stays light
 
         flavor = flavor or cell.engine.name
         if flavor not in flavors.FLAVORS:
@@ -203,7 +203,7 @@ class Emulator:
 
     async def submit(self, prompt: np.ndarray, max_tokens: int) -> Any:
         """Queue one request on the engine and wait for its completion."""
-        from harness.engine.model import EngineRequest
+        from harness.refengine.model import EngineRequest
 
         if self._dead:
             raise RuntimeError(self._dead)

@@ -34,10 +34,10 @@ import pytest
 import yaml
 
 from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.engines import EngineAdapter, ServerHandle, free_port, get_adapter
-from harness.engines.metrics import COMMON_METRICS
-from harness.engines.smoke import canary, expected_cached, run_smoke
-from harness.engines.vllm import private_cache_env
+from harness.servers import EngineAdapter, ServerHandle, free_port, get_adapter
+from harness.servers.metrics import COMMON_METRICS
+from harness.servers.smoke import canary, expected_cached, run_smoke
+from harness.servers.vllm import private_cache_env
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = 32_768
@@ -94,7 +94,7 @@ def _tiny_model(python: str, tmp: Path) -> str:
     if env_model and (Path(env_model) / "config.json").exists():
         return env_model
     out = tmp / "tiny-model"
-    subprocess.run([python, str(REPO / "harness/engines/tiny_model.py"), str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run([python, str(REPO / "harness/servers/tiny_model.py"), str(out)], check=True, capture_output=True, timeout=300)
     return str(out)
 
 
@@ -179,7 +179,7 @@ def test_gauges_scraped_and_mapped(live: Live) -> None:
 
 
 def _sessions(workload: WorkloadConfig, n: int, rate: float, seed: int) -> list[Any]:
-    from harness.workload import STREAM_BASE, draw_session
+    from harness.workload.draws import STREAM_BASE, draw_session
 
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
     arrivals = np.cumsum(gaps) - gaps[0]
@@ -190,9 +190,9 @@ def test_open_loop_run(live: Live, tmp_path: Path) -> None:
     """20 sessions through the asyncio driver and the open-loop client: every follow-up reuses
     exactly the previous prompt and output, whole blocks only; gauges are recorded; the flush
     then empties the cache."""
-    from harness.aio_driver import COMPLETED, drive
+    from harness.drivers.wall import COMPLETED, drive
     from harness.client.openloop import PlanClient
-    from harness.record import RunRecorder, load_run
+    from harness.recording.record import RunRecorder, load_run
 
     workload = WorkloadConfig.model_validate({
         "name": "tiny", "first_prompt": 256, "tool_tokens": 64, "decode_tokens": D,
@@ -251,9 +251,9 @@ def test_open_loop_run(live: Live, tmp_path: Path) -> None:
 
 def test_run_real_attached(live: Live, tmp_path: Path) -> None:
     """The run command's real-engine path against the running server: smoke, canary, drive, meta."""
-    realrun = pytest.importorskip("harness.realrun")
+    realrun = pytest.importorskip("harness.protocols.realrun")
     from harness.client.openloop import PlanClient
-    from harness.record import RunRecorder, load_run
+    from harness.recording.record import RunRecorder, load_run
 
     workload = WorkloadConfig.model_validate({"name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
                                               "turns": {"mean": 2.0, "cap": 3}, "tool_time": {"mean": 0.2}})  # fmt: skip
@@ -292,7 +292,7 @@ def test_cli_run_attached(live: Live, tmp_path: Path) -> None:
            "--seed", "0", "--engine", live.engine, "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    from harness.record import load_run
+    from harness.recording.record import load_run
 
     run = load_run(out)
     assert run.status == "COMPLETED" and not run.partial

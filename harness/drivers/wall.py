@@ -1,0 +1,516 @@
+"""The real-time driver: plays any sans-IO Client against an HTTP engine on one asyncio loop.
+
+It does for wall time what harness/drivers/virtual.py does for virtual time, and nothing more: Timers become
+`loop.call_at` handles on the loop's monotonic clock, Sends become aiohttp POSTs built and parsed by
+the engine adapter, and every outcome (a reply, an HTTP error, a malformed body, a timeout, a
+dropped connection) goes back to the client as a TurnResponse, so the client's records are the
+run's records whatever the server does. The loop itself must never die of a bad response: a
+registered run that crashed on turn 40,000 would be lost, one that recorded the error is not.
+
+Clocks. Plan time = wall seconds since the start x `time_scale` (1 for real engines; the emulator
+may compress its engine clock by the same factor so a long protocol fits in a test). Every time
+handed to the client or written to a record is plan time.
+
+Open loop. A Timer fires on the plan's clock whatever the server is doing; the delay between a
+timer's due time and the moment it ran ("lateness") is recorded per timer kind, because a client
+that cannot keep up would silently turn an open-loop experiment into a closed one. The benchmark
+(benchmarks/bench_client.py) reads the session-start lateness from DriveResult.
+
+Ending. The run ends COMPLETED when the client is finished or the plan horizon (`duration`) is
+reached, INTERRUPTED on SIGTERM/SIGINT or `stop_event`, FAILED when the server is gone (connection
+refused, the process exited, /health no longer answers or answers 5xx after a failed turn) or the
+client raised. In every case requests still in flight are abandoned (not fed back),
+`client.close(now)` is called when the client has it (the plan client then records them as open),
+and the recorder is flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Protocol, Sequence
+
+import aiohttp
+import numpy as np
+
+from harness.client.protocol import Client, Send, Timer, TurnResponse
+from harness.servers.base import ParsedTurn, ResponseError
+
+log = logging.getLogger("agentload.driver")
+
+COMPLETED, INTERRUPTED, FAILED = "COMPLETED", "INTERRUPTED", "FAILED"
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError)
+
+
+class Transport(Protocol):
+    """What the driver needs from an engine adapter (EngineAdapter satisfies it)."""
+
+    def completion_request(self, prompt: np.ndarray, max_tokens: int, model_name: str) -> tuple[str, bytes]: ...
+
+    def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn: ...
+
+    async def scrape_metrics(self, http: aiohttp.ClientSession, base_url: str) -> dict[str, float]: ...
+
+
+@dataclass
+class DriveResult:
+    """How a drive ended and what it cost; the per-turn truth is in the client's records."""
+
+    status: str  # COMPLETED | INTERRUPTED | FAILED
+    reason: str
+    plan_time: float  # plan seconds from start to the end of the drive
+    wall_seconds: float
+    cpu_seconds: float  # this process, user + system, during the drive
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    abandoned: int = 0  # in flight when the drive ended
+    gauge_scrapes: int = 0
+    gauge_failures: int = 0
+    error_reasons: dict[str, int] = field(default_factory=dict)
+    lateness: dict[str, np.ndarray] = field(default_factory=dict)  # timer tag -> wall seconds late
+
+    @property
+    def flagged(self) -> bool:
+        """True when any turn failed: the run is usable only with its per-turn errors in view."""
+        return self.errors > 0 or self.timeouts > 0
+
+    def lateness_quantile(self, tag: str, q: float) -> float:
+        arr = self.lateness.get(tag)
+        return float(np.quantile(arr, q)) if arr is not None and arr.size else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("status", "reason", "plan_time", "wall_seconds", "cpu_seconds", "sent", "ok", "errors", "timeouts", "abandoned", "gauge_scrapes", "gauge_failures")}
+        out["flagged"] = self.flagged
+        out["error_reasons"] = dict(self.error_reasons)
+        out["lateness_p99_ms"] = {k: round(self.lateness_quantile(k, 0.99) * 1e3, 3) for k in self.lateness}
+        out["lateness_max_ms"] = {k: round(float(v.max()) * 1e3, 3) if v.size else None for k, v in self.lateness.items()}
+        return out
+
+
+def timer_tag(key: Hashable) -> str:
+    """The kind of a timer for lateness statistics: the first element of a tuple key."""
+    if isinstance(key, tuple) and key:
+        return str(key[0])
+    return str(key)
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Driver:
+    def __init__(
+        self,
+        client: Client,
+        transport: Transport,
+        base_url: str,
+        *,
+        model_name: str,
+        time_scale: float,
+        request_timeout: float,
+        recorder: Any,
+        gauge_interval: float | None,
+        duration: float | None,
+        server_alive: Callable[[], str | None] | None,
+        progress: Any,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        self.client = client
+        self.transport = transport
+        self.base_url = base_url.rstrip("/")
+        self.model_name = model_name
+        self.scale = float(time_scale)
+        self.request_timeout = request_timeout
+        self.recorder = recorder
+        self.gauge_interval = gauge_interval
+        self.duration = duration
+        self.server_alive = server_alive
+        self.progress = progress
+        self.http = session
+        self.loop = asyncio.get_running_loop()
+        self.t0 = self.loop.time()
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self._timer_seq = 0
+        self.inflight: dict[int, asyncio.Task] = {}
+        self.lateness: dict[str, list[float]] = collections.defaultdict(list)
+        self.done = asyncio.Event()
+        self.status: str | None = None
+        self.reason = ""
+        self.counts = collections.Counter()  # sent / ok / error / timeout
+        self.error_reasons: collections.Counter = collections.Counter()
+        self.gauge_scrapes = 0
+        self.gauge_failures = 0
+        self._probing = False
+
+    # ------------------------------------------------------------------ clock
+    def plan_now(self) -> float:
+        return (self.loop.time() - self.t0) * self.scale
+
+    def wall_at(self, plan_t: float) -> float:
+        return self.t0 + plan_t / self.scale
+
+    # ------------------------------------------------------------------ ending
+    def finish(self, status: str, reason: str) -> None:
+        """First caller wins: a signal during a failure does not relabel the failure."""
+        if self.status is None:
+            self.status, self.reason = status, reason
+            log.info("drive ending: %s (%s) at plan time %.1f s", status, reason, self.plan_now())
+        self.done.set()
+
+    def _check_finished(self) -> None:
+        if self.status is None and self.client.finished():
+            self.finish(COMPLETED, "client finished")
+
+    # ------------------------------------------------------------------ commands
+    def dispatch(self, cmds: Sequence[Any]) -> None:
+        for c in cmds:
+            if isinstance(c, Send):
+                self._send(c)
+            elif isinstance(c, Timer):
+                self._schedule(c)
+            else:
+                raise TypeError(f"client issued an unknown command {c!r}")
+
+    def _schedule(self, timer: Timer) -> None:
+        if self.duration is not None and timer.at >= self.duration:
+            return  # beyond the horizon: it would never fire in this run
+        seq = self._timer_seq
+        self._timer_seq += 1
+        when = self.wall_at(timer.at)
+        self.timers[seq] = self.loop.call_at(when, self._fire, seq, timer, when)
+
+    def _fire(self, seq: int, timer: Timer, when: float) -> None:
+        self.timers.pop(seq, None)
+        if self.status is not None:
+            return
+        fired = self.loop.time()
+        self.lateness[timer_tag(timer.key)].append(max(fired - when, 0.0))
+        try:
+            self.dispatch(self.client.on_timer(self.plan_now(), timer.key))
+        except Exception as exc:  # a client bug: end the run with the reason, keep the records
+            log.exception("client failed in on_timer")
+            self.finish(FAILED, f"client error in on_timer: {exc!r}")
+            return
+        self._check_finished()
+
+    def _send(self, send: Send) -> None:
+        if self.status is not None:
+            return
+        self.counts["sent"] += 1
+        task = self.loop.create_task(self._request(send))
+        self.inflight[send.request_id] = task
+
+    # ------------------------------------------------------------------ one request
+    async def _request(self, send: Send) -> None:
+        path, body = self.transport.completion_request(send.prompt, send.max_tokens, self.model_name)
+        url = self.base_url + path
+        t_send = self.plan_now()
+        t_first: float | None = None
+        http_status: int | None = None
+        conn_error = False
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                async with self.http.post(url, data=body, headers=_JSON_HEADERS) as resp:
+                    t_first = self.plan_now()  # response headers: the first byte of the reply
+                    http_status = resp.status
+                    raw = await resp.read()
+            t_done = self.plan_now()
+            parsed = self.transport.parse_completion(http_status, raw)
+            tr = TurnResponse(
+                request_id=send.request_id,
+                status="ok",
+                send_time=t_send,
+                done_time=t_done,
+                first_token_time=t_first,
+                output_ids=parsed.output_ids,
+                prompt_tokens=parsed.prompt_tokens,
+                cached_tokens=parsed.cached_tokens,
+                completion_tokens=parsed.completion_tokens,
+                http_status=http_status,
+                extra=dict(getattr(parsed, "extra", {}) or {}),
+            )
+        except ResponseError as exc:
+            tr = self._failed(send, "error", t_send, t_first, exc.reason, exc.http_status if exc.http_status is not None else http_status)
+        except TimeoutError:
+            tr = self._failed(send, "timeout", t_send, t_first, f"no complete response within {self.request_timeout:g} s", http_status)
+        except asyncio.CancelledError:
+            raise  # abandoned at the end of the drive
+        except _CONNECTION_ERRORS as exc:
+            conn_error = True
+            tr = self._failed(send, "error", t_send, t_first, f"connection: {type(exc).__name__}: {exc}".strip(), http_status)
+        except Exception as exc:  # anything else about one reply must not end the run
+            log.exception("unexpected error on request %d", send.request_id)
+            tr = self._failed(send, "error", t_send, t_first, f"client-side: {type(exc).__name__}: {exc}", http_status)
+        self.inflight.pop(send.request_id, None)
+        if self.status is not None:
+            return
+        self.counts["ok" if tr.status == "ok" else tr.status] += 1
+        if tr.status != "ok":
+            self.error_reasons[_reason_class(tr.error or "")] += 1
+        if self.progress is not None:
+            self.progress.on_turn(tr.done_time, tr.prompt_tokens, tr.cached_tokens, tr.status)
+        try:
+            self.dispatch(self.client.on_response(self.plan_now(), tr))
+        except Exception as exc:
+            log.exception("client failed in on_response")
+            self.finish(FAILED, f"client error in on_response: {exc!r}")
+            return
+        # A dropped connection, or a 5xx (an engine whose core died may still answer HTTP: vLLM's
+        # /health then says 503), asks whether the server is still there.
+        if (conn_error or (http_status is not None and http_status >= 500)) and not self._probing:
+            self._probing = True
+            self.loop.create_task(self._probe_server())
+        self._check_finished()
+
+    def _failed(self, send: Send, status: str, t_send: float, t_first: float | None, reason: str, http_status: int | None) -> TurnResponse:
+        return TurnResponse(
+            request_id=send.request_id,
+            status=status,
+            send_time=t_send,
+            done_time=self.plan_now(),
+            first_token_time=t_first,
+            http_status=http_status,
+            error=reason,
+        )
+
+    # ------------------------------------------------------------------ server health
+    async def _probe_server(self) -> None:
+        """After a dropped connection or a 5xx: is the server gone (FAILED) or was it one bad request?"""
+        try:
+            reason = self.server_alive() if self.server_alive else None
+            if reason is None:
+                reason = await self._health_reason()
+            if reason is not None:
+                self.finish(FAILED, f"server died: {reason}")
+        finally:
+            self._probing = False
+
+    async def _health_reason(self) -> str | None:
+        try:
+            async with self.http.get(self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                await resp.read()
+                if resp.status >= 500:
+                    return f"/health answered {resp.status}"
+                return None
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            return f"connection refused ({exc})"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return f"/health unreachable: {type(exc).__name__}"
+
+    async def watchdog(self) -> None:
+        """Notice a dead server process even while no request is failing (e.g. all in tool calls)."""
+        while self.status is None:
+            await asyncio.sleep(0.25)
+            reason = self.server_alive() if self.server_alive else None
+            if reason is not None:
+                self.finish(FAILED, f"server died: {reason}")
+
+    # ------------------------------------------------------------------ periodic work
+    async def gauges(self) -> None:
+        """Scrape /metrics on the plan's clock (k x interval), write one gauge row per scrape."""
+        assert self.gauge_interval
+        k = 0
+        while self.status is None:
+            due = self.wall_at(k * self.gauge_interval)
+            delay = due - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.status is not None:
+                return
+            t = self.plan_now()
+            try:
+                values = await asyncio.wait_for(self.transport.scrape_metrics(self.http, self.base_url), timeout=10.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.gauge_failures += 1
+                log.warning("metrics scrape failed at plan time %.1f: %s", t, exc)
+            else:
+                self.gauge_scrapes += 1
+                if self.recorder is not None:
+                    _write_gauge(self.recorder, t, values)
+                if self.progress is not None and hasattr(self.progress, "on_gauges"):
+                    self.progress.on_gauges(t, values)
+            k = max(k + 1, int(self.plan_now() // self.gauge_interval) + 1)  # skip missed ticks, no burst
+
+    async def horizon(self) -> None:
+        assert self.duration is not None
+        await asyncio.sleep(max(self.wall_at(self.duration) - self.loop.time(), 0.0))
+        self.finish(COMPLETED, f"plan horizon {self.duration:g} s reached")
+
+    async def ticker(self) -> None:
+        """Feed the progress display the client's state a few times a second."""
+        while self.status is None:
+            self.progress.update(
+                self.plan_now(),
+                in_system=_attr(self.client, "in_system"),
+                in_flight=len(self.inflight),
+                held=_attr(self.client, "held"),
+                errors=self.counts["error"] + self.counts["timeout"],
+            )
+            await asyncio.sleep(0.5)
+
+
+def _attr(obj: Any, name: str) -> int | None:
+    v = getattr(obj, name, None)
+    return int(v) if isinstance(v, (int, np.integer)) else None
+
+
+def _reason_class(reason: str) -> str:
+    """Group error texts for the summary (the full text stays in each turn's row)."""
+    if reason.startswith("connection"):
+        return reason.split(":")[1].strip() if ":" in reason else "connection"
+    if reason.startswith("no complete response"):
+        return "timeout"
+    return reason[:60]
+
+
+def _write_gauge(recorder: Any, t: float, values: dict[str, float]) -> None:
+    """Only the columns the recorder's gauge table has (an engine may export more, e.g. kv_usage_frac)."""
+    try:
+        params = set(inspect.signature(recorder.gauge).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    if "time" in params:
+        recorder.gauge(time=t, **{k: float(v) for k, v in values.items() if k in params and k != "time"})
+    else:
+        recorder.gauge({"time": t, **values})
+
+
+async def drive(
+    client: Client,
+    transport: Transport,
+    base_url: str,
+    *,
+    model_name: str = "default",
+    time_scale: float = 1.0,
+    request_timeout: float = 600.0,
+    recorder: Any = None,
+    gauge_interval: float | None = 5.0,
+    duration: float | None = None,
+    stop_event: asyncio.Event | None = None,
+    server_alive: Callable[[], str | None] | None = None,
+    progress: Any = None,
+    handle_signals: bool = True,
+    session: aiohttp.ClientSession | None = None,
+) -> DriveResult:
+    """Play `client` against the server at `base_url` until it finishes, the horizon, a stop or a
+    failure; returns how it ended. Never raises for anything the server does.
+
+    transport: an EngineAdapter (builds request bodies, parses replies, scrapes /metrics).
+    request_timeout: WALL seconds a turn may take end to end before it is recorded as 'timeout'.
+    gauge_interval: PLAN seconds between /metrics scrapes (None: no scrapes).
+    duration: PLAN seconds after which the drive ends (None: when the client is finished).
+    server_alive: returns a reason string once the server process is gone (e.g. from its
+        Popen handle); checked by a watchdog and, with GET /health, after every dropped
+        connection or 5xx reply.
+    progress: a harness.recording.progress.RunProgress (or anything with on_turn/update).
+    handle_signals: SIGTERM/SIGINT end the drive as INTERRUPTED (main thread only).
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    loop = asyncio.get_running_loop()
+    cpu0 = time.process_time()
+    wall0 = time.monotonic()
+    own_session = session is None
+    if session is None:
+        # No connection cap: an open-loop client must never queue a turn behind another on its
+        # own side. Timeouts are per request (asyncio.timeout) so that they cover the whole reply.
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
+    d = _Driver(
+        client,
+        transport,
+        base_url,
+        model_name=model_name,
+        time_scale=time_scale,
+        request_timeout=request_timeout,
+        recorder=recorder,
+        gauge_interval=gauge_interval,
+        duration=duration,
+        server_alive=server_alive,
+        progress=progress,
+        session=session,
+    )
+    installed: list[int] = []
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, d.finish, INTERRUPTED, f"signal {signal.Signals(sig).name}")
+                installed.append(sig)
+    helpers: list[asyncio.Task] = []
+    try:
+        if gauge_interval:
+            helpers.append(loop.create_task(d.gauges()))
+        if duration is not None:
+            helpers.append(loop.create_task(d.horizon()))
+        if server_alive is not None:
+            helpers.append(loop.create_task(d.watchdog()))
+        if progress is not None:
+            helpers.append(loop.create_task(d.ticker()))
+        if stop_event is not None:
+            async def _external() -> None:
+                await stop_event.wait()
+                d.finish(INTERRUPTED, "stop requested")
+
+            helpers.append(loop.create_task(_external()))
+        try:
+            d.dispatch(client.start(d.plan_now()))
+        except Exception as exc:
+            log.exception("client failed in start")
+            d.finish(FAILED, f"client error in start: {exc!r}")
+        d._check_finished()
+        await d.done.wait()
+    except asyncio.CancelledError:
+        d.finish(INTERRUPTED, "driver cancelled")
+        raise
+    finally:
+        end_plan = d.plan_now()
+        for h in d.timers.values():
+            h.cancel()
+        abandoned = list(d.inflight.values())
+        for t in abandoned + helpers:
+            t.cancel()
+        await asyncio.gather(*abandoned, *helpers, return_exceptions=True)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        close = getattr(client, "close", None)
+        if callable(close):
+            try:
+                close(end_plan)
+            except Exception:
+                log.exception("client.close failed")
+        flush = getattr(recorder, "flush", None)
+        if callable(flush):
+            with contextlib.suppress(Exception):
+                flush()
+        if own_session:
+            await session.close()
+        if progress is not None:
+            with contextlib.suppress(Exception):
+                progress.update(end_plan, in_system=_attr(client, "in_system"), in_flight=0, held=_attr(client, "held"), errors=d.counts["error"] + d.counts["timeout"], final=True)
+    return DriveResult(
+        status=d.status or COMPLETED,
+        reason=d.reason,
+        plan_time=end_plan,
+        wall_seconds=time.monotonic() - wall0,
+        cpu_seconds=time.process_time() - cpu0,
+        sent=d.counts["sent"],
+        ok=d.counts["ok"],
+        errors=d.counts["error"],
+        timeouts=d.counts["timeout"],
+        abandoned=len(abandoned),
+        gauge_scrapes=d.gauge_scrapes,
+        gauge_failures=d.gauge_failures,
+        error_reasons=dict(d.error_reasons),
+        lateness={k: np.asarray(v, dtype=float) for k, v in d.lateness.items()},
+    )

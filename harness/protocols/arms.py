@@ -1,0 +1,362 @@
+"""From a test config to run directories: plan, freeze, drive, record; one run or a whole test.
+
+One run = (test, arm, rate, seed, engine). Its plan is generated from the configs, frozen to the
+run directory and hashed before anything is driven; the client plays the plan it finds on disk
+(read back, not the in-memory copy), so what was hashed is what was played. The engine is a
+pluggable backend: 'sim' (the reference engine model in virtual time) is built in, and the
+real-engine and emulator backends register themselves with `register_backend`, so the same
+runner, recorder and analysis serve every engine.
+
+A test runs every arm x rate x seed in parallel worker processes (longest runs first, since the
+trapped BURST arms are the slow ones) and reports progress from each worker to one display.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence
+
+from analysis.metrics import is_hit
+from harness.client.gates import make_gate
+from harness.client.openloop import PlanClient, ToolSlowRule
+from harness.client.protocol import Command, TurnResponse
+from harness.config import ArmConfig, ConfigError, TestBundle, load_test
+from harness.workload.plans import make_plan, read_plan, write_plan
+from harness.recording.record import RunRecorder
+
+log = logging.getLogger("agentload.runner")
+
+PLAN_FILE = "plan.parquet"
+
+
+# ---------------------------------------------------------------------------------------------
+# engine backends
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RunContext:
+    """What a backend needs to drive one run."""
+
+    bundle: TestBundle
+    arm: ArmConfig
+    rate: float
+    seed: int
+    run_dir: Path
+    client: PlanClient
+    recorder: RunRecorder
+    duration: float
+    observer: "Observer | None" = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BackendResult:
+    status: str  # COMPLETED | FAILED | INTERRUPTED
+    reason: str | None
+    end_time: float  # plan time at which the drive stopped
+    meta: dict[str, Any] = field(default_factory=dict)  # engine facts for meta.json
+
+
+Backend = Callable[[RunContext], BackendResult]
+ENGINE_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, backend: Backend) -> None:
+    """Make `--engine NAME` available (vllm / sglang / emulator plug in here)."""
+    ENGINE_BACKENDS[name] = backend
+
+
+def _sim_backend(ctx: RunContext) -> BackendResult:
+    from harness.refengine.model import EngineModel  # imported here: only simulated runs need it
+    from harness.drivers.virtual import simulate
+
+    client = ctx.observer.wrap(ctx.client) if ctx.observer else ctx.client
+    engine = EngineModel(ctx.bundle.cell, seed=ctx.seed)
+    res = simulate(client, engine, recorder=ctx.recorder, until=ctx.duration, gauge_interval=ctx.bundle.protocol.gauge_interval)
+    meta = {"engine": {"backend": "sim", "model": "harness.refengine.model.EngineModel (virtual time)"}, "simulation": res.as_meta()}
+    return BackendResult("COMPLETED", None, float(res.end_time), meta)
+
+
+register_backend("sim", _sim_backend)
+
+
+def _backend(name: str) -> Backend:
+    if name not in ENGINE_BACKENDS:
+        # real-engine backends live in their own modules; importing them registers them
+        for mod in ("harness.servers.backends", "harness.protocols.realrun"):
+            try:
+                __import__(mod)
+            except ImportError:
+                pass
+    if name not in ENGINE_BACKENDS:
+        raise ConfigError(f"--engine {name!r}: no such engine backend; available: {sorted(ENGINE_BACKENDS)}")
+    return ENGINE_BACKENDS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# progress from inside a run
+# ---------------------------------------------------------------------------------------------
+class Observer:
+    """Wraps a client to report plan time, backlog and recent hits every `every` plan seconds.
+
+    The driver never knows: it drives the wrapper like the client. `post` receives a dict.
+    """
+
+    def __init__(self, key: str, post: Callable[[dict[str, Any]], None], every: float = 50.0) -> None:
+        self.key = key
+        self.post = post
+        self.every = every
+        self._next = 0.0
+        self._n = 0
+        self._hits = 0
+
+    def wrap(self, client: PlanClient) -> "_Observed":
+        return _Observed(client, self)
+
+    def see(self, now: float, client: PlanClient) -> None:
+        if now >= self._next:
+            self._next = (math.floor(now / self.every) + 1) * self.every
+            hf = self._hits / self._n if self._n else None
+            self._n = self._hits = 0
+            self.post({"key": self.key, "t": now, "in_system": client.in_system, "in_flight": client.in_flight, "held": client.held, "hit": hf})
+
+
+class _Observed:
+    def __init__(self, client: PlanClient, obs: Observer) -> None:
+        self._c = client
+        self._o = obs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+    def start(self, now: float) -> Sequence[Command]:
+        return self._c.start(now)
+
+    def on_timer(self, now: float, key: Hashable) -> Sequence[Command]:
+        out = self._c.on_timer(now, key)
+        self._o.see(now, self._c)
+        return out
+
+    def on_response(self, now: float, response: TurnResponse) -> Sequence[Command]:
+        if response.status == "ok" and response.prompt_tokens:
+            self._o._n += 1
+            self._o._hits += is_hit(response.cached_tokens, response.prompt_tokens)
+        out = self._c.on_response(now, response)
+        self._o.see(now, self._c)
+        return out
+
+    def finished(self) -> bool:
+        return self._c.finished()
+
+
+# ---------------------------------------------------------------------------------------------
+# one run
+# ---------------------------------------------------------------------------------------------
+def find_arm(bundle: TestBundle, name: str) -> tuple[str, ArmConfig]:
+    """An arm of the test by its key or its name, case-insensitively."""
+    for key, arm in bundle.arms.items():
+        if name.lower() in (key.lower(), arm.name.lower()):
+            return key, arm
+    raise ConfigError(f"arm {name!r} is not in test {bundle.test.name!r}; its arms are {list(bundle.arms)}")
+
+
+def run_name(arm: str, rate: float, seed: int) -> str:
+    return f"{arm.lower()}-r{rate:.2f}-s{seed}"
+
+
+@dataclass
+class RunResult:
+    run_dir: str
+    arm: str
+    rate: float
+    seed: int
+    status: str
+    reason: str | None
+    wall_s: float
+    plan_time: float
+
+
+def references(bundle: TestBundle) -> dict[str, float]:
+    """The registered reference inputs of the cell (the paper's E0a values unless re-measured)."""
+    cell = bundle.cell
+    if cell.lambda_ref is None or cell.all_miss_token_rate is None:
+        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test")
+    return {"lambda_ref": float(cell.lambda_ref), "all_miss_token_rate": float(cell.all_miss_token_rate)}
+
+
+def execute_run(
+    bundle: TestBundle,
+    arm_name: str,
+    rate: float,
+    seed: int,
+    engine: str,
+    run_dir: Path | str,
+    *,
+    observer: Observer | None = None,
+    options: dict[str, Any] | None = None,
+) -> RunResult:
+    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet)."""
+    from provenance.meta import capture
+
+    t0 = time.monotonic()
+    key, arm = find_arm(bundle, arm_name)
+    backend = _backend(engine)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    refs = references(bundle)
+    plan_path = run_dir / PLAN_FILE
+    sha = write_plan(make_plan(bundle.workload, bundle.protocol, arm, rate, refs["lambda_ref"], seed), plan_path)
+    plan = read_plan(plan_path)
+    if plan.sha256 != sha:
+        raise RuntimeError(f"{plan_path}: hash changed between write and read")
+    cap = arm.gate_cap(bundle.test.cap)
+    meta = {
+        "test": bundle.test.name,
+        "test_file": str(bundle.path) if bundle.path else None,
+        "registration": bundle.test.registration,
+        "rule": bundle.test.rule,
+        "arm": key,
+        "arm_config": arm,
+        "rate": float(rate),
+        "rate_abs": float(rate) * refs["lambda_ref"],
+        "seed": int(seed),
+        "references": refs,
+        "cap": cap,
+        "cell": bundle.cell,
+        "workload": bundle.workload,
+        "protocol": bundle.protocol,
+        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts")},
+        "engine_backend": engine,
+        "provenance": capture(include_gpu=engine != "sim"),
+    }
+    ts = arm.toolslow
+    with RunRecorder(run_dir, meta) as rec:
+        client = PlanClient(
+            plan.sessions,
+            plan.workload,
+            gate=make_gate(arm.gate, cap),
+            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
+            sink=rec,
+        )
+        ctx = RunContext(bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {}))
+        res = backend(ctx)
+        client.close(res.end_time)
+        rec.update_meta({**res.meta, "client": client.counters(), "end_time": res.end_time, "wall_s": time.monotonic() - t0})
+        rec.close(res.status, res.reason)
+    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time)
+
+
+# ---------------------------------------------------------------------------------------------
+# a whole test
+# ---------------------------------------------------------------------------------------------
+_QUEUE: Any = None
+
+
+def _init_worker(q: Any) -> None:
+    global _QUEUE
+    _QUEUE = q
+
+
+def _post(msg: dict[str, Any]) -> None:
+    if _QUEUE is not None:
+        try:
+            _QUEUE.put_nowait(msg)
+        except Exception:  # a full or closed queue must never kill a run
+            pass
+
+
+def _worker(test_path: str, arm: str, rate: float, seed: int, engine: str, run_dir: str, every: float, options: dict[str, Any] | None) -> RunResult:
+    bundle = load_test(test_path)
+    key = run_name(arm, rate, seed)
+    try:
+        res = execute_run(bundle, arm, rate, seed, engine, run_dir, observer=Observer(key, _post, every), options=options)
+    except Exception as exc:
+        _post({"key": key, "done": True, "status": "FAILED"})
+        tb = traceback.format_exc(limit=8)
+        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}\n{tb}", 0.0, float("nan"))
+    _post({"key": key, "done": True, "status": res.status, "wall": res.wall_s})
+    return res
+
+
+def planned_runs(bundle: TestBundle) -> list[tuple[str, float, int]]:
+    """Every (arm, rate, seed) of the test, slowest first (burst arms without a gate, high rates)."""
+    runs = [(a, r, s) for a in bundle.arms for r in bundle.test.rates for s in bundle.test.seeds]
+
+    def cost(x: tuple[str, float, int]) -> tuple[int, float]:
+        arm = bundle.arms[x[0]]
+        trapped_like = arm.burst and arm.gate is None
+        return (0 if trapped_like else 1, -x[1])
+
+    return sorted(runs, key=cost)
+
+
+def run_test(
+    test_path: str | Path,
+    engine: str,
+    out_dir: Path | str,
+    *,
+    jobs: int | None = None,
+    display: Any = None,
+    every: float = 50.0,
+    options: dict[str, Any] | None = None,
+) -> list[RunResult]:
+    """Run every arm x rate x seed of a test into out_dir/<arm>-r<rate>-s<seed>/ in `jobs` processes.
+
+    `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings."""
+    bundle = load_test(test_path)
+    _backend(engine)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = planned_runs(bundle)
+    for arm, rate, seed in todo:
+        if (out / run_name(arm, rate, seed) / "meta.json").exists():
+            raise ConfigError(f"{out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
+    q = ctx.Queue()
+    if display is not None:
+        display.start([run_name(a, r, s) for a, r, s in todo], bundle.protocol.duration)
+    results: list[RunResult] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
+        futs = {
+            pool.submit(_worker, str(bundle.path), a, r, s, engine, str(out / run_name(a, r, s)), every, options): (a, r, s)
+            for a, r, s in todo
+        }
+        pending = set(futs)
+        while pending:
+            _drain(q, display)
+            done = [f for f in pending if f.done()]
+            for f in done:
+                pending.discard(f)
+                a, r, s = futs[f]
+                try:
+                    res = f.result()
+                except Exception as exc:  # the worker process itself died
+                    res = RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan"))
+                results.append(res)
+                if display is not None:
+                    display.finished(run_name(a, r, s), res)
+            if pending:
+                time.sleep(0.2)
+    _drain(q, display)
+    if display is not None:
+        display.stop()
+    return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
+
+
+def _drain(q: Any, display: Any) -> None:
+    while True:
+        try:
+            msg = q.get_nowait()
+        except (queue_mod.Empty, OSError, ValueError):
+            return
+        if display is not None and "t" in msg:
+            display.update(msg)

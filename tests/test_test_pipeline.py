@@ -1,0 +1,137 @@
+"""The test pipeline end to end with a stand-in engine: config -> frozen plan -> run directories ->
+verdict JSON, Markdown and figure. The engine here is an infinite-server stub with a perfect cache,
+so every arm ends good; what is checked is the plumbing, not the trap (tests/test_e2_simulated.py)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.report import analyze, markdown_table, runs_table, write_report
+from harness.client.protocol import Send, Timer, TurnResponse
+from harness.config import load_test
+from harness.workload.plans import read_plan
+from harness.recording.record import load_run
+from harness.protocols.arms import BackendResult, RunContext, execute_run, register_backend, run_test
+
+
+def _stub_backend(ctx: RunContext) -> BackendResult:
+    """Every request answered 2 s after it is sent; follow-ups hit on all but the new ids."""
+    client, heap, seq, prev = ctx.client, [], itertools.count(), {}
+
+    def push(now: float, cmds) -> None:
+        for c in cmds:
+            if isinstance(c, Timer):
+                heapq.heappush(heap, (c.at, next(seq), "t", c.key))
+            else:
+                heapq.heappush(heap, (now + 2.0, next(seq), "r", (now, c)))
+
+    push(0.0, client.start(0.0))
+    while heap and heap[0][0] < ctx.duration:
+        now, _, kind, x = heapq.heappop(heap)
+        if kind == "t":
+            push(now, client.on_timer(now, x))
+            continue
+        sent, c = x
+        assert isinstance(c, Send)
+        n = len(c.prompt)
+        out = np.zeros(c.max_tokens, np.int32)
+        r = TurnResponse(c.request_id, "ok", sent, now, now - 1.0, out, n, prev.get(c.session, 0), c.max_tokens, 200)
+        prev[c.session] = n + c.max_tokens
+        push(now, client.on_response(now, r))
+    return BackendResult("COMPLETED", None, ctx.duration, {"engine": {"backend": "stub"}})
+
+
+register_backend("stub", _stub_backend)
+
+
+@pytest.fixture()
+def tiny_test(tmp_path: Path) -> Path:
+    (tmp_path / "protocols").mkdir()
+    (tmp_path / "protocols" / "tiny.yaml").write_text(
+        "kind: protocol\nname: tiny\nduration: 1500.0\nburst: {time: 200.0, size: 20, width: 20.0}\n"
+        "window: {start: 800.0, end: 1500.0}\nmin_window: 600.0\n"
+    )
+    (tmp_path / "t.yaml").write_text(
+        "kind: test\nname: tiny-e2\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n"
+        "arms: [burst, noburst, capped]\nrates: [1.35]\nseeds: [0, 1, 2]\ncap: 5\n"
+    )
+    return tmp_path / "t.yaml"
+
+
+def test_one_run_freezes_its_plan_and_records(tiny_test: Path, tmp_path: Path) -> None:
+    bundle = load_test(tiny_test)
+    res = execute_run(bundle, "CAPPED", 1.35, 0, "stub", tmp_path / "run")
+    assert res.status == "COMPLETED"
+    run = load_run(res.run_dir, verify=True)
+    plan = read_plan(Path(res.run_dir) / "plan.parquet")
+    assert run.meta["plan"]["sha256"] == plan.sha256
+    assert run.meta["cap"] == 5 and run.meta["arm"] == "capped"
+    assert run.meta["references"]["lambda_ref"] == pytest.approx(0.071534)
+    assert len(run.sessions) == sum(1 for s in plan.sessions if s.arrival < 1500.0)
+    assert set(run.gate_events["event"]) >= {"admit", "queue"}
+    assert (run.turns["status"].isin(["ok", "unfinished"])).all()
+    assert run.meta["client"]["requests"] == len(run.turns)
+
+
+def test_test_run_and_report(tiny_test: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    results = run_test(tiny_test, "stub", out, jobs=2)
+    assert len(results) == 9 and all(r.status == "COMPLETED" for r in results)
+    verdict, analyzed = analyze([r.run_dir for r in results], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    states = {(r["arm"], r["seed"]): r["state"] for r in verdict["runs"]}
+    assert all(states[("noburst", s)] == "RECOVERED" for s in range(3))
+    assert all(states[("burst", s)] != "TRAPPED" for s in range(3))
+    assert verdict["rates"][0]["verdict"] == "FAIL"
+    paths = write_report(verdict, analyzed, out / "analysis")
+    assert json.loads(paths["verdict"].read_text())["verdict"] == "FAIL"
+    md = paths["report"].read_text()
+    assert "| 1.35 | NOBURST | GGG |" in md and "Per run" in md
+    assert paths["figure"].stat().st_size > 10_000
+    assert "BURST" in markdown_table(verdict) and "follow-up hit" in runs_table(verdict)
+
+
+def test_missing_run_counts_as_missing(tiny_test: Path, tmp_path: Path) -> None:
+    bundle = load_test(tiny_test)
+    d = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "a").run_dir
+    verdict, _ = analyze([d, tmp_path / "does-not-exist"], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    seeds = verdict["rates"][0]["seeds"]
+    assert seeds["0"]["burst"] == "MISSING" and seeds["1"]["noburst"] == "MISSING"
+    assert verdict["rates"][0]["verdict"] == "INCOMPLETE"  # the missing runs could still make it pass
+
+
+def test_display_degrades_to_log_lines_and_renders_live() -> None:
+    import io
+
+    from harness.recording.progress import TestDisplay
+    from harness.protocols.arms import RunResult
+
+    buf = io.StringIO()
+    d = TestDisplay(stream=buf, live=False, log_every=0.0)
+    d.start(["burst-r1.35-s0"], 8700.0)
+    d.update({"key": "burst-r1.35-s0", "t": 4350.0, "in_system": 200, "held": 0, "hit": 0.0})
+    d.finished("burst-r1.35-s0", RunResult("x", "burst", 1.35, 0, "COMPLETED", None, 3.0, 8700.0))
+    d.stop()
+    text = buf.getvalue()
+    assert "running 1 runs" in text and "burst-r1.35-s0: COMPLETED" in text and "1/1 runs done" in text
+    live = io.StringIO()
+    d2 = TestDisplay(stream=live, live=True)
+    d2.start(["a", "b"], 100.0)
+    d2.update({"key": "a", "t": 50.0, "in_system": 3, "held": 1, "hit": 0.5})
+    d2.stop()
+    assert "plan time" in live.getvalue()
+
+
+def test_cli_commands_are_registered() -> None:
+    from harness import cli
+
+    parser = cli.build().parser
+    args = parser.parse_args(["test", "run", "configs/tests/e2-sglang-300k.yaml", "--engine", "sim", "--jobs", "2"])
+    assert args.jobs == 2 and args.engine == "sim" and callable(args.func)
+    args = parser.parse_args(["run", "--config", "x.yaml", "--arm", "BURST", "--rate", "1.65", "--seed", "0"])
+    assert args.rate == 1.65 and args.engine == "sim"
