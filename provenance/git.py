@@ -1,0 +1,168 @@
+"""Git facts, asked of git itself.
+
+Why this module: a registration's label (pre-registered / registered / exploratory), a
+prediction's blindness and a job's right to run all rest on facts about commits: is this file
+committed, in which commit, is the tree clean, does the remote branch contain that commit, when
+was that checked. Those facts must come from git's own commands, never from a user's word or a
+config field, so every caller in prereg/, slurm/ and provenance/ goes through this one thin
+wrapper. It runs `git` as a subprocess (no library that could disagree with the git a reviewer
+runs) and raises `GitError` with the command and git's message when git refuses.
+
+The remote is whatever git remote the repository names (a bare repository on disk in tests, any
+server in real use); nothing here assumes a hosting service.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+class GitError(RuntimeError):
+    """A git command failed; the message names the command, the folder and git's own words."""
+
+
+@dataclass(frozen=True)
+class RemoteCheck:
+    """The answer to "does remote/branch contain this commit", with when it was asked."""
+
+    remote: str
+    branch: str
+    url: str
+    remote_head: str | None
+    contains: bool
+    checked_at: str  # UTC ISO-8601
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Repo:
+    """A git working tree (or a bare repository) at `path`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def git(self, *args: str, check: bool = True, input: bytes | None = None) -> str:
+        return self.git_bytes(*args, check=check, input=input).decode("utf-8", "replace").strip()
+
+    def git_bytes(self, *args: str, check: bool = True, input: bytes | None = None) -> bytes:
+        cmd = ["git", "-C", str(self.path), *args]
+        try:
+            out = subprocess.run(cmd, capture_output=True, input=input, timeout=120)
+        except FileNotFoundError as exc:  # pragma: no cover - git missing entirely
+            raise GitError("git is not installed; install git to register, freeze or verify") from exc
+        if check and out.returncode != 0:
+            msg = out.stderr.decode("utf-8", "replace").strip() or out.stdout.decode("utf-8", "replace").strip()
+            raise GitError(f"`git {' '.join(args)}` failed in {self.path}: {msg}")
+        return out.stdout
+
+    def ok(self, *args: str) -> bool:
+        """True when the git command exits 0 (for yes/no questions such as is-ancestor)."""
+        return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, timeout=120).returncode == 0
+
+    # -- where am I -------------------------------------------------------------------------
+    @classmethod
+    def containing(cls, path: str | Path) -> Repo:
+        """The working tree that holds `path` (a file or folder); GitError outside any."""
+        p = Path(path).resolve()
+        start = p if p.is_dir() else p.parent
+        top = Repo(start).git("rev-parse", "--show-toplevel")
+        return cls(top)
+
+    def relpath(self, path: str | Path) -> str:
+        """`path` relative to the tree's top, with forward slashes (git's own spelling)."""
+        return Path(path).resolve().relative_to(self.path.resolve()).as_posix()
+
+    def head(self) -> str:
+        return self.git("rev-parse", "HEAD")
+
+    def object_format(self) -> str:
+        """'sha1' or 'sha256': the hash git names objects with in this repository."""
+        out = self.git("rev-parse", "--show-object-format", check=False)
+        return out or "sha1"
+
+    # -- what is committed ------------------------------------------------------------------
+    def is_clean(self, paths: list[str] | None = None) -> bool:
+        """No staged or unstaged change to tracked files (and no untracked file under `paths`)."""
+        args = ["status", "--porcelain"]
+        if paths is None:
+            args.append("--untracked-files=no")
+        else:
+            args += ["--untracked-files=all", "--", *paths]
+        return self.git(*args) == ""
+
+    def is_tracked(self, path: str) -> bool:
+        return self.ok("ls-files", "--error-unmatch", "--", path)
+
+    def file_state(self, path: str) -> str:
+        """'untracked', 'modified' (tracked but differs from HEAD or the index) or 'committed'."""
+        if not self.is_tracked(path):
+            return "untracked"
+        return "committed" if self.git("status", "--porcelain", "--", path) == "" else "modified"
+
+    def last_commit_of(self, path: str, rev: str = "HEAD") -> str | None:
+        """The newest commit at or before `rev` that changed `path` (None if it never existed)."""
+        out = self.git("log", "-n", "1", "--format=%H", rev, "--", path)
+        return out or None
+
+    def blob_at(self, rev: str, path: str) -> bytes:
+        """The committed bytes of `path` at `rev` (what a commit or tag really holds)."""
+        return self.git_bytes("show", f"{rev}:{path}")
+
+    def commit_time(self, rev: str) -> str:
+        """Committer time of `rev` in UTC ISO-8601 (a claim recorded by the committer's clock)."""
+        ts = int(self.git("show", "-s", "--format=%ct", rev))
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+    def is_ancestor(self, ancestor: str, rev: str) -> bool:
+        return self.ok("merge-base", "--is-ancestor", ancestor, rev)
+
+    def changed_paths(self, a: str, b: str) -> list[str]:
+        """Paths that differ between two commits."""
+        out = self.git("diff", "--name-only", a, b)
+        return [line for line in out.splitlines() if line]
+
+    def resolve(self, rev: str) -> str:
+        return self.git("rev-parse", "--verify", f"{rev}^{{commit}}")
+
+    # -- the remote -------------------------------------------------------------------------
+    def default_remote(self) -> tuple[str, str]:
+        """(remote, branch) the current branch tracks, else ('origin', current branch)."""
+        up = self.git("rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", check=False)
+        if up and "/" in up:
+            remote, branch = up.split("/", 1)
+            return remote, branch
+        return "origin", self.git("rev-parse", "--abbrev-ref", "HEAD")
+
+    def remote_url(self, remote: str) -> str:
+        return self.git("remote", "get-url", remote)
+
+    def remote_contains(self, commit: str, remote: str | None = None, branch: str | None = None) -> RemoteCheck:
+        """Ask the remote itself (a fresh fetch of its branch) whether it contains `commit`.
+
+        A local remote-tracking ref can be stale or forged by hand, so the branch is fetched
+        first; the answer carries the remote head seen and the UTC time it was asked.
+        """
+        d_remote, d_branch = self.default_remote()
+        remote = remote or d_remote
+        branch = branch or d_branch
+        url = self.remote_url(remote)
+        checked_at = utc_now()
+        line = self.git("ls-remote", remote, f"refs/heads/{branch}")
+        if not line:
+            return RemoteCheck(remote, branch, url, None, False, checked_at)
+        remote_head = line.split()[0]
+        self.git("fetch", "--quiet", remote, f"refs/heads/{branch}")
+        contains = self.is_ancestor(commit, remote_head)
+        return RemoteCheck(remote, branch, url, remote_head, contains, checked_at)
+
+    def remote_tag(self, tag: str, remote: str | None = None) -> str | None:
+        """The object id the remote holds for `refs/tags/<tag>` (None when it has no such tag)."""
+        remote = remote or self.default_remote()[0]
+        line = self.git("ls-remote", remote, f"refs/tags/{tag}")
+        return line.split()[0] if line else None
