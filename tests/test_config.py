@@ -199,3 +199,35 @@ def test_a_dumped_cell_parses_again_anywhere() -> None:
     assert parse_config(dumped, CellConfig) == cell  # file readable: inline values match it
     dumped["cost_file"] = "costs/not-on-this-machine.yaml"
     assert parse_config(dumped, CellConfig).cost == cell.cost  # file absent: the record stands alone
+
+
+_FAST_TEST = "kind: test\nname: fast\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\narms: [burst]\nseeds: [0]\n"
+
+
+def test_rates_above_the_top_rate_are_refused_when_the_test_loads(tmp_path: Path) -> None:
+    # sglang-a100-300k: lambda_ref 0.071534, so 30 x lambda_ref = 2.15 sessions/s > the default 2.0
+    _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\n", "t.yaml")
+    with pytest.raises(ConfigError, match=r"t\.yaml: rates\[1\]: 30 x lambda_ref .* exceeds the plan's top rate of 2 sessions/s"):
+        load_test(tmp_path / "t.yaml")
+    # a registered top rate lifts the ceiling; the default stays the paper's 2.0
+    _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\ntop_rate: 4.0\n", "t2.yaml")
+    assert load_test(tmp_path / "t2.yaml").test.top_rate == 4.0
+    assert load_test("tests/e2-sglang-300k").test.top_rate == 2.0
+    # a CUT arm that would raise the rate is refused at load too, not in its runs
+    _write(tmp_path, "kind: arm\nname: cut-hi\nburst: true\ncut: {start: 100.0, rate: 1.5}\n", "cut-hi.yaml")
+    _write(tmp_path, _FAST_TEST.replace("[burst]", "[cut-hi.yaml]") + "rates: [1.35, 1.65]\n", "t3.yaml")
+    with pytest.raises(ConfigError, match=r"arm 'cut-hi': cut\.rate 1\.5 x lambda_ref is above the test's rate 1\.35"):
+        load_test(tmp_path / "t3.yaml")
+
+
+def test_arms_given_by_file_are_keyed_by_their_own_name(tmp_path: Path) -> None:
+    arms = CONFIG_ROOT / "arms"
+    _write(tmp_path, (arms / "capped.yaml").read_text(), "capped.yaml")  # beside the test, as a user keeps them
+    _write(tmp_path, _FAST_TEST.replace("[burst]", f"[{arms / 'burst.yaml'}, noburst, capped.yaml]") + "rates: [1.35]\ncap: 20\n", "t.yaml")
+    b = load_test(tmp_path / "t.yaml")
+    assert list(b.arms) == ["burst", "noburst", "capped"]
+    assert b.arm_refs == {"burst": str(arms / "burst.yaml"), "noburst": "noburst", "capped": "capped.yaml"}
+    # two references to arms of one name cannot both be recorded under it
+    _write(tmp_path, _FAST_TEST.replace("[burst]", f"[burst, {arms / 'burst.yaml'}]") + "rates: [1.35]\n", "t2.yaml")
+    with pytest.raises(ConfigError, match=r"arms\[1\]: .* is an arm named 'burst', like 'burst'"):
+        load_test(tmp_path / "t2.yaml")
