@@ -182,8 +182,9 @@ def markdown_table(verdict: Mapping[str, Any]) -> str:
 
 def runs_table(verdict: Mapping[str, Any]) -> str:
     """One row per run, with every input of the rule and the failing conditions named."""
+    span = f"{float((verdict.get('rule_spec') or {}).get('params', {}).get('recovered_span', 300.0)):g}"  # the rule's last span
     lines = [
-        "| λ/λref | arm | seed | state | stuck | hit | follow-up hit | tokens × all-miss | backlog | slope | hit last 300 s | outstanding last 300 s | completions × λref | base arrivals × λref | gate waited | wall s |",
+        f"| λ/λref | arm | seed | state | stuck | hit | follow-up hit | tokens × all-miss | backlog | slope | hit last {span} s | outstanding last {span} s | completions × λref | base arrivals × λref | gate waited | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     key = {a.upper(): i for i, a in enumerate(verdict["arms"])}

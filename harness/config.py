@@ -302,7 +302,9 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: Literal["e2"] = "e2"
+    rule: str = Field(
+        "e2", description="'e2' (the registered E2 rule) or a rule spec file: a name under configs/rules or a path"
+    )
     cell: str
     workload: str
     protocol: str
@@ -320,8 +322,9 @@ class TestConfig(_Strict):
     start_lateness_p99: float = Field(
         0.1,
         gt=0,
-        description="plan seconds: the largest 99th percentile of session-start lateness (client behind its "
-        "plan) at which a run still counts as open-loop; a run above it is flagged in its record and verdict",
+        description="plan seconds: the largest 99th percentile of the base stream's session-start lateness "
+        "(client behind its plan) at which a run still counts as open-loop; a run above it is flagged in its "
+        "record and verdict (analysis/openloop.py)",
     )
 
     @model_validator(mode="after")
@@ -495,6 +498,7 @@ class TestBundle:
     arms: dict[str, ArmConfig]  # keyed by each arm's own name (`name:` in its file)
     path: Path | None = None
     arm_refs: dict[str, str] | None = None  # arm name -> the reference the test gave (a name or a file)
+    rule_path: Path | None = None  # the rule spec file the test names; None: the built-in E2 rule
 
 
 def load_test(path: Path | str) -> TestBundle:
@@ -522,7 +526,9 @@ def load_test(path: Path | str) -> TestBundle:
         arms[arm.name] = arm
         refs[arm.name] = ref
     _check_top_rate(resolved, test, cell, arms)
-    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs)
+    rule_path = None if test.rule == "e2" else resolve_path(config_ref(test.rule, "rules"), base)
+    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs,
+                      rule_path=rule_path)  # fmt: skip
 
 
 def _check_top_rate(path: Path, test: TestConfig, cell: CellConfig, arms: dict[str, ArmConfig]) -> None:

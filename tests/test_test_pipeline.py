@@ -249,6 +249,9 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
     assert ol["bound_p99_s"] == bundle.test.start_lateness_p99 == 0.1 and ol["within_bound"] is False
     assert ol["n"] == meta["client"]["arrived"] and len(meta["warnings"]) == 1 and "not open-loop" in meta["warnings"][0]
     assert res.warnings == meta["warnings"] and "p99 300.0 ms" in _lateness(res)
+    assert ol["judged"] == "base" and ol["burst"]["n"] == 0
+    burst = execute_run(bundle, "BURST", 1.35, 0, "late", tmp_path / "late-burst").open_loop
+    assert burst["burst"]["n"] == 20 and burst["burst"]["p99_s"] == pytest.approx(0.3) and burst["n"] == ol["n"]
     on_time = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "on-time")
     assert on_time.open_loop["max_s"] == 0.0 and on_time.open_loop["within_bound"] is True and not on_time.warnings
     verdict, _ = analyze([res.run_dir, on_time.run_dir], arms=["noburst"], rates=[1.35], seeds=[0])
@@ -257,3 +260,18 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
     assert by_dir["late"]["stats"]["gate_waited"] == 0 and by_dir["on-time"]["stats"]["gate_waited"] == 0
     assert verdict["open_loop"]["not_within"] == ["late"]
     assert "not open-loop within the registered bound" in runs_table(verdict) and "p99 300 ms > 100 ms" in runs_table(verdict)
+
+
+def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Path) -> None:
+    from harness.config import ConfigError
+
+    shipped = (Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml").read_text()
+    t = tmp_path / "paper-rule.yaml"
+    t.write_text(shipped.replace("rule: e2-cpu", "rule: e2"))
+    with pytest.raises(ConfigError, match=r"rule 'e2' does not match protocol 'e2-cpu': min_window 600 \(protocol 12\)"):
+        run_test(t, "stub", tmp_path / "out", jobs=1)
+    assert not (tmp_path / "out").exists()
+    # the shipped test names its scaled rule and passes the check
+    from harness.protocols.arms import check_before_runs
+
+    check_before_runs(load_test(Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml"), "stub")

@@ -148,7 +148,7 @@ class PlanClient:
         self._closed = False
         self.tool_calls_slowed = 0
         self.prompt_mismatches = 0  # client prompt length != server-reported prompt tokens
-        self._lateness: list[float] = []  # start lateness of every arrival played, in play order
+        self._lateness: list[tuple[str, float]] = []  # (kind, start lateness) of every arrival played
 
     # ------------------------------------------------------------------ Client protocol
     def start(self, now: float) -> Sequence[Command]:
@@ -273,9 +273,10 @@ class PlanClient:
             "prompt_mismatches": self.prompt_mismatches,
         }
 
-    def start_lateness(self) -> list[float]:
-        """Seconds each arrival played so far was behind its planned time (0 in virtual time)."""
-        return list(self._lateness)
+    def start_lateness(self, kind: str | None = None) -> list[float]:
+        """Seconds each arrival played so far (of `kind`, 'base' or 'burst'; None: all) was behind
+        its planned time, in play order; 0 in virtual time."""
+        return [x for k, x in self._lateness if kind is None or k == kind]
 
     # ------------------------------------------------------------------ internals
     def _schedule_arrival(self, cmds: list[Command]) -> None:
@@ -289,7 +290,7 @@ class PlanClient:
             self._next_arrival += 1
             st.arrived = True
             st.seen = max(now, st.spec.arrival)
-            self._lateness.append(st.seen - st.spec.arrival)
+            self._lateness.append((st.spec.kind, st.seen - st.spec.arrival))
             if st.spec.refused:
                 st.end = st.spec.arrival
                 self._write_session(st, "refused")

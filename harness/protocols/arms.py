@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 from analysis.metrics import is_hit
-from analysis.openloop import lateness_summary, warning_text
+from analysis.openloop import open_loop_summary, warning_text
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
 from harness.client.protocol import Command, TurnResponse
@@ -255,7 +255,7 @@ def execute_run(
         ctx = RunContext(bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {}))
         res = backend(ctx)
         client.close(res.end_time)
-        open_loop = lateness_summary(client.start_lateness(), bundle.test.start_lateness_p99)
+        open_loop = open_loop_summary(client.start_lateness("base"), client.start_lateness("burst"), bundle.test.start_lateness_p99)
         warn = warning_text(open_loop)
         warnings = [warn] if warn else []
         rec.update_meta({**res.meta, "client": client.counters(), "open_loop": open_loop, "warnings": warnings,
@@ -317,13 +317,24 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
 
     _backend(engine)
     references(bundle)
+    rule = rule if rule is not None else bundle.rule_path
+    where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
     try:
         spec = load_rule(rule)
         for name in bundle.arms:
             arm_expectation(spec, name)
     except (RuleError, OSError) as exc:
-        where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
         raise ConfigError(f"{bundle.path or bundle.test.name}: arms {list(bundle.arms)}: {where}: {exc}") from None
+    # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
+    # with a rule scaled alike, or every run would be judged on the paper's clock (state X).
+    p = bundle.protocol
+    clash = [f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})" for k in ("min_window", "backlog_bin", "recovered_span")
+             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]  # fmt: skip
+    if clash:
+        raise ConfigError(
+            f"{bundle.path or bundle.test.name}: {where} does not match protocol {p.name!r}: {', '.join(clash)}; "
+            "expected a rule whose time parameters are the protocol's (name it in the test's 'rule:' or pass --rule)"
+        )
 
 
 def run_test(
