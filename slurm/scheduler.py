@@ -11,7 +11,8 @@ Public interface:
 - `job_states(ids)`: current state of each job (`squeue`, then `sacct` for jobs the controller has
   forgotten).
 - `accounting(job_ids=None, comment=None, since=None)`: typed `AccountingRow`s from
-  `sacct --parsable2 --noheader -X --format=...`.
+  `sacct --parsable2 --noheader -X --format=...`; `wait_for_accounting(ids)` waits until those rows
+  are final (`AccountingRow.settled`: slurmdbd fills a row in stages).
 - `write_accounting_export(rows, path)` / `read_accounting_export(path)`: CSV or JSON with UTC and
   local time columns.
 - Parsers used by the above, usable on their own: `parse_duration`, `parse_time_left`,
@@ -41,6 +42,7 @@ import math
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from pathlib import Path
@@ -72,6 +74,7 @@ __all__ = [
     "read_accounting_export",
     "run_command",
     "time_left_s",
+    "wait_for_accounting",
     "write_accounting_export",
 ]
 
@@ -343,7 +346,8 @@ def is_terminal(state: str) -> bool:
 class AccountingRow:
     """One job (or one array task) as the scheduler's accounting records it.
 
-    Timestamps are timezone-aware UTC (None before the event happened). `timelimit_s` is `math.inf`
+    Timestamps are timezone-aware UTC (None before the event happened; for a job still pending, sacct
+    may show the expected start as `start`). `timelimit_s` is `math.inf`
     for UNLIMITED. `timelimit` and `elapsed` keep Slurm's own text.
     """
 
@@ -379,6 +383,18 @@ class AccountingRow:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def settled(self) -> bool:
+        """True when accounting holds the job's final record.
+
+        slurmdbd fills a job's row from separate messages of the controller that can arrive in
+        either order: the end message (final state, end time, comment) and the start message (time
+        limit). A row can read COMPLETED with an empty Timelimit for about a second, or RUNNING with
+        the limit but not yet the comment. Settled: a terminal state, an end time, and the time limit
+        too unless the job never started.
+        """
+        return self.terminal and self.end is not None and (bool(self.timelimit) or self.start is None)
 
 
 def _row_from_fields(fields: Sequence[str], tz: tzinfo | None) -> AccountingRow:
@@ -468,6 +484,27 @@ def accounting(
     if since is not None and ids is not None:
         rows = [r for r in rows if r.submit is None or r.submit >= since]
     return rows
+
+
+def wait_for_accounting(
+    job_ids: Iterable[int | str],
+    *,
+    count: int | None = None,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.5,
+    runner: Runner | None = None,
+) -> list[AccountingRow]:
+    """Accounting rows of `job_ids` once every row is `settled` (and there are `count` rows, if
+    given: an array's tasks appear one by one). Raises TimeoutError with the last rows otherwise."""
+    ids = _ids(job_ids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = accounting(ids, runner=runner)
+        if rows and all(r.settled for r in rows) and (count is None or len(rows) >= count):
+            return rows
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"accounting for jobs {','.join(ids)} not final after {timeout_s:.0f} s: {rows}")
+        time.sleep(poll_s)
 
 
 # ---------------------------------------------------------------------------------------- squeue

@@ -297,3 +297,45 @@ def test_export_rejects_unknown_format(tmp_path) -> None:  # type: ignore[no-unt
     with pytest.raises(ValueError, match="csv or json"):
         S.write_accounting_export([], tmp_path / "acct.txt")
     assert S.write_accounting_export([], tmp_path / "x.out", fmt="json").exists()
+
+
+# ----------------------------------------------------------------------------- settled accounting
+class SequenceRunner:
+    """Answers successive calls with successive outputs (the last one repeats)."""
+
+    def __init__(self, outputs: Sequence[str]):
+        self.outputs = list(outputs)
+        self.n = 0
+
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> CommandResult:
+        out = self.outputs[min(self.n, len(self.outputs) - 1)]
+        self.n += 1
+        return ok(out)
+
+
+def test_wait_for_accounting_waits_for_the_settled_row() -> None:
+    # What slurmdbd showed for one job, poll by poll: pending, completed without its time limit,
+    # then the final row.
+    stages = [
+        "19|wrap|1796111020|Unknown|Unknown|PENDING|0:0|None assigned||00:00:00|\n",
+        "19|wrap|1796111020|1796111020|1796111020|COMPLETED|0:0|vm||00:00:00|hello x\n",
+        "19|wrap|1796111020|1796111020|1796111020|COMPLETED|0:0|vm|00:02:00|00:00:00|hello x\n",
+    ]
+    runner = SequenceRunner(stages)
+    (row,) = S.wait_for_accounting([19], poll_s=0.0, runner=runner)
+    assert runner.n == 3 and row.settled and row.timelimit_s == 120 and row.comment == "hello x"
+    assert not S.parse_sacct(stages[1])[0].settled
+    with pytest.raises(TimeoutError, match="not final"):
+        S.wait_for_accounting([19], timeout_s=0.0, poll_s=0.0, runner=SequenceRunner(stages[:2]))
+
+
+def test_settled_without_a_start() -> None:
+    (row,) = S.parse_sacct("30|wrap|1796111020|Unknown|1796111025|CANCELLED by 0|0:0|None assigned||00:00:00|\n")
+    assert row.start is None and row.settled  # cancelled while pending: no start message will come
+
+
+def test_wait_for_accounting_counts_array_tasks() -> None:
+    one = "4_0|wrap|1796110588|1796110588|1796110589|COMPLETED|0:0|vm|UNLIMITED|00:00:01|\n"
+    two = one + "4_1|wrap|1796110588|1796110589|1796110590|COMPLETED|0:0|vm|UNLIMITED|00:00:01|\n"
+    runner = SequenceRunner([one, two])
+    assert len(S.wait_for_accounting([4], count=2, poll_s=0.0, runner=runner)) == 2
