@@ -108,9 +108,11 @@ install_packages() {
   local made_policy=0
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     # Keep the packages' maintainer scripts from starting services (there is no systemd here).
+    # Removed again after the install, also when this script is interrupted.
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
     chmod 755 /usr/sbin/policy-rc.d
     made_policy=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   local rc=0
   {
@@ -119,7 +121,7 @@ install_packages() {
         mariadb-server-core mariadb-client-core slurmdbd slurmctld slurmd slurm-client munge \
         >>"$P/log/apt.log" 2>&1
   } || rc=$?
-  if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+  if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
   ((rc == 0)) || { tail -n 20 "$P/log/apt.log" >&2; die "apt-get failed (rc $rc); full log: $P/log/apt.log"; }
   say "packages installed"
 }
