@@ -90,7 +90,7 @@ daemon_pid() { # name -> prints the PID from our PID file when that daemon is ru
 
 munge_works() { command -v munge >/dev/null && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 
-need_root() { [[ $(id -u) == 0 ]] || die "must run as root (installs packages, starts daemons): $*"; }
+need_root() { [[ $(id -u) == 0 ]] || die "must run as root to $* (packages, daemons and /etc/slurm are system-wide)"; }
 
 # ---------------------------------------------------------------- install
 install_packages() {
@@ -257,7 +257,8 @@ EOF
 }
 
 CONF_CHANGED=0
-# install_conf FILE OWNER MODE < content: writes only when the content differs; sets CONF_CHANGED.
+# install_conf FILE OWNER MODE < content: writes only when the content differs; sets CONF_CHANGED
+# (so it must run in this shell: feed it with < <(...), not through a pipe).
 install_conf() {
   local file=$1 owner=$2 mode=$3 tmp
   tmp=$(mktemp)
@@ -273,12 +274,27 @@ install_conf() {
   say "wrote $file"
 }
 
+other_cluster_running() { # another state folder's cluster owns /etc/slurm right now
+  local other pidf pid comm
+  [[ -r $SLURM_CONF_FILE ]] || return 1
+  other=$(sed -n 's/^# state: //p' "$SLURM_CONF_FILE" | head -n1)
+  [[ -n $other && $other != "$P" ]] || return 1
+  for pidf in "$other/run/slurm/slurmctld.pid:slurmctld" "$other/run/slurmd.pid:slurmd" "$other/run/slurm/slurmdbd.pid:slurmdbd"; do
+    comm=${pidf##*:}; pidf=${pidf%:*}
+    pid=$(head -n1 "$pidf" 2>/dev/null | tr -dc 0-9) || true
+    if pid_running "$pid" "$comm"; then echo "$other"; return 0; fi
+  done
+  return 1
+}
+
+MYCNF_CHANGED=0
 write_configs() {
   install -d -m 755 "$CONF_DIR"
-  render_my_cnf | install_conf "$MYCNF" root 644
-  CONF_CHANGED=0 # my.cnf only matters when MariaDB starts
-  render_slurm_conf | install_conf "$SLURM_CONF_FILE" root 644
-  render_dbd_conf | install_conf "$DBD_CONF_FILE" slurm 600
+  install_conf "$MYCNF" root 644 < <(render_my_cnf)
+  MYCNF_CHANGED=$CONF_CHANGED
+  CONF_CHANGED=0
+  install_conf "$SLURM_CONF_FILE" root 644 < <(render_slurm_conf)
+  install_conf "$DBD_CONF_FILE" slurm 600 < <(render_dbd_conf)
 }
 
 # ---------------------------------------------------------------- daemons
@@ -319,7 +335,12 @@ start_munged() {
 }
 
 start_mariadb() {
-  if daemon_pid mariadbd >/dev/null; then return 0; fi
+  if daemon_pid mariadbd >/dev/null; then
+    ((MYCNF_CHANGED)) || return 0
+    say "my.cnf changed: restarting mariadbd"
+    stop_daemon slurmdbd
+    stop_daemon mariadbd
+  fi
   port_busy "$DB_PORT" && die "port $DB_PORT is taken by another program (set AGENTLOAD_SLURM_DB_PORT)"
   local fresh=0
   if [[ ! -d $P/db/mysql ]]; then
@@ -464,6 +485,10 @@ cmd_up() {
     return 0
   fi
   need_root "up"
+  local other
+  if other=$(other_cluster_running); then
+    die "the cluster of state folder $other is running; stop it first: AGENTLOAD_SLURM_STATE=$other $0 down"
+  fi
   take_lock
   install_packages
   ensure_users
