@@ -63,7 +63,7 @@ def bring_up(fresh: bool) -> dict[str, float]:
 def per_job(n: int, folder: Path) -> dict[str, Any]:
     ex = submitit.SlurmExecutor(folder=folder / "%j")
     ex.update_parameters(time=5)
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for _ in range(n):
         t_call = time.time()
         job = ex.submit(trivial)

@@ -149,7 +149,8 @@ def test_sacct_states_exit_codes_and_utc_times(workdir: Path, monkeypatch: pytes
             assert before - CLOCK_SLACK <= ts <= after + CLOCK_SLACK, (row, before, after)
         assert row.submit <= row.start <= row.end
         assert row.elapsed_s == pytest.approx((row.end - row.start).total_seconds(), abs=1)
-    assert rows[ok].elapsed_s is not None and rows[ok].elapsed_s >= 1
+    ok_elapsed = rows[ok].elapsed_s
+    assert ok_elapsed is not None and ok_elapsed >= 1
 
     # The same instants when sacct runs in another zone: the epoch format carries no zone.
     monkeypatch.setenv("TZ", "Asia/Kolkata")
