@@ -48,7 +48,7 @@ PACKAGES=(
   /usr/bin/sbatch:slurm-client
   /usr/bin/sacctmgr:slurm-client
 )
-# Daemons in start order: name, PID file (ours), the /proc comm of the running program.
+# Daemons in start order; each name is also the /proc comm of the running program (see pidfile_of).
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
 
 T0_US=${EPOCHREALTIME/./}
