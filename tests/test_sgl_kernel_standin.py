@@ -5,10 +5,11 @@ writes its KV slots through `assign_req_to_token_pool_cpu`), so a mistake there 
 engine's KV cache silently; these checks compare each helper with a few lines of obvious Python.
 
 Where it runs: torch is not a harness dependency. When the harness venv has torch the checks run
-in-process; otherwise they run in one subprocess of the SGLang engine venv's python
+in-process; otherwise they run in one subprocess of an engine venv's python: the SGLang one
 (AGENTLOAD_SGLANG_PYTHON, else <repo>/.engine-venv/sglang/bin/python; scripts/setup-sglang-cpu.sh
-creates it). Both import the stand-in from this checkout's scripts/, not the venv's installed copy.
-With neither available the tests skip and say why.
+creates it), else the vLLM one (AGENTLOAD_VLLM_PYTHON, which the CI test command sets up anyway;
+it has the same CPU torch). Every mode imports the stand-in from this checkout's scripts/, not a
+venv's installed copy. With none available the tests skip and say why.
 
 Run as a script (`python tests/test_sgl_kernel_standin.py`) it executes every check and prints one
 JSON object {check: "ok" | traceback}; that is what the subprocess mode calls.
@@ -204,11 +205,15 @@ def run_all() -> dict[str, str]:
 # pytest side
 # ----------------------------------------------------------------------------------------------
 def _engine_python() -> str | None:
+    """A python that has torch: the SGLang engine venv's, else the vLLM engine venv's (CI sets that
+    one up for the real-vLLM tests; the stand-in needs nothing but torch)."""
     env = os.environ.get("AGENTLOAD_SGLANG_PYTHON")
     if env:
         return env
     default = REPO / ".engine-venv" / "sglang" / "bin" / "python"
-    return str(default) if default.exists() else None
+    if default.exists():
+        return str(default)
+    return os.environ.get("AGENTLOAD_VLLM_PYTHON") or None
 
 
 if __name__ != "__main__":
@@ -221,9 +226,11 @@ if __name__ != "__main__":
         python = _engine_python()
         if python is None:
             pytest.skip(
-                "no torch here and no SGLang engine venv: set AGENTLOAD_SGLANG_PYTHON "
-                "(scripts/setup-sglang-cpu.sh prints it) to check the sgl_kernel stand-in"
+                "no torch here and no engine venv: set AGENTLOAD_SGLANG_PYTHON "
+                "(scripts/setup-sglang-cpu.sh prints it) or AGENTLOAD_VLLM_PYTHON to check the sgl_kernel stand-in"
             )
+        if not Path(python).exists():
+            pytest.fail(f"engine python {python} does not exist")
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         proc = subprocess.run(
             [python, str(Path(__file__).resolve())],
