@@ -54,7 +54,7 @@ class References(_Strict):
     lambda_ref_se: float | None = Field(None, ge=0)
     lambda_miss: float = Field(..., gt=0)
     lambda_miss_sessions: float | None = Field(None, gt=0)
-    all_miss_token_rate: float = Field(..., gt=0)
+    all_miss_token_rate: float | None = Field(..., gt=0, description="null only in an INCOMPLETE registration")
     all_miss_token_rate_se: float | None = Field(None, ge=0)
 
 
@@ -207,6 +207,8 @@ class Registration(_Strict):
                     f"{r.multiple} x {self.references.lambda_ref} = {want!r}"
                 )
         if self.status in ("FILLED", "EXPLORATORY"):
+            if self.references.all_miss_token_rate is None:
+                problems.append(f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} registration (the TRAPPED rule needs it)")
             if not self.rates:
                 problems.append(f"rates: a {self.status} registration needs at least one rate")
             if not self.seeds:
