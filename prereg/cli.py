@@ -9,7 +9,7 @@ from typing import Any
 def _cmd_fill(args: Any) -> int:
     from prereg.fill import fill_to_file
 
-    sha, res = fill_to_file(args.inputs, args.test, args.out)
+    sha, res = fill_to_file(args.inputs, args.test, args.out, name=args.name)
     s = res.summary()
     if args.json:
         print(json.dumps({"path": args.out, "sha256": sha, **s}, indent=2))
@@ -63,6 +63,7 @@ def register(cli: Any) -> None:
     f.add_argument("--inputs", help="folder with stage-c.yaml, e0a.yaml, e0b.yaml (not needed for a derived template)")
     f.add_argument("--test", required=True, help="registration template (prereg/templates/*.yaml)")
     f.add_argument("--out", required=True, help="registration file to write")
+    f.add_argument("--name", help="registration name (default: the template's)")
     f.add_argument("--json", action="store_true", help="print the fill summary as JSON")
     f.set_defaults(func=_cmd_fill)
     c = sub.add_parser("check", help="hash, status, inputs, git state and label of a registration; refusals named",

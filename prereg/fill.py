@@ -173,10 +173,14 @@ def _predictions(arms: list[str], rule: dict[str, Any], multiples: list[float], 
     return out
 
 
-def fill_registration(inputs_dir: str | Path | None, template_path: str | Path, *, repo_root: Path | None = None) -> FillResult:
-    """The registration the formula gives for these inputs and this template (not written)."""
+def fill_registration(inputs_dir: str | Path | None, template_path: str | Path, *, repo_root: Path | None = None,
+                      name: str | None = None) -> FillResult:  # fmt: skip
+    """The registration the formula gives for these inputs and this template (not written).
+    `name` replaces the template's registration name (one template, several cells' inputs)."""
     tpath = Path(template_path)
     tmpl = load_template(tpath)
+    if name is not None:
+        tmpl = tmpl.model_copy(update={"name": name})
     root = repo_root if repo_root is not None else repo_root_of(tpath)
     if tmpl.parent is not None:
         return _derive(tmpl, tpath, root)
@@ -382,8 +386,9 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     return FillResult(registration_from_data(data, f"{src} (derived)"), data)
 
 
-def fill_to_file(inputs_dir: str | Path | None, template_path: str | Path, out: str | Path, *, repo_root: Path | None = None) -> tuple[str, FillResult]:
+def fill_to_file(inputs_dir: str | Path | None, template_path: str | Path, out: str | Path, *, repo_root: Path | None = None,
+                 name: str | None = None) -> tuple[str, FillResult]:  # fmt: skip
     """Fill and write; returns the SHA-256 of the bytes written."""
-    res = fill_registration(inputs_dir, template_path, repo_root=repo_root)
+    res = fill_registration(inputs_dir, template_path, repo_root=repo_root, name=name)
     sha = write_registration(res.registration, out)
     return sha, res

@@ -274,7 +274,10 @@ def _check_e0b(e: E0b, src: str) -> None:
 def load_summary(path: str | Path, stage: str | None = None) -> _Summary:
     """Read one summary file strictly; `stage` (if given) must match the file's."""
     p = Path(path)
-    data = load_yaml(p)
+    try:
+        data = load_yaml(p)
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
     if not isinstance(data, dict):
         raise InputError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     if data.get("format") != CAL_FORMAT:
@@ -334,3 +337,81 @@ def dir_sha256(path: str | Path) -> str:
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
         lines.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(root).as_posix()}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# writing summaries from measured runs (agentload calibrate all)
+# ---------------------------------------------------------------------------------------------
+def _run_dir_list(dirs: list[Path], folder: Path) -> list[dict[str, str]]:
+    import os
+
+    return [{"path": Path(os.path.relpath(d.resolve(), folder.resolve())).as_posix(), "sha256": dir_sha256(d)} for d in dirs]
+
+
+def _head(stage: str, cell: str, source: str) -> dict[str, Any]:
+    return {"format": CAL_FORMAT, "format_version": 1, "stage": stage, "cell": cell, "source": source}
+
+
+def stage_c_summary(cell: str, stats: list[Any], *, warmup: float, window: float, run_dirs: list[Path], folder: Path, source: str) -> dict[str, Any]:
+    """A stage-c.yaml mapping from Stage C window statistics (analysis.calibration.WindowStats)."""
+    pts = sorted(stats, key=lambda s: (s.seed, s.n))
+    return {
+        **_head("stage-c", cell, source),
+        "protocol": {"warmup_s": float(warmup), "window_s": float(window)},
+        "points": [{"n": s.n, "seed": s.seed, "mu_sessions": s.mu_sessions, "mu_turns": s.mu_turns,
+                    "hit_fraction": s.hit_fraction, "uncached_token_rate": s.uncached_token_rate} for s in pts],  # fmt: skip
+        "run_dirs": _run_dir_list(run_dirs, folder),
+    }
+
+
+def e0a_summary_dict(cell: str, per_seed: list[Any], summary: Any, *, n: int, warmup: float, window: float,
+                     run_dirs: list[Path], folder: Path, source: str) -> dict[str, Any]:  # fmt: skip
+    """An e0a.yaml mapping from E0a's per-seed statistics and their summary."""
+
+    def row(s: Any) -> dict[str, Any]:
+        return {"seed": s.seed, "n": s.n, "mu_sessions": s.mu_sessions, "mu_turns": s.mu_turns, "uncached_token_rate": s.uncached_token_rate}
+
+    def fin(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else float(x)
+
+    return {
+        **_head("e0a", cell, source),
+        "protocol": {"warmup_s": float(warmup), "window_s": float(window), "n": int(n)},
+        "per_seed": [row(s) for s in per_seed],
+        "check": row(summary.check) if summary.check is not None else None,
+        "lambda_ref": summary.lambda_ref,
+        "lambda_ref_se": fin(summary.lambda_ref_se),
+        "lambda_sessions": fin(summary.lambda_sessions) or None,
+        "lambda_sessions_se": fin(summary.lambda_sessions_se),
+        "all_miss_token_rate": summary.all_miss_token_rate,
+        "all_miss_token_rate_se": fin(summary.all_miss_token_rate_se),
+        "run_dirs": _run_dir_list(run_dirs, folder),
+    }
+
+
+def e0b_summary_dict(cell: str, stats: list[Any], *, lambda_ref: float, grid: list[float], seeds: list[int], duration: float,
+                     rise_span: float, final_max: float, rise_max: float, run_dirs: list[Path], folder: Path,
+                     source: str) -> dict[str, Any]:  # fmt: skip
+    """An e0b.yaml mapping from from-empty statistics (analysis.calibration.E0bStats)."""
+    return {
+        **_head("e0b", cell, source),
+        "protocol": {"duration_s": float(duration), "rise_span_s": float(rise_span), "final_max": float(final_max), "rise_max": float(rise_max)},
+        "lambda_ref": float(lambda_ref),
+        "grid": [float(g) for g in grid],
+        "seeds": [int(s) for s in seeds],
+        "points": [{"multiple": s.multiple, "seed": s.seed, "stable": s.stable, "final_backlog": s.final_backlog, "rise": s.rise,
+                    "sessions": s.sessions, "realized_multiple": s.realized_multiple} for s in stats],  # fmt: skip
+        "run_dirs": _run_dir_list(run_dirs, folder),
+    }
+
+
+def write_summary(data: dict[str, Any], path: str | Path) -> str:
+    """Write a summary and read it back through the strict loader; returns the file's SHA-256."""
+    from prereg.registration import dump_yaml
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    raw = dump_yaml(data)
+    p.write_bytes(raw)
+    load_summary(p, data["stage"])
+    return hashlib.sha256(raw).hexdigest()
