@@ -171,6 +171,25 @@ class Registration(_Strict):
                 return p.sha256
         return None
 
+    def bundle(self) -> Any:
+        """The test as a harness.config.TestBundle built from the registration alone (its cell,
+        workload, protocol and arm configs), so a job plays exactly the registered plans."""
+        from harness.config import TestBundle, TestConfig
+
+        missing = [a for a in self.arms if a not in self.arm_configs]
+        if missing:
+            raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
+        test = TestConfig(name=self.test, description=self.description, cell=self.cell.name, workload=self.workload.name,
+                          protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(), seeds=list(self.seeds),
+                          cap=self.cap, registration=str(self._path) if self._path else self.name)  # fmt: skip
+        return TestBundle(test=test, cell=self.cell, workload=self.workload, protocol=self.protocol,
+                          arms=dict(self.arm_configs), path=self._path)  # fmt: skip
+
+    def binding(self, path: str | None = None, commit: str | None = None) -> dict[str, Any]:
+        """The meta.json "registration" block of a run bound to this registration."""
+        return {"name": self.name, "path": path if path is not None else (self._path.as_posix() if self._path else None),
+                "sha256": self.sha256, "commit": commit}  # fmt: skip
+
     def rule_refs(self, multiple: float) -> dict[str, float]:
         """The references the rule engine reads for a run at `multiple` x lambda_ref."""
         r = self.references
