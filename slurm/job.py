@@ -10,7 +10,9 @@ given, so the job itself checks, in this order, and refuses at the first failure
    (EXPLORATORY only for an exploratory submission);
 3. the arm x rate x seed is one the registration binds;
 4. the code that runs is the registration's commit, or a descendant that changes nothing under
-   harness/, analysis/, prereg/ or slurm/ (it runs and says so), with no uncommitted change there;
+   harness/, analysis/, prereg/ or slurm/ but registration data (prereg/registrations, inputs,
+   templates: analysis.registered.is_code_path) (it runs and says so), with no uncommitted code
+   change;
 5. the time left in the job (`squeue -h -j $SLURM_JOB_ID -o %L`) covers the protocol's duration
    divided by the time scale plus the registration's start, smoke and teardown allowances, plus the
    lead of the scheduler's warning signal (slurm/budget.py);
@@ -160,12 +162,14 @@ def scheduler_facts() -> dict[str, Any]:
     from slurm.scheduler import JobNotFound, SchedulerError, job_facts
 
     try:
+        # An array task is asked for by ARRAY_TASK: the last task of an array runs under the
+        # array's own id, for which squeue lists every task of the array.
         try:
-            jf = job_facts(jid)
+            jf = job_facts(facts["job_label"] or jid)
         except JobNotFound:
-            if not facts["job_label"] or facts["job_label"] == jid:
+            if facts["job_label"] == jid:
                 raise
-            jf = job_facts(facts["job_label"])
+            jf = job_facts(jid)
         facts.update(time_limit_s=_finite(jf.time_limit_s), time_limit=jf.time_limit, time_left_s=_finite(jf.time_left_s),
                      time_left=jf.time_left, partition=facts["partition"] or jf.partition, node=facts["node"] or jf.nodes)  # fmt: skip
         facts["unlimited"] = jf.time_left_s is not None and math.isinf(jf.time_left_s)
@@ -202,7 +206,7 @@ def time_check(facts: dict[str, Any], budget: Any, lead_s: float) -> dict[str, A
 def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exploratory: bool) -> dict[str, Any]:
     """Is the code that runs the registration's? Returns the facts; raises Refused when it is not
     (in an exploratory job the facts are recorded and nothing is refused)."""
-    from analysis.registered import CODE_DIRS
+    from analysis.registered import CODE_DIRS, DATA_DIRS, is_code_path
     from provenance.git import GitError, Repo
 
     def refuse(reason: str, facts: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +214,7 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
             return {**facts, "relation": "exploratory", "problem": reason}
         raise Refused("code", reason)
 
-    facts: dict[str, Any] = {"checkout": str(code_root), "code_dirs": list(CODE_DIRS)}
+    facts: dict[str, Any] = {"checkout": str(code_root), "code_dirs": list(CODE_DIRS), "data_dirs": list(DATA_DIRS)}
     try:
         repo = Repo.containing(code_root)
         head = repo.head()
@@ -230,7 +234,7 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
     facts["registration_commit"] = reg_commit
     if expected_commit and reg_commit != expected_commit:
         return refuse(f"the registration's commit in this checkout is {reg_commit}, but the submission resolved {expected_commit}", facts)
-    dirty = [ln[3:] for ln in repo.git("status", "--porcelain", "--untracked-files=no", "--", *[d.rstrip("/") for d in CODE_DIRS]).splitlines() if ln.strip()]
+    dirty = [ln for ln in repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS]).splitlines() if is_code_path(ln)]
     if dirty:
         facts["uncommitted"] = dirty[:20]
         return refuse(f"the checkout has uncommitted code changes: {dirty[:5]}", facts)
@@ -239,7 +243,7 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
     if not repo.is_ancestor(reg_commit, head):
         return refuse(f"the checkout's commit {head[:12]} does not descend from the registration's commit {reg_commit[:12]}", facts)
     changed = repo.changed_paths(reg_commit, head)
-    code = [p for p in changed if p.startswith(CODE_DIRS)]
+    code = [p for p in changed if is_code_path(p)]
     facts["changed_paths"] = changed[:50]
     if code:
         return refuse(f"the code differs from the registration's commit {reg_commit[:12]}: commit {head[:12]} changes {code[:5]}", facts)
@@ -400,8 +404,10 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     _say(f"time check: need {tc['needed_s']:.0f} s (run {tc['run_s']:.0f} + start {tc['start_s']:.0f} + smoke {tc['smoke_s']:.0f} "
          f"+ teardown {tc['teardown_s']:.0f}) + warning lead {tc['warning_lead_s']:.0f}; left {tc['time_left_s']} s ({tc['source']})")  # fmt: skip
     if not tc["ok"]:
-        why = tc.get("problem") or (f"{tc['time_left_s']:.0f} s left in the job, {tc['required_s']:.0f} s needed "
-                                    f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)")  # fmt: skip
+        if tc.get("problem"):
+            raise Refused("time", f"the time check cannot be made: {tc['problem']}")
+        why = (f"{tc['time_left_s']:.0f} s left in the job, {tc['required_s']:.0f} s needed "
+               f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)")  # fmt: skip
         raise Refused("time", f"too little time: {why}; resubmit with a longer --time")
     options = _engine_options(spec)
     meta["engine_options"] = options
@@ -412,7 +418,7 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     reason = res.reason
     if status == "REFUSED":
         _say(f"REFUSED (plan): {reason}")
-        _annotate(run_dir, sig, status)
+        _annotate(run_dir, sig, status, refusal={"check": "plan", "reason": reason})
         return JobOutcome("REFUSED", reason, str(run_dir), "plan")
     if sig.warned and status == "INTERRUPTED":
         reason = f"{reason} (after the scheduler's time-limit warning)"
@@ -424,8 +430,10 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     return JobOutcome(status, reason, str(run_dir), None, notes)
 
 
-def _annotate(run_dir: Path, sig: _Signals, status: str, reason: str | None = None) -> None:
+def _annotate(run_dir: Path, sig: _Signals, status: str, reason: str | None = None, refusal: dict[str, Any] | None = None) -> None:
     def upd(m: dict[str, Any]) -> None:
+        if refusal is not None:
+            m["refusal"] = refusal
         m.setdefault("job", {})
         m["job"]["signals"] = list(sig.received)
         m["job"]["ended_at"] = _utc()

@@ -179,19 +179,26 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
 
 
 def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
-    """The scheduler's submit time of each job, as soon as accounting lists them all."""
+    """The scheduler's submit time of each job, as soon as accounting lists them.
+
+    The tasks of one array are one submission with one submit time; accounting lists tasks that
+    have not started as one pending range (`5_[1-2]`), so a task takes the submit time of any row
+    of its array."""
     from slurm.scheduler import SchedulerError, accounting
 
     deadline = time.monotonic() + timeout_s
-    found: dict[str, str | None] = {}
     while True:
+        found: dict[str, str] = {}
         try:
-            rows = accounting(sorted({i.split("_")[0] for i in ids}))
-            found = {r.job_id: (r.submit.isoformat() if r.submit else None) for r in rows}
+            for r in accounting(sorted({i.split("_")[0] for i in ids})):
+                if r.submit is not None:
+                    found[r.job_id] = found.get(r.job_id) or r.submit.isoformat()
+                    found.setdefault("array:" + r.job_id.split("_")[0], r.submit.isoformat())
         except SchedulerError:
             pass
-        if all(found.get(i) for i in ids) or time.monotonic() > deadline:
-            return {i: found.get(i) for i in ids}
+        out = {i: found.get(i) or found.get("array:" + i.split("_")[0]) for i in ids}
+        if all(out.values()) or time.monotonic() > deadline:
+            return out
         time.sleep(0.5)
 
 
