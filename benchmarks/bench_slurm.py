@@ -166,15 +166,19 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="purge the cluster state first (new datadir)")
     ap.add_argument("--engine-jobs", type=int, default=3, help="registered emulator jobs for the start-to-healthy overhead (0: none)")
     ap.add_argument("--vllm", action="store_true", help="also one registered job on the real CPU vLLM (AGENTLOAD_VLLM_PYTHON)")
+    ap.add_argument("--no-bring-up", action="store_true", help="do not stop and restart the cluster (others may be using it)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
     was_up = status().up
     result: dict[str, Any] = {"was_up": was_up}
     try:
-        result["bring_up"] = bring_up(args.fresh)
-        for k, v in result["bring_up"].items():
-            print(f"{k:>12}: {v:6.2f} s")
+        if args.no_bring_up:
+            ensure_up(echo=None)
+        else:
+            result["bring_up"] = bring_up(args.fresh)
+            for k, v in result["bring_up"].items():
+                print(f"{k:>12}: {v:6.2f} s")
         with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
             result["per_job"] = per_job(args.jobs, Path(tmp))
         print(f"per job over N={args.jobs} trivial submitit jobs (median / max):")
