@@ -104,7 +104,7 @@ def _arm_configs(names: list[str], base: Path, cap: int | None, source: str) -> 
 
 
 def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[str, ArmConfig], multiples: list[float],
-                lambda_ref: float, seeds: list[int]) -> list[dict[str, Any]]:  # fmt: skip
+                lambda_ref: float, seeds: list[int], top_rate: float = 2.0) -> list[dict[str, Any]]:  # fmt: skip
     """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it.
     Arms whose plan content is the same (BURST and CAPPED) share one generation."""
     import orjson
@@ -119,7 +119,7 @@ def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[s
             for s in seeds:
                 k = (key_arm, m, s)
                 if k not in cache:
-                    cache[k] = hashlib.sha256(plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s))).hexdigest()
+                    cache[k] = hashlib.sha256(plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s, top_rate))).hexdigest()
                 out.append({"arm": name, "rate": m, "seed": s, "sha256": cache[k]})
     return out
 
@@ -273,7 +273,8 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
 
     status = "FILLED" if not reasons else "INCOMPLETE"
     bound = status == "FILLED"
-    plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or [])) if bound else []
+    top_rate = tmpl.top_rate if tmpl.top_rate is not None else 2.0
+    plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), top_rate) if bound else []
     all_miss = ev.all_miss_token_rate
     references = {
         "lambda_ref": lam_ref,
@@ -339,6 +340,8 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in multiples],
         "seeds": list(tmpl.seeds or []),
         "cap": cap.cap if gated else None,
+        "top_rate": top_rate,
+        "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else 0.1,
         "references": references,
         "rule": rule,
         "kill_conditions": _kill_conditions(arms, rule, fits, noise),
@@ -369,6 +372,7 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src) if (tmpl.rule != "e2" or tmpl.rule_overrides) else parent.rule
     lam_ref = parent.references.lambda_ref
     mults = parent.multiples()
+    top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
     data = parent.model_dump(mode="json")
     data.update({
         "name": tmpl.name, "description": tmpl.description.strip(), "status": "EXPLORATORY", "status_reasons": [],
@@ -378,7 +382,8 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
         "allowances": tmpl.allowances.model_dump(mode="json"),
         "kill_conditions": [], "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
         "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
-        "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds),
+        "top_rate": top_rate, "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else parent.start_lateness_p99,
+        "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds, top_rate),
         "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
                  "derived_from": parent.name, "cell_overrides": dict(tmpl.cell_overrides),
                  "note": "EXPLORATORY: derived from a FILLED parent; never decisive"},
@@ -415,6 +420,7 @@ def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     arm_cfgs = _arm_configs(arms, base, parent.cap, src)
     lam_ref = parent.references.lambda_ref
     seeds = list(tmpl.seeds or [])
+    top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
     data = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "name": tmpl.name, "description": tmpl.description.strip(),
         "status": "FILLED", "status_reasons": [], "parent": None, "test": tmpl.test,
@@ -422,10 +428,11 @@ def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
         "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
         "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates], "seeds": seeds,
         "cap": parent.cap if any(c.gate is not None for c in arm_cfgs.values()) else None,
+        "top_rate": top_rate, "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else parent.start_lateness_p99,
         "references": parent.references.model_dump(mode="json"), "rule": rule, "kill_conditions": [], "warnings": [],
         "allowances": tmpl.allowances.model_dump(mode="json"),
         "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}] + [i.model_dump(mode="json") for i in parent.inputs],
-        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds),
+        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds, top_rate),
         "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
                  "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
                  "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "

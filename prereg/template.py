@@ -70,6 +70,8 @@ class Template(_Strict):
     based_on: str | None = Field(None, description="a FILLED registration whose calibration (cell, references, cap) this FILLED one reuses")
     rates: list[float] | None = Field(None, description="with based_on: the registered rates (multiples) of the parent this test runs at")
     cell_overrides: dict[str, Any] = Field(default_factory=dict)
+    top_rate: float | None = Field(None, gt=0, description="the plans' base rate, sessions/s (default 2.0, or the based-on/parent registration's)")
+    start_lateness_p99: float | None = Field(None, gt=0, description="open-loop bound (default 0.1, or the based-on/parent registration's)")
     allowances: Allowances = Allowances()
     fill: FillParams = FillParams()
 
