@@ -294,6 +294,16 @@ class ArmConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # test
 # ---------------------------------------------------------------------------------------------
+class TestReferences(_Strict):
+    """Reference values the test registers in place of the cell's (a cell whose E0a the paper does
+    not print: the all-miss token rate is then measured, e.g. by a simulated E0a, and recorded
+    here with its source)."""
+
+    lambda_ref: float | None = Field(None, gt=0, description="turns-based all-miss rate, sessions/s")
+    all_miss_token_rate: float | None = Field(None, gt=0, description="E0a uncached prefill tokens/s")
+    source: str = Field(..., min_length=1, description="where the values come from")
+
+
 class TestConfig(_Strict):
     """Which arms x rates x seeds of a cell, workload and protocol make one registered test."""
 
@@ -302,7 +312,12 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: Literal["e2"] = "e2"
+    rule: str = Field("e2", pattern=r"^[A-Za-z0-9_./-]+$", description="rule spec: a name under analysis/rulespecs, or a YAML path")
+    rule_params: dict[str, float | int | str] | None = Field(None, description="registered overrides of the rule's parameters")
+    predictions: str | None = Field(
+        None, description="frozen prediction file the rule reads; 'freeze' = freeze model F's from the plans before the runs"
+    )
+    references: TestReferences | None = None
     cell: str
     workload: str
     protocol: str

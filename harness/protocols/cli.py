@@ -69,6 +69,11 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     n = len(bundle.arms) * len(bundle.test.rates) * len(bundle.test.seeds)
     print(f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
           f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
+    from analysis.rules import load_rule
+
+    spec = load_rule(args.rule or bundle.test.rule, bundle.test.rule_params)  # a bad rule fails before any run
+    if bundle.test.predictions == "freeze":
+        freeze_test_predictions(bundle, spec, out)
     t0 = time.monotonic()
     display = TestDisplay(live=None if not args.plain else False)
     results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle))
@@ -78,7 +83,28 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     for r in failed:
         print(f"  {Path(r.run_dir).name}: {r.status}: {(r.reason or '').strip()}", file=sys.stderr)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
-    return report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args))
+    return report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args),
+                       predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None)
+
+
+def freeze_test_predictions(bundle: Any, spec: Any, out: Path) -> Path:
+    """Model F's predictions for the test's plans, written to <out>/predictions.json before any
+    run exists (the verdict reads this file; it never recomputes a prediction)."""
+    import orjson
+
+    from analysis.theory.predict import freeze_predictions
+    from harness.protocols.arms import references
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "predictions.json"
+    if path.exists():
+        from harness.config import ConfigError
+
+        raise ConfigError(f"{path} already exists: a frozen prediction is never overwritten; choose a fresh --out")
+    content = freeze_predictions(bundle, spec, lambda_ref=references(bundle)["lambda_ref"])
+    path.write_bytes(orjson.dumps(content, option=orjson.OPT_INDENT_2))
+    print(f"predictions frozen before the runs: {path}", flush=True)
+    return path
 
 
 def register(cli: Any) -> None:
