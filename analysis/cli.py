@@ -86,6 +86,7 @@ def report_runs(
 
         b = load_test(test_path)
         arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
+        arm_names = [a.name for a in b.arms.values()]
         cell = b.cell.name
         rule = rule or b.test.rule
         rule_params = b.test.rule_params
@@ -107,7 +108,7 @@ def report_runs(
 
         pp = resolve_predictions(pred_value, Path(out_dir), test_path)
         preds = Predictions.load(pp) if pp else None
-        verdict, analyzed = analyze_staged(run_dirs, spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
+        verdict, analyzed = analyze_staged(run_dirs, spec, arms=arm_names if test_path else None, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
                                            test_name=name, expect_cell=cell)  # fmt: skip
         paths, md = write_staged_report(verdict, analyzed, out_dir)
         print()

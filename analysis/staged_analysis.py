@@ -118,9 +118,13 @@ def run_quantities(
         "run.bound": _bound(reg, expect_registration),
         "run.cell": cell or "",
     })  # fmt: skip
+    # Roles and predictions name arms by the arm's own name (the paper's), whatever file the test
+    # listed it under; the test's key is kept beside it.
+    arm = str((meta.get("arm_config") or {}).get("name") or meta["arm"])
+    q["arm_key"] = str(meta["arm"])
     notes = []
     if predictions is not None:
-        pv, note = predictions.for_run(str(meta["arm"]), float(meta["rate"]), int(meta["seed"]), plan_sha)
+        pv, note = predictions.for_run(arm, float(meta["rate"]), int(meta["seed"]), plan_sha)
         q.update(pv)
         if note:
             notes.append(note)
@@ -130,7 +134,7 @@ def run_quantities(
     if run.partial and status == "complete":
         status = "PARTIAL"
     reason = "; ".join([*(x for x in [meta.get("status_reason")] if x), *notes])
-    sr = judge_staged_run(spec, str(meta["arm"]), float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir))
+    sr = judge_staged_run(spec, arm, float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir))
     ser = None
     if series:
         ser = run_series(run.turns, run.sessions, run.gate_events, mspec.duration, float(p.get("hit_bin", 100.0)), mspec.backlog_bin, mspec.hit_threshold)

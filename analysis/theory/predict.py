@@ -114,7 +114,7 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
                     vals[name] = _fluid_value(m["metric"], res, plan, mf, lam_ref, args)
                 tr = res.trajectory(float(ps.get("trajectory_bin", 60.0)))
                 runs_out.append({
-                    "arm": key, "rate": float(r), "seed": int(seed), "plan_sha256": sha,
+                    "arm": arm.name, "rate": float(r), "seed": int(seed), "plan_sha256": sha,
                     "values": {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vals.items()},
                     "trajectory": {"t": (0.5 * (tr["t_lo"] + tr["t_hi"])).round(3).tolist(), "backlog": tr["backlog"].round(4).tolist(),
                                    "completions": (tr["completion_rate"] / lam_ref).round(5).tolist()},
