@@ -10,7 +10,7 @@ import numpy as np
 from analysis.reports.common import header, num, outcome_block, per_run_table, q, runs_of, table
 
 COLUMNS = [("hit", "hit", "{:.3f}"), ("S [3000, 8700)", "s_slope", "{:+.4f}"), ("late slope", "late_slope", "{:+.4f}"),
-           ("λ'_plan / λref", "lam_plan", "{:.4f}"), ("completions [3000, 8700)", "d_own", "{:.4f}"), ("present at end", "end_backlog", "{:.0f}")]  # fmt: skip
+           ("λ'_plan (s⁻¹)", "lam_plan", "{:.4f}"), ("completions [3000, 8700)", "d_own", "{:.4f}"), ("present at end", "end_backlog", "{:.0f}")]  # fmt: skip
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -28,7 +28,7 @@ def markdown(verdict: Mapping[str, Any]) -> str:
                          num(d.get("theory_favoured")), num(q(r, "late_slope"), "{:+.4f}"), num(q(r, "pred.slope_late"), "{:+.4f}"),
                          r["labels"].get("endpoint", "-") if r else "MISSING", num(q(r, "end_backlog"), "{:.0f}"),
                          num(q(r, "pred.end_backlog"), "{:.0f}")])  # fmt: skip
-    head = ["λ/λref", "seed", "S", "model F", "naive", "quasi-static", "D_trap", "λ'_plan × λref", "theory-favoured",
+    head = ["λ/λref", "seed", "S", "model F", "naive", "quasi-static", "D_trap", "λ'_plan / λref", "theory-favoured",
             "slope [5700, 8700)", "model F late", "endpoint", "present at 8700", "model F"]  # fmt: skip
     return "\n".join([*header(verdict, "CUT"), "Slopes in sessions/s over [3000, 8700) unless marked.", "", *table(head, rows), "",
                       outcome_block(verdict), "", "#### Per run", "", *per_run_table(verdict, COLUMNS, ["endpoint", "state"])])  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 from analysis.reports.common import header, hit_backlog_figure, num, outcome_block, per_run_table
 
 COLUMNS = [("onset (s)", "persist.onset", "{:.0f}"), ("escape (s)", "persist.escape", "{:.0f}"),
-           ("highest after onset", "persist.max_after", "{:.3f}"), ("trapped (h)", "persist.trapped_s", "{:.0f}"),
+           ("highest after onset", "persist.max_after", "{:.3f}"), ("trapped (s)", "persist.trapped_s", "{:.0f}"),
            ("trigger sessions", "trigger.n", "{:.0f}"), ("still present", "trigger.still_present", "{:.0f}"),
            ("last left (s before end)", "trigger.before_end", "{:.0f}"), ("turns after", "trigger.turns_after", "{:.0f}"),
            ("hits after", "trigger.hits_after", "{:.0f}")]  # fmt: skip

@@ -57,8 +57,10 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
                 continue
             c = colors.get(a.run.arm.lower(), "gray")
             s = a.series
-            top.plot(s["hit_t"] + 50.0, s["followup_hit"], color=c, lw=0.9, alpha=0.85)
-            bot.plot(s["backlog_t"], np.maximum(s["outstanding_paused"], 0.8), color=c, lw=0.9, alpha=0.85)
+            ctl = a.run.arm.lower() == "noburst"  # the reference, drawn faint and beneath
+            kw = {"lw": 0.6 if ctl else 0.9, "alpha": 0.45 if ctl else 0.85, "zorder": 1 if ctl else 2}
+            top.plot(s["hit_t"] + 50.0, s["followup_hit"], color=c, **kw)
+            bot.plot(s["backlog_t"], np.maximum(s["outstanding_paused"], 0.8), color=c, **kw)
             rel = a.run.quantities.get("gate.release")
             if a.run.arm.lower() == roles["rescue"]["arm"].lower() and isinstance(rel, float) and np.isfinite(rel):
                 for ax in (top, bot):
