@@ -166,9 +166,11 @@ def validate_rule(spec: Mapping[str, Any]) -> None:
 
         validate_staged(spec)
         return
+    if "group" in spec or "seed" in spec:
+        raise RuleError(f"rule spec {spec.get('name')!r}: has a group/seed stage but no 'roles' (which runs play which part)")
     for key in ("name", "params", "states", "arms", "pass"):
         if key not in spec:
-            raise RuleError(f"rule spec: missing {key!r}")
+            raise RuleError(f"rule spec {spec.get('name')!r}: missing {key!r} (a paired-test rule needs name, params, states, arms, pass)")
     names = [s["name"] for s in spec["states"]]
     if len(set(names)) != len(names):
         raise RuleError(f"rule spec: duplicate state names {names}")

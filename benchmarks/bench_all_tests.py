@@ -79,6 +79,13 @@ def _norm(v: dict) -> dict:
     return v
 
 
+def _child_cpu() -> float:
+    """CPU seconds used by finished child processes (and their workers): a figure the other
+    users of a shared machine do not inflate, unlike the wall time."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
@@ -97,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     for t in tests:
         out = base / t.stem
         cmd = [*cmd0, "test", "run", str(t.relative_to(ROOT)), "--engine", "sim", "--jobs", str(args.jobs), "--out", str(out), "--plain"]
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), _child_cpu()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        wall = time.monotonic() - t0
+        wall, cpu = time.monotonic() - t0, _child_cpu() - c0
         vpath = out / "verdict.json"
         if not vpath.exists():
             rows.append({"test": t.stem, "wall_s": round(wall, 1), "error": proc.stderr[-2000:]})
@@ -111,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
         same = (out / "rescored" / "verdict.json").exists() and _norm(json.loads((out / "rescored" / "verdict.json").read_text())) == _norm(json.loads(vpath.read_text()))
         inner = json.loads((out / "wall.json").read_text()) if (out / "wall.json").exists() else {}
-        row = {"test": t.stem, "runs": inner.get("runs"), "wall_s": round(wall, 1), "verdict": v["verdict"], "simulated": summary(v),
+        row = {"test": t.stem, "runs": inner.get("runs"), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "verdict": v["verdict"], "simulated": summary(v),
                "paper": PAPER.get(t.stem, "?"), "analyze_same": same, "analyze_rc": a.returncode}  # fmt: skip
         rows.append(row)
-        print(f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s  {row['simulated']}  | paper: {row['paper']}"
+        print(f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({cpu:6.1f} s CPU)  {row['simulated']}  | paper: {row['paper']}"
               f"{'' if same else '  [analyze DIFFERS]'}", flush=True)  # fmt: skip
     total = time.monotonic() - t_all
     result = {
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "tests": len(rows),
         "runs": sum(r.get("runs") or 0 for r in rows),
         "wall_s": round(total, 1),
+        "cpu_s": round(sum(r.get("cpu_s") or 0 for r in rows), 1),
         "budget_s": BUDGET_S,
         "within_budget": total <= BUDGET_S,
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{len(rows)} tests, {result['runs']} runs, {total:.0f} s wall with --jobs {args.jobs} "
+    print(f"\n{len(rows)} tests, {result['runs']} runs, {total:.0f} s wall ({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} "
           f"(budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); wrote {args.out}")  # fmt: skip
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
