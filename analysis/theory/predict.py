@@ -43,6 +43,8 @@ def _arrivals(plan: Any, start: float, end: float) -> float:
 
 def _fluid_value(metric: str, res: PlanFluidResult, plan: Any, mf: ModelF, lambda_ref: float, args: Mapping[str, Any]) -> float:
     a, b = args.get("start"), args.get("end")
+    if a is not None and b is not None and not float(b) - float(a) >= 2 * float(args.get("width", 10.0)):
+        return NAN  # a window this protocol does not have: no prediction rather than a made-up one
     if metric == "backlog_slope":
         return res.backlog_slope(float(a), float(b), float(args.get("width", 10.0)))
     if metric == "completions":
@@ -86,8 +88,8 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(bundle.cell.cost.model(), mom, bundle.cell.kv_pool_tokens, bundle.cell.batching)
     duration = float(bundle.protocol.duration)
-    ev = Evaluator({"duration": duration, "window_start": bundle.protocol.window.start, "window_end": bundle.protocol.window.end,
-                    "burst_time": bundle.protocol.burst.time})  # fmt: skip
+    ev = Evaluator({**spec["params"], "duration": duration, "window_start": bundle.protocol.window.start,
+                    "window_end": bundle.protocol.window.end, "burst_time": bundle.protocol.burst.time})  # fmt: skip
     rates_out = []
     if ps.get("asymptotic", False):
         for r in bundle.test.rates:
