@@ -91,7 +91,10 @@ def report_runs(
         rule = rule or b.test.rule
         rule_params = b.test.rule_params
         pred_value = pred_value or b.test.predictions
-    rule = rule or _first_meta(run_dirs).get("rule") or None
+    if not test_path:  # no test given: the rule and overrides the runs themselves recorded
+        m = _first_meta(run_dirs)
+        rule = rule or m.get("rule") or None
+        rule_params = m.get("rule_params") if rule == m.get("rule") else None
     spec = load_rule(rule, rule_params)
     if not is_staged(spec):
         verdict, analyzed = analyze(run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
