@@ -107,6 +107,19 @@ class CellConfig(_Strict):
     model_revision: str | None = Field(None, description="model repository revision the weights came from")
     gpu: str
     attention_backend: str | None = Field(None, description="e.g. flashinfer (A100) or fa3 (H200); provenance")
+    device: str | None = Field(
+        None,
+        description="SGLang's --device; absent = the engine's own default (its GPU). 'cpu' also selects "
+        "SGLang's CPU engine. vLLM picks its platform from the installed build and takes no flag",
+    )
+    mem_fraction_static: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="SGLang's --mem-fraction-static; absent = derived by SGLang from free device memory "
+        "(right on a GPU). A CPU cell must give it: there the derived value can be negative and the "
+        "server does not start",
+    )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"

@@ -89,6 +89,14 @@ class EngineModel:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def iteration(self) -> tuple[str, int] | None:
+        """The iteration in progress as (kind, decode steps it covers), None between iterations.
+
+        kind is 'prefill', 'decode' or 'mixed'; the HTTP emulator reports SGLang's gauges on the
+        same events as SGLang does (each prefill batch, every 40th decode step)."""
+        return None if self._pending is None else (self._pending[0], int(self._pending[1]))
+
     def step(self, now: float, horizon: float | None = None) -> float | None:
         """Plan and start the next iteration at `now`; its end time, or None when idle.
 

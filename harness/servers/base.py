@@ -308,6 +308,12 @@ class EngineAdapter(abc.ABC):
 
     health_path: str = HEALTH_PATH
 
+    def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
+        """The longest prompt the server accepts with `max_tokens` to generate (vLLM: the prompt
+        and its completion must fit the context). The smoke test's long-context check sends this
+        much when the cell's context is below the workload's longest prompt."""
+        return cell.context_length - max_tokens
+
     def served_model_name(self, cell: CellConfig) -> str:
         """The name requests must carry; the server is launched with it (--served-model-name)."""
         return cell.model
@@ -357,7 +363,7 @@ class EngineAdapter(abc.ABC):
         completion = usage.get("completion_tokens")
         completion_tokens = None if completion is None else _as_int(completion, "usage.completion_tokens", http_status)
         details = usage.get("prompt_tokens_details")
-        cached = 0  # absent or null details = nothing cached (SGLang omits them at 0)
+        cached = 0  # absent or null details = nothing cached (neither engine omits them at 0 today)
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             cached = _as_int(details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens", http_status)
         extra: dict[str, Any] = {}

@@ -8,7 +8,22 @@ from typing import Iterator
 
 import pytest
 
+from live_engines import EnginePool
 from slurm.local import ClusterError, ClusterStatus, down, ensure_up, status
+
+
+@pytest.fixture(scope="session")
+def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    """The real engine servers (and emulators) shared by the whole session, one per engine.
+
+    A real server starts in 25-170 s here, so each is started once, on first use, and stopped at
+    the end of the session (live_engines.py says which tests may not share it).
+    """
+    pool = EnginePool(tmp_path_factory.mktemp("engines"))
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="session")
