@@ -130,7 +130,9 @@ VLLM_RULES: dict[str, Rule] = {
 # kv_used_tokens falls back to token_usage x pool. Retractions are SGLang's preemptions. Scheduler
 # gauges carry engine_type, model_name, moe_ep_rank, pp_rank, tp_rank; the tokenizer's counters
 # carry engine_type, model_name and is_streaming (one series per value seen), cached_tokens_total
-# cache_source instead: the sums over label sets are the totals.
+# cache_source instead: the sums over label sets are the totals. The scheduler gauges are as of its
+# last report (each prefill batch, every 40th decode step, on falling idle, every 30 s idle), not
+# of the scrape: an idle server's flush shows in kv_evictable_tokens only at its next report.
 # ------------------------------------------------------------------------------------------
 def _sglang_used(samples: list[Sample], out: dict[str, float]) -> float | None:
     v = series(samples, "sglang:kv_used_tokens")

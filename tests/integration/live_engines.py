@@ -21,9 +21,12 @@ The SGLang cell carries its CPU launch settings as data (device cpu, mem_fractio
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +125,7 @@ def engine_cache(folder: Path) -> dict[str, str]:
 class Live:
     """One running server and what the tests need to talk to it."""
 
-    engine: str
+    engine: str  # what `--engine` takes: vllm, sglang, emulator:vllm, emulator:sglang
     adapter: EngineAdapter
     cell: CellConfig
     cell_path: Path
@@ -132,6 +135,7 @@ class Live:
     model: str = "tiny"  # the weights the server loaded (a path for the real engines)
     python: str | None = None
     folder: Path = field(default_factory=Path)
+    key: str = ""  # the pool's name for it: the engine, with @<page size> when not the default
 
     @property
     def url(self) -> str:
@@ -150,14 +154,53 @@ class Live:
         assert self.handle.pid is not None
         return self.handle.pid  # start_new_session: the leader's pid is the group id
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def alive(self) -> bool:
         return self.handle.process is not None and self.handle.process.poll() is None
 
 
-def launch_settings(engine: str, folder: Path) -> tuple[str, str | None, list[str], dict[str, str]]:
-    """(model, engine python or None for the emulator, extra args, extra env) for `engine`."""
+def port_holders(port: int) -> list[int]:
+    """pids of processes whose command line names `--port <port>` (an engine and its workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a == b"--port" and b == str(port).encode() for a, b in zip(args, args[1:])):
+            out.append(int(d.name))
+    return out
+
+
+@dataclass
+class Launch:
+    """Everything a server start needs, settled in the main thread (where a test may skip)."""
+
+    key: str
+    engine: str
+    folder: Path
+    cell_path: Path
+    cell: CellConfig
+    adapter: EngineAdapter
+    model: str
+    python: str | None
+    extra: list[str]
+    env: dict[str, str]
+    timeout: float
+
+
+def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = None) -> Launch:
+    folder.mkdir(parents=True, exist_ok=True)
+    cell_path = write_cell(engine, folder / "cell.yaml", page_size=page_size)
+    cell = load_config(cell_path, CellConfig)
     if not is_real(engine):
-        return "tiny", None, [], {}
+        adapter = get_adapter(engine, cell=cell, cell_ref=str(cell_path))
+        return Launch(key, engine, folder, cell_path, cell, adapter, "tiny", None, [], {}, 60.0)
     python = engine_python_or_skip(engine)
     model = tiny_model(python, folder)
     extra: list[str] = []
@@ -165,62 +208,98 @@ def launch_settings(engine: str, folder: Path) -> tuple[str, str | None, list[st
         extra = [*VLLM_ARGS]
         if os.environ.get("AGENTLOAD_VLLM_COMPILE") != "1":
             extra.append("--enforce-eager")
-    return model, python, extra, engine_cache(folder)
+    adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
+    return Launch(key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine])
+
+
+def launch(plan: Launch) -> Live:
+    port = free_port()
+    argv, env = plan.adapter.launch_command(plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra)
+    env.update(plan.env)
+    t0 = time.monotonic()
+    handle = plan.adapter.start(argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout)
+    started = time.monotonic() - t0
+    print(f"\n[{plan.key}] healthy after {started:.1f} s at {handle.base_url}")
+    return Live(plan.engine, plan.adapter, plan.cell, plan.cell_path, handle, plan.adapter.served_model_name(plan.cell), started,
+                plan.model, plan.python, plan.folder, plan.key)  # fmt: skip
 
 
 class EnginePool:
-    """Servers shared by the whole test session, one per engine, started on first use."""
+    """Servers shared by the whole test session, one per (engine, page size), started on first use.
+
+    `prestart` boots one in a background thread (SGLang's second page size boots while the first
+    one's tests run, instead of after them); `get` waits for it. A server a test killed on purpose
+    is started again only if a later test asks for it. Stopping checks that no process of the
+    server is left, which is the harness's promise for every server it launches.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.servers: dict[str, Live] = {}
         self.failed: dict[str, str] = {}
-        self.starts: list[tuple[str, float]] = []
+        self.pending: dict[str, Future[Live]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine-start")
+        self._n = 0
 
-    def get(self, engine: str) -> Live:
-        if engine in self.failed:
-            pytest.fail(f"[{engine}] the server did not start earlier in this session:\n{self.failed[engine]}", pytrace=False)
-        live = self.servers.get(engine)
-        if live is not None and live.alive():
-            return live
-        if live is not None:  # killed by a fault test: a fresh one for whoever needs it next
-            self.stop(engine)
+    @staticmethod
+    def key(engine: str, page_size: int | None = None) -> str:
+        return engine if page_size is None else f"{engine}@{page_size}"
+
+    def _plan(self, engine: str, page_size: int | None) -> Launch:
+        key = self.key(engine, page_size)
+        self._n += 1
+        return plan_launch(engine, self.root / f"{key.replace(':', '-').replace('@', '-p')}-{self._n}", key, page_size)
+
+    def prestart(self, engine: str, page_size: int | None = None) -> None:
+        key = self.key(engine, page_size)
+        if key in self.servers or key in self.pending or key in self.failed:
+            return
+        self.pending[key] = self._pool.submit(launch, self._plan(engine, page_size))
+
+    def get(self, engine: str, page_size: int | None = None) -> Live:
+        key = self.key(engine, page_size)
+        if key in self.failed:
+            pytest.fail(f"[{key}] the server did not start earlier in this session:\n{self.failed[key]}", pytrace=False)
         try:
-            self.servers[engine] = self._start(engine)
+            fut = self.pending.pop(key, None)
+            if fut is not None:
+                self.servers[key] = fut.result()
+            live = self.servers.get(key)
+            if live is not None and live.alive():
+                return live
+            if live is not None:  # killed by a fault test: a fresh one for whoever needs it next
+                self.stop(key)
+            self.servers[key] = launch(self._plan(engine, page_size))
         except Exception as exc:  # a start that failed once is not retried by every later test
-            self.failed[engine] = f"{type(exc).__name__}: {exc}"
+            self.failed[key] = f"{type(exc).__name__}: {exc}"
             raise
-        return self.servers[engine]
+        return self.servers[key]
 
-    def _start(self, engine: str) -> Live:
-        folder = self.root / f"{engine.replace(':', '-')}-{len(self.starts)}"
-        folder.mkdir(parents=True, exist_ok=True)
-        model, python, extra, env_more = launch_settings(engine, folder)
-        cell_path = write_cell(engine, folder / "cell.yaml")
-        cell = load_config(cell_path, CellConfig)
-        if python is not None:
-            adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
-            timeout = START_TIMEOUT[engine]
-        else:
-            adapter = get_adapter(engine, cell=cell, cell_ref=str(cell_path))
-            timeout = 60.0
-        port = free_port()
-        argv, env = adapter.launch_command(cell, model=model, host="127.0.0.1", port=port, extra_args=extra)
-        env.update(env_more)
+    def stop(self, key: str) -> None:
+        live = self.servers.pop(key, None)
+        if live is None:
+            return
         t0 = time.monotonic()
-        handle = adapter.start(argv, env, folder / "server", host="127.0.0.1", port=port, health_timeout=timeout)
-        started = time.monotonic() - t0
-        self.starts.append((engine, started))
-        print(f"\n[{engine}] healthy after {started:.1f} s at {handle.base_url}")
-        return Live(engine, adapter, cell, cell_path, handle, adapter.served_model_name(cell), started, model, python, folder)
-
-    def stop(self, engine: str) -> None:
-        live = self.servers.pop(engine, None)
-        if live is not None:
-            t0 = time.monotonic()
-            live.adapter.stop(live.handle)
-            print(f"\n[{engine}] stopped in {time.monotonic() - t0:.1f} s")
+        live.adapter.stop(live.handle)
+        left = port_holders(live.port)
+        print(f"\n[{key}] stopped in {time.monotonic() - t0:.1f} s")
+        if left:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"[{key}] processes {left} of the server outlived its stop")
 
     def close(self) -> None:
-        for engine in list(self.servers):
-            self.stop(engine)
+        errors = []
+        for key, fut in list(self.pending.items()):
+            with contextlib.suppress(Exception):
+                self.servers[key] = fut.result()
+        self.pending.clear()
+        for key in list(self.servers):
+            try:
+                self.stop(key)
+            except AssertionError as exc:
+                errors.append(str(exc))
+        self._pool.shutdown(wait=True)
+        if errors:
+            raise AssertionError("; ".join(errors))

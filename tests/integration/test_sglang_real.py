@@ -9,15 +9,16 @@ dialect keeps it honest. docs/sglang-cpu.md has what the real server answered an
 it showed from what our code assumed.
 
 Needs AGENTLOAD_SGLANG_PYTHON (scripts/setup-sglang-cpu.sh prints it; scripts/ci-engine-tests.sh
-sets it); AGENTLOAD_SKIP_SGLANG=1 skips the real engine. One server for the session (its start is
-36-170 s on a 2-core machine), with 1-token pages, the paper's setting; the launched-run case
-starts one more with 32-token pages (whole-page hits), through `agentload run`. `-m sglang`
-selects only the real-engine cases.
+sets it); AGENTLOAD_SKIP_SGLANG=1 skips the real engine. Two servers for the session (a start is
+36-170 s on a 2-core machine): 1-token pages, the paper's setting, for most cases, and 32-token
+pages (whole-page hits) for the SIGTERM and dead-server faults, booted in the background while the
+first one's cases run. `-m sglang` selects only the real-engine cases.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,15 +28,26 @@ from live_engines import EnginePool, Live
 pytestmark = pytest.mark.timeout(1500)
 
 ENGINES = [pytest.param("sglang", marks=pytest.mark.sglang, id="sglang"), pytest.param("emulator:sglang", id="emulator-sglang")]
+PAGE = 32  # the second server's page size
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def live(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Live:
-    return engine_pool.get(request.param)
+def live(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Iterator[Live]:
+    server = engine_pool.get(request.param)
+    engine_pool.prestart(request.param, PAGE)  # boots while the 1-token-page cases run
+    yield server
+    engine_pool.stop(engine_pool.key(request.param))  # no other module needs it: free the cores
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def live32(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Iterator[Live]:
+    server = engine_pool.get(request.param, PAGE)
+    yield server
+    engine_pool.stop(engine_pool.key(request.param, PAGE))
 
 
 # Order matters: the first case needs a server that has not had a cache hit yet, and the last one
-# kills the shared server.
+# kills its server.
 def test_cached_counter_before_first_hit(live: Live) -> None:
     suite.case_cached_counter_before_first_hit(live)
 
@@ -80,9 +92,11 @@ def test_hung_server_times_out(live: Live, tmp_path: Path) -> None:
     suite.case_hung_server_times_out(live, tmp_path)
 
 
-def test_sigterm_interrupts_a_launched_run_page_32(live: Live, tmp_path: Path) -> None:
-    suite.case_sigterm_interrupts_a_launched_run(live, tmp_path, page_size=32)
+def test_sigterm_interrupts_an_attached_run_page_32(live32: Live, tmp_path: Path) -> None:
+    """Also Stage 0 and the canary on 32-token pages (the run's preflight), and open-loop
+    follow-ups hitting whole pages: 128 + 16 -> 128, 176 + 16 -> 160."""
+    suite.case_sigterm_interrupts_an_attached_run(live32, tmp_path)
 
 
-def test_dead_server_fails_the_run(live: Live, tmp_path: Path) -> None:
-    suite.case_dead_server_fails_the_run(live, tmp_path)
+def test_dead_server_fails_the_run_page_32(live32: Live, tmp_path: Path) -> None:
+    suite.case_dead_server_fails_the_run(live32, tmp_path)

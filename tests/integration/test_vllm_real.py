@@ -8,9 +8,8 @@ running the same tests against both is what keeps the emulator honest.
 
 The vLLM cases need AGENTLOAD_VLLM_PYTHON (the engine venv's python; scripts/ci-engine-tests.sh
 sets it up; AGENTLOAD_SKIP_VLLM=1 skips them) and use AGENTLOAD_TINY_MODEL when set (else the
-model is built here). One server for the session (its start is 25-90 s on a 2-core machine),
-plus the one `agentload run` launches in the SIGTERM case; `-m vllm` selects only the real-engine
-cases.
+model is built here). One server for the session (its start is 25-90 s on a 2-core machine);
+`-m vllm` selects only the real-engine cases.
 
 Scaled down for a CPU (a 40k-token prefill takes ~8 s there): a 32,768-token pool of 32-token
 blocks (CPU attention needs multiples of 32), an 8,192-token context, so the smoke test's long
@@ -21,6 +20,7 @@ is 20 sessions of L0 256, Delta 64, d 16, up to 5 turns, tools of 0.5 s on avera
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -33,8 +33,9 @@ ENGINES = [pytest.param("vllm", marks=pytest.mark.vllm, id="vllm"), pytest.param
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def live(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Live:
-    return engine_pool.get(request.param)
+def live(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Iterator[Live]:
+    yield engine_pool.get(request.param)
+    engine_pool.stop(engine_pool.key(request.param))  # no other module needs it: free the cores
 
 
 # Order matters: the first case needs a server that has not had a cache hit yet, and the last one
@@ -83,8 +84,8 @@ def test_hung_server_times_out(live: Live, tmp_path: Path) -> None:
     suite.case_hung_server_times_out(live, tmp_path)
 
 
-def test_sigterm_interrupts_a_launched_run(live: Live, tmp_path: Path) -> None:
-    suite.case_sigterm_interrupts_a_launched_run(live, tmp_path, page_size=32)
+def test_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
+    suite.case_sigterm_interrupts_an_attached_run(live, tmp_path)
 
 
 def test_dead_server_fails_the_run(live: Live, tmp_path: Path) -> None:
