@@ -94,7 +94,8 @@ def test_vllm_completion_shape_and_whole_blocks() -> None:
             p1 = ids(250)
             st, r1 = await complete(http, url, p1)
             assert st == 200
-            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # vLLM always reports it
+            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}  # always there
+            assert r1["usage"]["completion_tokens_details"] is None
             ch = r1["choices"][0]
             assert len(ch["token_ids"]) == D and ch["prompt_token_ids"] == p1 and "stop_reason" in ch
             p2 = p1 + ch["token_ids"] + ids(64, seed=2)
@@ -145,7 +146,7 @@ def test_context_overflow_is_400_in_the_engine_shape() -> None:
     async def go() -> None:
         for flavor in ("sglang", "vllm"):
             async with emulator(flavor) as (_emu, url), aiohttp.ClientSession() as http:
-                st, body = await complete(http, url, ids(4096))
+                st, body = await complete(http, url, ids(4097))
                 assert st == 400
                 msg = body["message"] if flavor == "sglang" else body["error"]["message"]
                 assert "context length" in msg
@@ -153,6 +154,30 @@ def test_context_overflow_is_400_in_the_engine_shape() -> None:
                 assert st == 200
 
     run(go())
+
+
+def test_vllm_refuses_only_what_cannot_fit_and_cuts_max_tokens() -> None:
+    """vLLM 0.32 (renderers/params.py, get_max_tokens): a prompt over the context is refused, one of
+    exactly the context leaves max_tokens 0 (refused by the sampling check); a prompt and completion
+    over the context are served with max_tokens cut to what is left."""
+
+    async def go() -> None:
+        async with emulator("vllm") as (_emu, url), aiohttp.ClientSession() as http:
+            st, body = await complete(http, url, ids(4097))
+            assert st == 400 and body["error"]["param"] == "input_tokens"
+            assert body["error"]["message"].startswith("This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens")
+            st, body = await complete(http, url, ids(4100))
+            assert "your prompt contains 4100 input tokens, which exceeds this limit even without any output tokens" in body["error"]["message"]
+            st, body = await complete(http, url, ids(4096))
+            assert st == 400 and body["error"] == {"message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                                                   "type": "BadRequestError", "param": "max_tokens", "code": 400}  # fmt: skip
+            st, body = await complete(http, url, ids(4090), max_tokens=16)
+            assert st == 200 and body["usage"]["completion_tokens"] == 6 and len(body["choices"][0]["token_ids"]) == 6
+
+    run(go())
+    from harness.servers.vllm import VLLMAdapter
+
+    assert VLLMAdapter().max_prompt_tokens(small_cell("vllm"), 16) == 4080  # the longest prompt given all 16 tokens
 
 
 def test_sglang_refuses_at_its_three_limits() -> None:

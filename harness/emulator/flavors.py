@@ -68,6 +68,9 @@ def completion_body(
     usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}  # also at 0 (SGLang with --enable-cache-report)
     if flavor == "sglang":
         usage["reasoning_tokens"] = 0
+    else:  # vLLM 0.32's usage, as it answered
+        usage["prompt_tokens_details"].update(created_cache_tokens=None, multimodal_tokens=None)
+        usage["completion_tokens_details"] = None
     body: dict[str, Any] = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
@@ -167,11 +170,12 @@ def generate_body(
     }
 
 
-def error_body(flavor: str, message: str, status: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
-    """The engines' error envelopes: SGLang's flat ErrorResponse, vLLM's nested `error` object."""
+def error_body(flavor: str, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> dict[str, Any]:
+    """The engines' error envelopes: SGLang's flat ErrorResponse, vLLM's nested `error` object
+    (whose `param` names the rejected request field when vLLM's validation knows it)."""
     if flavor == "sglang":
         return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def sglang_max_input(context: int, pool: int) -> int:
@@ -179,38 +183,50 @@ def sglang_max_input(context: int, pool: int) -> int:
     return min(context - 1, pool - 1) - 5
 
 
-def refusal(flavor: str, prompt_len: int, max_tokens: int, context: int, pool: int) -> str | None:
-    """The 400 message the engine answers for a prompt it will not take, None when it fits.
+def refusal(flavor: str, prompt_len: int, max_tokens: int, context: int, pool: int) -> tuple[str, str | None] | None:
+    """(message, rejected parameter) of the 400 the engine answers for a request it will not take;
+    None when it takes it.
 
     SGLang checks, in this order: the tokenizer manager refuses n >= context, then n + max_tokens >
     context; the scheduler then refuses n >= max_req_input_len (a margin below the context, or the
-    pool when that is smaller). vLLM refuses prompt + completion > context.
+    pool when that is smaller). vLLM 0.32 refuses only a prompt longer than the context, and a
+    prompt of exactly the context (no room for one output token: its max_tokens becomes 0); a
+    prompt and completion over the context are served with max_tokens cut (served_max_tokens).
     """
     n, m = prompt_len, max_tokens
     if flavor == "sglang":
         if n >= context:
-            return f"The input ({n} tokens) is longer than the model's context length ({context} tokens)."
+            return f"The input ({n} tokens) is longer than the model's context length ({context} tokens).", None
         if n + m > context:
             return (
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
                 f"You requested a total of {n + m} tokens: {n} tokens from the input messages and {m} tokens "
                 "for the completion. Please reduce the number of tokens in the input messages or the "
                 "completion to fit within the limit."
-            )
+            ), None
         limit = sglang_max_input(context, pool)
         if n >= limit:
             return (
                 f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
                 "Use a shorter input or enable --allow-auto-truncate."
-            )
+            ), None
         return None
-    if n + m > context:
+    if n > context:
+        qualifier = "at least " if n == context + 1 else ""  # vLLM cannot tell a prompt it cut at context + 1
         return (
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{n + m} tokens ({n} in the messages, {m} in the completion). "
-            "Please reduce the length of the messages or completion."
-        )
+            f"This model's maximum context length is {context} tokens. However, your prompt contains "
+            f"{qualifier}{n} input tokens, which exceeds this limit even without any output tokens. "
+            f"Please reduce the length of the input prompt. (parameter=input_tokens, value={n})"
+        ), "input_tokens"
+    if n == context:
+        return "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens"
     return None
+
+
+def served_max_tokens(flavor: str, prompt_len: int, max_tokens: int, context: int) -> int:
+    """How many tokens the engine will generate for a request it took: vLLM cuts max_tokens to
+    what is left of the context (its get_max_tokens); SGLang refused the request instead."""
+    return min(max_tokens, context - prompt_len) if flavor == "vllm" else max_tokens
 
 
 def models_body(model: str, context: int) -> dict[str, Any]:

@@ -316,9 +316,9 @@ class Emulator:
         return bool(self.model.flush_cache())
 
     # ------------------------------------------------------------------ request parsing
-    def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError") -> _Reply:
+    def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> _Reply:
         self.stats.rejected += 1
-        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind)), content_type="application/json"))
+        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind, param)), content_type="application/json"))
 
     def parse_prompt(self, raw: Any) -> np.ndarray:
         """Token ids as sent, or a text prompt split into test-vocabulary words (`w<id>`)."""
@@ -333,13 +333,16 @@ class Emulator:
                 raise self._bad("prompt must be a list of token ids") from None
         raise self._bad("prompt must be a string or a list of token ids (batches are not supported)")
 
-    def check_fits(self, prompt: np.ndarray, max_tokens: int) -> None:
+    def check_fits(self, prompt: np.ndarray, max_tokens: int) -> int:
+        """Refuse what the engine refuses; returns the max_tokens it will serve (vLLM cuts it)."""
         n = int(prompt.shape[0])
         if n == 0:
             raise self._bad("The prompt is empty.")
-        msg = flavors.refusal(self.flavor, n, max_tokens, self.cell.context_length, self.cell.kv_pool_tokens)
-        if msg is not None:
-            raise self._bad(msg)
+        ctx = self.cell.context_length
+        refused = flavors.refusal(self.flavor, n, max_tokens, ctx, self.cell.kv_pool_tokens)
+        if refused is not None:
+            raise self._bad(refused[0], param=refused[1])
+        return flavors.served_max_tokens(self.flavor, n, max_tokens, ctx)
 
     def fault_for(self, n: int) -> str | None:
         f = self.faults
@@ -416,7 +419,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         body = await _load_json(request, emu)
         prompt = emu.parse_prompt(body.get("prompt"))
         max_tokens = _max_tokens(emu, body.get("max_tokens"))
-        emu.check_fits(prompt, max_tokens)
+        max_tokens = emu.check_fits(prompt, max_tokens)
         comp, fault = await _run_turn(emu, prompt, max_tokens, streaming=bool(body.get("stream")))
     except _Reply as r:
         return r.response
@@ -459,7 +462,7 @@ async def generate(request: web.Request) -> web.Response:
         prompt = emu.parse_prompt(raw)
         sp = body.get("sampling_params") or {}
         max_tokens = _max_tokens(emu, sp.get("max_new_tokens"), default=128)
-        emu.check_fits(prompt, max_tokens)
+        max_tokens = emu.check_fits(prompt, max_tokens)
         comp, fault = await _run_turn(emu, prompt, max_tokens)
     except _Reply as r:
         return r.response

@@ -309,9 +309,10 @@ class EngineAdapter(abc.ABC):
     health_path: str = HEALTH_PATH
 
     def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
-        """The longest prompt the server accepts with `max_tokens` to generate (vLLM: the prompt
-        and its completion must fit the context). The smoke test's long-context check sends this
-        much when the cell's context is below the workload's longest prompt."""
+        """The longest prompt the server serves in full with `max_tokens` to generate: vLLM 0.32
+        takes up to context - 1 tokens but cuts max_tokens to what is left of the context, so a
+        whole completion needs prompt + max_tokens <= context. The smoke test's long-context check
+        sends this much when the cell's context is below the workload's longest prompt."""
         return cell.context_length - max_tokens
 
     def served_model_name(self, cell: CellConfig) -> str:

@@ -128,27 +128,50 @@ def case_smoke(live: Live) -> None:
     json.dumps(report.to_dict(), default=str)  # the report is what a run's meta.json records
 
 
-def case_longest_prompt_is_the_engines(live: Live) -> None:
-    """One token more than the adapter's limit is refused with the engine's 400 (so the smoke
-    test's long-context check sends exactly the longest prompt the engine takes)."""
-    n = live.adapter.max_prompt_tokens(live.cell, 1)
-    assert n == LONGEST_PROMPT[live.flavor]
+# (prompt tokens, max_tokens) -> (status, message start, completion tokens) at context 8,192 and
+# pool 32,768, as the engines answered: SGLang refuses three ways (docs/sglang-cpu.md, "Length
+# limits"); vLLM 0.32 refuses a prompt over the context, and one of exactly the context (its
+# max_tokens is cut to 0), and serves a prompt and completion over the context with max_tokens cut.
+LENGTH_LIMITS: dict[str, list[tuple[int, int, int, str, int | None]]] = {
+    "sglang": [
+        (CONTEXT - 6, 1, 400, f"Input length ({CONTEXT - 6} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens).", None),
+        (CONTEXT - 1, 16, 400, f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
+                               f"You requested a total of {CONTEXT + 15} tokens: {CONTEXT - 1} tokens from the input messages and 16 tokens", None),
+        (CONTEXT, 1, 400, f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens).", None),
+    ],
+    "vllm": [
+        (CONTEXT + 1, 1, 400, f"This model's maximum context length is {CONTEXT} tokens. However, your prompt contains at least {CONTEXT + 1} input tokens", None),
+        (CONTEXT, 1, 400, "max_tokens must be at least 1, got 0.", None),
+        (CONTEXT - 4, 16, 200, "", 4),
+    ],
+}  # fmt: skip
 
-    async def go(http: aiohttp.ClientSession) -> tuple[int, bytes]:
-        path, body = live.adapter.completion_request(ids(n + 1, seed=5), 1, live.model_name)
-        async with http.post(live.url + path, data=body, headers={"Content-Type": "application/json"}) as r:
-            return r.status, await r.read()
 
-    status, body = run(with_http(go))
-    tag(live, f"{n + 1} tokens: {status} {body[:200]!r}")
-    assert status == 400
-    msg = orjson.loads(body)
-    if live.flavor == "sglang":
-        assert msg["object"] == "error" and msg["code"] == 400 and msg["type"] == "BadRequestError"
-        max_input = min(CONTEXT - 1, POOL - 1) - 5  # 8,186: the scheduler's max_req_input_len
-        assert msg["message"].startswith(f"Input length ({n + 1} tokens) exceeds the maximum allowed length ({max_input} tokens)")
-    else:
-        assert "context length" in msg["error"]["message"]
+def case_length_limits(live: Live) -> None:
+    """What the engine refuses, in its words, and what it cuts; the adapter's longest prompt is the
+    longest the engine serves in full (the smoke test's long-context check sends it)."""
+    assert live.adapter.max_prompt_tokens(live.cell, 1) == LONGEST_PROMPT[live.flavor]
+
+    async def go(http: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        out = []
+        for n, m, *_ in LENGTH_LIMITS[live.flavor]:
+            path, body = live.adapter.completion_request(ids(n, seed=5), m, live.model_name)
+            async with http.post(live.url + path, data=body, headers={"Content-Type": "application/json"}) as r:
+                out.append((r.status, orjson.loads(await r.read())))
+        return out
+
+    answers = run(with_http(go))
+    for (n, m, status, start, completion), (got, body) in zip(LENGTH_LIMITS[live.flavor], answers):
+        tag(live, f"{n} + {m}: {got} {str(body.get('error', body.get('message')) if got != 200 else body['usage'])[:300]}")
+        assert got == status, (n, m, body)
+        if status == 200:
+            assert body["usage"]["completion_tokens"] == completion and len(body["choices"][0]["token_ids"]) == completion
+        elif live.flavor == "sglang":
+            assert body["object"] == "error" and body["code"] == 400 and body["type"] == "BadRequestError"
+            assert body["message"].startswith(start), body["message"]
+        else:
+            assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
+            assert body["error"]["message"].startswith(start), body["error"]["message"]
 
 
 def case_canary(live: Live) -> None:

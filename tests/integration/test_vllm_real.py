@@ -48,8 +48,8 @@ def test_smoke(live: Live) -> None:
     suite.case_smoke(live)
 
 
-def test_longest_prompt_is_the_engines(live: Live) -> None:
-    suite.case_longest_prompt_is_the_engines(live)
+def test_length_limits(live: Live) -> None:
+    suite.case_length_limits(live)
 
 
 def test_canary(live: Live) -> None:
