@@ -251,15 +251,18 @@ def test_vllm_admits_only_when_the_whole_prompt_fits_not_just_the_first_chunk():
 def test_vllm_admission_counts_hit_blocks_and_the_outputs_of_a_preempted_request():
     from harness.refengine.request import Req
 
+    # 64 blocks, of which vLLM keeps one as its null block: 63 usable
     e = EngineModel(cell("vllm", kv_pool_tokens=64 * 16, chunked_prefill=256))
     kv = e.kv
+    assert kv.pool.num_blocks == 63
     p = toks(600, 3)
-    run_one(e, 1, p, d=1)  # 37 full blocks stay cached in the free queue
+    run_one(e, 1, p, d=1)  # 37 full blocks stay cached in the free queue; the partial 38th is not
     r = Req(EngineRequest(2, p, 4), 0.0, 99, 0)
     prefix = kv.match(r, True)
     assert prefix == 16 * 37
-    assert kv.can_admit(r, prefix, 8)  # 37 hits taken out of the queue + 1 new block <= 64 free
-    held = kv.pool.allocate(27)  # 37 free left, all of them the hits: the last block has no room
+    assert kv.can_admit(r, prefix, 8)  # 37 hits taken out of the queue + 1 new block <= 63 free
+    # the unhashed partial block is reused first, then the 25 never-used ones: the hits stay cached
+    held = kv.pool.allocate(26)  # 37 free left, all of them the hits: the last block has no room
     r.hit = []
     prefix = kv.match(r, True)
     assert prefix == 16 * 37 and not kv.can_admit(r, prefix, 8)
@@ -267,7 +270,7 @@ def test_vllm_admission_counts_hit_blocks_and_the_outputs_of_a_preempted_request
     q = Req(EngineRequest(3, toks(100, 4), 200), 0.0, 100, 0)
     q.target = 100 + 200  # resumed after a preemption: prompt plus the 200 outputs so far
     q.hit = []
-    held = kv.pool.allocate(64 - 18)  # 18 free: the first chunk (1 block) fits, the 19-block sequence not
+    held = kv.pool.allocate(63 - 18)  # 18 free: the first chunk (1 block) fits, the 19-block sequence not
     assert not kv.can_admit(q, 0, 16)
     kv.pool.release(held[:1])
     assert kv.can_admit(q, 0, 16)

@@ -104,22 +104,39 @@ class TokenKV:
         return self.tree.total
 
 
+NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
+
+
 class BlockKV:
     per_request_decode = True
     can_preempt = True
 
     def __init__(self, pool_tokens: int, block: int, caching: bool) -> None:
+        # vLLM sizes the pool in blocks (pool_tokens // block, its num_gpu_blocks) and keeps block 0
+        # as a placeholder "null block" that is never allocated, so one block fewer is usable.
         self.B = block
-        self.M = (pool_tokens // block) * block
+        usable = pool_tokens // block - NULL_BLOCKS
+        if usable < 1:
+            raise ValueError(f"KV pool of {pool_tokens} tokens holds no usable {block}-token block")
+        self.M = usable * block
         self.caching = caching
-        self.pool = BlockPool(pool_tokens // block, block, caching)
+        self.pool = BlockPool(usable, block, caching)
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
-        n = nblocks * self.B
-        if req.keys_len < n:
-            req.keys = self.pool.hasher.keys(req.seq_tokens(n), nblocks)
-            req.keys_len = n
+        """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
+        id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each."""
+        if req.keys_len < 0:
+            total = req.L + req.max_tokens
+            req.keys = self.pool.hasher.keys(req.seq_tokens(total), total // self.B)
+            req.keys_len = total
         return req.keys[:nblocks]
+
+    def _cache_full(self, req: Req, tokens: int) -> None:
+        """Hash req's blocks that `tokens` scheduled tokens fill (vLLM caches at schedule time)."""
+        nfull = tokens // self.B
+        if self.caching and nfull > req.ncached:
+            self.pool.register(req.blocks[req.ncached : nfull], self._keys(req, nfull)[req.ncached :])
+            req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
@@ -148,15 +165,18 @@ class BlockKV:
     def admit(self, req: Req, prefix: int) -> None:
         self.pool.take(req.hit)
         req.blocks = list(req.hit)
+        req.ncached = len(req.hit)
         req.hit = []
 
     def alloc(self, req: Req, n: int) -> bool:
-        """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free."""
+        """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.
+        The blocks those tokens fill are cached at once."""
         need = self._new_blocks(req, req.done + n)
         if need > self.pool.free_count():
             return False
         if need:
             req.blocks.extend(self.pool.allocate(need))
+        self._cache_full(req, req.done + n)
         return True
 
     def grow_req(self, req: Req, tokens: int) -> bool:
@@ -166,14 +186,14 @@ class BlockKV:
             return False
         if need:
             req.blocks.extend(self.pool.allocate(need))
+        self._cache_full(req, tokens)
         return True
 
     def _free(self, req: Req, computed: int) -> None:
-        nfull = computed // self.B
-        if self.caching and nfull:
-            self.pool.register(req.blocks[:nfull], self._keys(req, nfull))
+        self._cache_full(req, computed)
         self.pool.release(req.blocks)
         req.blocks = []
+        req.ncached = 0
 
     def finish(self, req: Req) -> None:
         self._free(req, req.L + req.max_tokens - 1)
@@ -192,4 +212,4 @@ class BlockKV:
         return self.pool.free_cached * self.B
 
     def cached_total(self) -> int:
-        return len(self.pool.cached) * self.B
+        return self.pool.n_hashed * self.B

@@ -45,7 +45,9 @@ class EngineModel:
             self.kv = BlockKV(cell.kv_pool_tokens, cell.page_size, cell.prefix_cache)
         self.mixed = cell.batching == "mixed"
         self.chunk = cell.chunked_prefill
-        self.page = cell.page_size
+        # A chunk that stops short of a request's end is page-aligned on SGLang (extend_len is cut to
+        # whole pages); vLLM cuts chunks at the token budget, to the token.
+        self.page = cell.page_size if radix else 1
         self.max_running = cell.max_running
         self.policy = WaitingPolicy(cell, self.kv, radix)
         self.waiting: list[Req] = []
@@ -262,10 +264,62 @@ class EngineModel:
                     break
         return self.n_decode > 0
 
+    def _plan_mixed_blocks(self, now: float) -> float | None:
+        """One vLLM step (Scheduler.schedule, FCFS): running requests in their order, each taking
+        its next token (decode) or the next chunk of its prefill within the step's token budget
+        and allocating the blocks for it; when blocks run short the last running request is
+        preempted (it may be the request itself, which ends the pass). Waiting requests are
+        admitted into the remaining budget only if nothing was preempted, and admission is tried
+        again at every step (vLLM keeps no "batch is full" state)."""
+        kv = self.kv
+        budget = self.chunk
+        items: list[tuple[Req, int]] = []
+        tokens = 0
+        pairs = 0.0
+        preempted = False
+        running = self.running
+        for req in list(running.values()):
+            if budget <= 0:
+                break
+            if req.rid not in running:
+                continue  # preempted earlier in this pass
+            if req.state == "decode":
+                need = req.L + req.gen + (self.dstep - req.join)
+                while not kv.grow_req(req, need):  # type: ignore[union-attr]
+                    preempted = True
+                    if self._preempt_last() is req:
+                        break
+                if req.rid not in running:
+                    break
+                budget -= 1
+            else:
+                x = min(req.target - req.done, budget)
+                while not kv.alloc(req, x):
+                    preempted = True
+                    if self._preempt_last() is req:
+                        x = 0
+                        break
+                if x <= 0:
+                    break
+                items.append((req, x))
+                tokens += x
+                pairs += x * (req.done + (x + 1) / 2.0)
+                req.done += x
+                budget -= x
+        if budget > 0 and self.waiting and not preempted:
+            t2, p2 = self._admit(budget, items)
+            tokens += t2
+            pairs += p2
+        R = self.n_decode
+        if not items and not R:
+            return None
+        self._pending = ("mixed", 1 if R else 0, items)
+        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
+
     def _plan_mixed(self, now: float, horizon: float | None) -> float | None:
+        if self.kv.per_request_decode:
+            return self._plan_mixed_blocks(now)
         preempted_before = self.counters["preemptions"]
-        if self.n_decode and self.kv.per_request_decode:
-            self._grow_decoders()
         R = self.n_decode
         items: list[tuple[Req, int]] = []
         tokens, pairs, budget = self._continue_prefills(self.chunk - R, items)
@@ -282,9 +336,9 @@ class EngineModel:
             pairs += p2
         if not items and not R:
             return None
-        if not items and not self.kv.per_request_decode:
+        if not items:
             return self._plan_decode(now, horizon)
-        if R and not self.kv.per_request_decode:
+        if R:
             self.kv.grow(R)  # type: ignore[union-attr]
         self._pending = ("mixed", 1 if R else 0, items)
         return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
