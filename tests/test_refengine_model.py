@@ -178,29 +178,53 @@ def test_lpm_prefers_cached_prefixes_until_the_queue_is_long():
     assert order(6) == [0, 1, 2, 6, 3, 4, 5]
 
 
-def test_waiting_prefix_refresh_touches_waiting_prefixes_every_32_passes():
-    def stamp_after(refresh: bool) -> tuple[int, int]:
-        e = EngineModel(cell(kv_pool_tokens=12_000, waiting_prefix_refresh=refresh))
+def test_waiting_prefix_refresh_cadence_and_order():
+    # SchedulePolicy: the first priority pass and every 32nd after it touch the first 128 waiting
+    # prefixes, the head last
+    from harness.refengine.scheduler import WaitingPolicy
+
+    class KV:
+        def __init__(self) -> None:
+            self.log: list[tuple[int, int]] = []
+            self.calls = 0
+
+        def touch(self, req) -> None:
+            self.log.append((self.calls, req))
+
+    kv = KV()
+    pol = WaitingPolicy(cell(), kv, radix_flavour=True)
+    waiting = list(range(200))
+    for call in range(65):
+        kv.calls = call
+        pol.calc_priority(waiting)  # type: ignore[arg-type]
+    assert sorted({c for c, _ in kv.log}) == [0, 32, 64]
+    first = [r for c, r in kv.log if c == 0]
+    assert first == list(range(127, -1, -1))  # 128 of them, the head touched last
+
+
+def test_waiting_prefix_refresh_runs_only_on_admission_attempts():
+    # A long chunked prefill attempts admission every iteration (the chunk continues), so the
+    # blocked waiting request's prefix is refreshed; with the refresh off it is not touched.
+    def stamps(refresh: bool) -> tuple[int, int]:
+        e = EngineModel(cell(kv_pool_tokens=40_000, chunked_prefill=256, max_running=1, waiting_prefix_refresh=refresh))
         p = toks(1000, 1)
         run_one(e, 1, p, d=1)
         tree = e.kv.tree  # type: ignore[union-attr]
         leaf = tree.leaves()[0]
-        e.submit(EngineRequest(2, toks(10_000, 2), 200), 0.0)  # runs long, reserves most of the pool
+        e.submit(EngineRequest(2, toks(256 * 40, 2), 4), 0.0)  # 40 chunks
         t = e.step(0.0)
         e.complete(t)
-        e.submit(EngineRequest(3, np.concatenate((p, toks(1500, 3))), 1), t)
-        t = e.step(t)  # its admission attempt matches (touches) its prefix, then it is blocked
-        e.complete(t)
-        assert e.gauges()["waiting"] == 1
+        e.submit(EngineRequest(3, np.concatenate((p, toks(100, 3))), 1), t)
         before = leaf.stamp
-        for _ in range(40):
+        for _ in range(36):
             t = e.step(t)
             e.complete(t)
+        assert e.gauges()["waiting"] == 1
         return before, leaf.stamp
 
-    before, after = stamp_after(True)
+    before, after = stamps(True)
     assert after > before
-    before, after = stamp_after(False)
+    before, after = stamps(False)
     assert after == before
 
 

@@ -29,11 +29,12 @@ from harness.config import CellConfig
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.request import EngineCompletion, EngineRequest, Req
 from harness.refengine.scheduler import WaitingPolicy
+from harness.refengine.separate import SeparateBatching
 
 __all__ = ["EngineModel", "EngineRequest", "EngineCompletion"]
 
 
-class EngineModel:
+class EngineModel(SeparateBatching):
     def __init__(self, cell: CellConfig, *, seed: int = 0) -> None:
         self.cell = cell
         self.cost = cell.cost.model()
@@ -58,6 +59,9 @@ class EngineModel:
         self.dstep = 0  # decode iterations so far; a decoding request's count derives from it
         self._finish: list[tuple[int, int, int, Req]] = []  # (dstep at which done, seq, stint, req)
         self._batch_full = False
+        self._unfiltered = 0
+        self._merge_reset = False
+        self.radix = radix
         self._pending: tuple | None = None
         self._seq = 0
         self._ids: set[int] = set()
@@ -101,7 +105,6 @@ class EngineModel:
             raise RuntimeError("step() while an iteration is in progress")
         if not self.waiting and not self.running:
             return None
-        self.policy.on_pass(self.waiting)
         if self.mixed:
             return self._plan_mixed(now, horizon)
         return self._plan_separate(now, horizon)
@@ -115,9 +118,20 @@ class EngineModel:
         out: list[EngineCompletion] = []
         if k:
             self._advance_decode(k, now, out)
+        chunking = False
         for req, _x in items:
-            if req.state == "prefill" and req.done >= req.target:
-                self._prefill_done(req, now, out)
+            if req.state == "prefill":
+                if req.done >= req.target:
+                    self._prefill_done(req, now, out)
+                else:
+                    chunking = True
+                    if self.radix:
+                        self.kv.checkpoint(req, req.done)  # type: ignore[union-attr]
+        if self.radix:
+            if kind == "prefill":
+                self._merge_reset = self._merge_reset or bool(out) or chunking
+            else:
+                self._unfiltered += len(out)
         return out
 
     def flush_cache(self) -> bool:
@@ -217,6 +231,8 @@ class EngineModel:
 
     # -- iteration planning ----------------------------------------------------------------------
     def _plan_separate(self, now: float, horizon: float | None) -> float | None:
+        if self.radix:
+            return self._plan_radix(now, horizon)
         items: list[tuple[Req, int]] = []
         tokens, pairs, budget = self._continue_prefills(self.chunk, items)
         if budget > 0 and self.waiting and not self._batch_full:
@@ -240,13 +256,11 @@ class EngineModel:
             self._pending = ("decode", 1, [])
             return now + self.cost.decode_time(R, self.ctx_sum / R)
         kmax = self._finish[0][0] - self.dstep if self._finish else 1
-        due = self.policy.refresh_due_in(self.waiting)
-        if due is not None:
-            kmax = min(kmax, due)
+        if self.waiting and not self._batch_full:
+            kmax = 1  # the next iteration attempts admission
         budget = 0.0 if horizon is None else horizon - now
         k, dur = self.cost.decode_run(R, self.ctx_sum, max(1, kmax), budget)
         self.kv.grow(k * R)  # type: ignore[union-attr]
-        self.policy.passes += k - 1
         self._pending = ("decode", k, [])
         return now + dur
 
@@ -319,24 +333,28 @@ class EngineModel:
     def _plan_mixed(self, now: float, horizon: float | None) -> float | None:
         if self.kv.per_request_decode:
             return self._plan_mixed_blocks(now)
-        preempted_before = self.counters["preemptions"]
+        # SGLang with mixed chunks: the prefill round takes the budget left by one decode token per
+        # running request, and the decoders ride along in the prefill iteration
         R = self.n_decode
+        if self._merge_reset:
+            self._batch_full = False
+            self._merge_reset = False
+        if not self.running:
+            self._batch_full = False
+        chunked = self.prefilling[0] if self.prefilling else None
         items: list[tuple[Req, int]] = []
-        tokens, pairs, budget = self._continue_prefills(self.chunk - R, items)
-        R = self.n_decode  # a continuing prefill may have preempted decoders
-        if (
-            budget > 0
-            and self.waiting
-            and not self._batch_full
-            and self.counters["preemptions"] == preempted_before
-        ):
-            self.policy.order(self.waiting)
-            t2, p2 = self._admit(budget, items)
-            tokens += t2
-            pairs += p2
+        tokens, pairs = 0, 0.0
+        if (chunked is not None or (self.waiting and not self._batch_full)) and (chunked is not None or self._allocatable(None) > 0):
+            self.policy.calc_priority(self.waiting)
+            tokens, pairs = self._prefill_round(chunked, items, self.chunk - R)
+        elif chunked is None and self.waiting and not self._batch_full:
+            self._batch_full = True
         if not items and not R:
             return None
         if not items:
+            if self._unfiltered:
+                self._unfiltered = 0
+                self._batch_full = False
             return self._plan_decode(now, horizon)
         if R:
             self.kv.grow(R)  # type: ignore[union-attr]
@@ -370,6 +388,8 @@ class EngineModel:
             req.join = self.dstep
             self._finish_req(req, now, out)
             return
+        if self.radix:
+            self.kv.checkpoint(req, req.target)  # type: ignore[union-attr]
         req.state = "decode"
         req.join = self.dstep
         req.stint += 1
@@ -385,7 +405,8 @@ class EngineModel:
         self.kv.finish(req)
         del self.running[req.rid]
         self._ids.discard(req.rid)
-        self._batch_full = False
+        if not self.radix:
+            self._batch_full = False
         out.append(
             EngineCompletion(
                 req_id=req.rid,

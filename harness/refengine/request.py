@@ -63,7 +63,7 @@ class Req:
     __slots__ = (
         "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
         "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
-        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "ncached", "state",
+        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "ncached", "in_tree", "state",
     )
 
     def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:
@@ -92,6 +92,7 @@ class Req:
         self.reserve = 0
         self.keys: list[int] = []
         self.keys_len = -1
+        self.in_tree = 0  # radix flavour: leading tokens of the sequence this request holds in the tree
         self.ncached = 0  # leading blocks of `blocks` that carry their hash (vLLM flavour)
         self.state = "waiting"  # waiting | prefill | decode | done
 

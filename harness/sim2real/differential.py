@@ -15,7 +15,12 @@ Decision kinds (each compared per step, over the steps where either side made su
   evict    the multiset of cached blocks (by content digest) evicted this step
   finish   the set of requests that finished this step
   flush    the outcome of each cache-flush attempt
-  free     the number of free blocks after the step (a state check, every step)
+  free     free blocks after the step (vLLM); free slots and evictable cached tokens (SGLang)
+           (a state check, every step)
+  protected  SGLang: cached tokens locked by running requests (a state check, every step)
+
+On radix engines `evict` compares evicted token counts and `order` also the batch kind (prefill
+or decode, SGLang's separate iterations).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Protocol
 
 from harness.sim2real.traces import Trace
 
-KINDS = ("admit", "cached", "resume", "order", "preempt", "evict", "finish", "flush", "free")
+KINDS = ("admit", "cached", "resume", "order", "preempt", "evict", "finish", "flush", "free", "protected")
 
 
 class Side(Protocol):
@@ -96,13 +101,23 @@ def _compare(step: int, e: dict[str, Any], o: dict[str, Any], res: TraceResult, 
         checks["order"] = (e["batch"], o["batch"], e["batch"] == o["batch"])
     if e["preempted"] or o["preempted"]:
         checks["preempt"] = (e["preempted"], o["preempted"], e["preempted"] == o["preempted"])
-    if e["evicted"] or o["evicted"]:
+    if "evicted_tokens" in e:  # radix engines: evicted token counts (nodes have no block identity)
+        if e["evicted_tokens"] or o["evicted_tokens"]:
+            checks["evict"] = (e["evicted_tokens"], o["evicted_tokens"], e["evicted_tokens"] == o["evicted_tokens"])
+    elif e["evicted"] or o["evicted"]:
         ce, co = Counter(e["evicted"]), Counter(o["evicted"])
         # a block neither side can name ("?") never counts as agreement
         checks["evict"] = (len(e["evicted"]), len(o["evicted"]), ce == co and "?" not in ce)
     if e["finished"] or o["finished"]:
         checks["finish"] = (sorted(e["finished"]), sorted(o["finished"]), set(e["finished"]) == set(o["finished"]))
-    checks["free"] = (e["free_blocks"], o["free_blocks"], e["free_blocks"] == o["free_blocks"])
+    if "free_blocks" in e:
+        checks["free"] = (e["free_blocks"], o["free_blocks"], e["free_blocks"] == o["free_blocks"])
+    else:  # radix engines: free slots and evictable cache (what admission reads), then locked cache
+        fe, fo = (e["available"], e["evictable"]), (o["available"], o["evictable"])
+        checks["free"] = (fe, fo, fe == fo)
+        checks["protected"] = (e["protected"], o["protected"], e["protected"] == o["protected"])
+    if "kind" in e and e["kind"] != o["kind"]:
+        checks["order"] = ((e["kind"], e["batch"]), (o["kind"], o["batch"]), False)
     bad = {}
     for kind, (a, b, ok) in checks.items():
         res.tallies[kind].add(ok)
@@ -115,7 +130,10 @@ def _compare(step: int, e: dict[str, Any], o: dict[str, Any], res: TraceResult, 
             res.examples.append({"step": step, **bad})
     res.counts["admitted"] += len(adm_e)
     res.counts["preempted"] += len(e["preempted"])
-    res.counts["evicted_blocks"] += len(e["evicted"])
+    if "evicted_tokens" in e:
+        res.counts["evicted_tokens"] += e["evicted_tokens"]
+    else:
+        res.counts["evicted_blocks"] += len(e["evicted"])
     res.counts["finished"] += len(e["finished"])
     res.counts["chunked_steps"] += sum(1 for _r, n in e["batch"] if n > 1) and 1
 

@@ -135,3 +135,94 @@ class OurEngine:
 
     def flush(self) -> bool:
         return self.model.flush_cache()
+
+
+def sglang_cell(shape: EngineShape, *, prefix_cache: bool = True, policy: str = "fcfs") -> CellConfig:
+    """The cell our model needs to behave as SGLang built with `shape` (page size 1: one token
+    per page, the SGLang default; pool = blocks x block size tokens)."""
+    return CellConfig(
+        name="sim2real-sglang",
+        engine={"name": "sglang", "version": "0.5.22"},
+        model="fake",
+        gpu="none",
+        kv_pool_tokens=shape.pool_tokens,
+        page_size=1,
+        schedule_policy=policy,
+        chunked_prefill=shape.max_num_batched_tokens,
+        max_running=shape.max_num_seqs,
+        prefix_cache=prefix_cache,
+        waiting_prefix_refresh=True,
+        batching="separate",
+        context_length=shape.max_model_len,
+    )
+
+
+class OurRadixEngine:
+    """The SGLang-flavour engine model (radix cache, reservations, separate prefill and decode
+    iterations) behind the driver protocol."""
+
+    def __init__(self, cell: CellConfig, *, seed: int = 0) -> None:
+        from harness.refengine.kv import TokenKV
+
+        self.model = EngineModel(cell, seed=seed)
+        if not isinstance(self.model.kv, TokenKV):
+            raise ValueError("OurRadixEngine drives the radix (SGLang) flavour")
+        self.kv = self.model.kv
+        self.seed = seed
+        self.now = 0.0
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self.evicted = 0
+        tree = self.kv.tree
+        evict = tree.evict
+
+        def counted(tokens: int) -> int:
+            n = evict(tokens)
+            self.evicted += n
+            return n
+
+        tree.evict = counted  # type: ignore[method-assign]
+
+    def outputs(self, prompt: list[int], max_tokens: int) -> list[int]:
+        return [int(x) for x in output_ids(np.asarray(prompt, dtype=np.int32), max_tokens, self.seed)]
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        n = len(self._ids) + 1
+        self._ids[rid] = n
+        self._names[n] = rid
+        self.model.submit(EngineRequest(req_id=n, prompt=np.asarray(prompt, dtype=np.int32), max_tokens=max_tokens), self.now)
+
+    def step(self) -> dict[str, Any]:
+        m = self.model
+        self.evicted = 0
+        waiting_before = {r.rid for r in m.waiting}
+        end = m.step(self.now)
+        out: dict[str, Any] = {"kind": "idle", "batch": [], "new": [], "resumed": [], "preempted": [], "finished": []}
+        if end is not None:
+            kind, _k, items = m._pending  # type: ignore[misc]
+            if kind == "prefill":
+                out["kind"] = "prefill"
+                out["batch"] = [[self._names[r.rid], int(x)] for r, x in items]
+                for r, _x in items:
+                    if r.rid in waiting_before:
+                        out["resumed" if r.preemptions else "new"].append([self._names[r.rid], int(r.prefix)])
+            else:
+                out["kind"] = "decode"
+                out["batch"] = [[self._names[rid], 1] for rid, r in m.running.items() if r.state == "decode"]
+            self.now = max(end, self.now + 1.0)
+            out["finished"] = [self._names[c.req_id] for c in m.complete(self.now)]
+        else:
+            self.now += 1.0
+        kv = self.kv
+        out.update({
+            "evicted_tokens": self.evicted,
+            "available": kv.M - kv.own - kv.tree.total,
+            "evictable": kv.tree.evictable,
+            "protected": kv.tree.protected,
+            "waiting": len(m.waiting),
+            "running": len(m.running),
+        })
+        return out
+
+    def flush(self) -> bool:
+        return self.model.flush_cache()

@@ -48,34 +48,50 @@ class OurSide:
         return self.eng.flush()
 
 
-def run_vllm_suite(specs: list[TraceSpec] | None = None, *, python: str | None = None, model_dir: str | None = None, seed: int = 0) -> dict[str, Any]:
-    """Run `specs` (default: the default suite) through vLLM's scheduler and our model."""
+def _init_fields(engine: str, spec: TraceSpec, model: str) -> dict[str, Any]:
+    e = spec.engine
+    if engine == "vllm":
+        return {"model": model, "num_blocks": e.num_blocks, "block_size": e.block_size, "max_num_seqs": e.max_num_seqs,
+                "max_num_batched_tokens": e.max_num_batched_tokens, "max_model_len": e.max_model_len,
+                "prefix_caching": spec.prefix_caching}
+    return {"model": model, "pool_tokens": e.pool_tokens, "page_size": 1, "chunked_prefill": e.max_num_batched_tokens,
+            "max_running": e.max_num_seqs, "context_length": e.max_model_len, "prefix_caching": spec.prefix_caching,
+            "schedule_policy": "fcfs"}
+
+
+def _our_engine(engine: str, spec: TraceSpec, seed: int) -> Any:
+    from harness.sim2real.ours import OurRadixEngine, sglang_cell
+
+    if engine == "vllm":
+        return OurEngine(vllm_cell(spec.engine, prefix_cache=spec.prefix_caching), seed=seed)
+    return OurRadixEngine(sglang_cell(spec.engine, prefix_cache=spec.prefix_caching), seed=seed)
+
+
+def run_suite(engine: str, specs: list[TraceSpec] | None = None, *, python: str | None = None, model_dir: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """Run `specs` (default: the default suite) through `engine`'s own code and our model.
+
+    engine: 'vllm' (V1 scheduler, KV cache manager, block pool) or 'sglang' (radix cache,
+    schedule policy, prefill adder, schedule batch)."""
     from harness.sim2real.models import fake_model_dir
 
     specs = default_suite() if specs is None else specs
     model = model_dir or fake_model_dir()
     results: list[TraceResult] = []
     t0 = time.monotonic()
-    with EngineProc("vllm", python) as proc:
-        info: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    with EngineProc(engine, python) as proc:
         for spec in specs:
-            e = spec.engine
-            info = proc.call(
-                "init",
-                model=model,
-                num_blocks=e.num_blocks,
-                block_size=e.block_size,
-                max_num_seqs=e.max_num_seqs,
-                max_num_batched_tokens=e.max_num_batched_tokens,
-                max_model_len=e.max_model_len,
-                prefix_caching=spec.prefix_caching,
-            )
-            ours = OurEngine(vllm_cell(e, prefix_cache=spec.prefix_caching), seed=seed)
+            info = proc.call("init", **_init_fields(engine, spec, model))
+            ours = _our_engine(engine, spec, seed)
             results.append(run_trace(make_trace(spec), DriverSide(proc), OurSide(ours), ours.outputs))
     out = summarize(results)
-    out["engine"] = {"name": "vllm", "version": info.get("version"), "reserve_full_isl": info.get("reserve_full_isl"), "watermark_blocks": info.get("watermark_blocks")}
+    out["engine"] = {"name": engine, **{k: v for k, v in info.items() if k != "ok"}}
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
+
+
+def run_vllm_suite(specs: list[TraceSpec] | None = None, **kw: Any) -> dict[str, Any]:
+    return run_suite("vllm", specs, **kw)
 
 
 def write_report(summary: dict[str, Any], out_dir: Path | str) -> Path:
