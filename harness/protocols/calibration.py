@@ -261,7 +261,7 @@ def _cmd(args: Any) -> int:
 
 
 def register(cli: Any) -> None:
-    """Add `agentload calibrate stage-c|e0a` (see harness/cli.py for the pattern)."""
+    """Add `agentload calibrate stage-c|e0a|costs` (see harness/cli.py for the pattern)."""
     p = cli.command("calibrate", group="calibrate", help="run a calibration stage (Stage C, E0a) on a cell")
     p.set_defaults(_parser=p)
     sub = p.add_subparsers(dest="stage", metavar="STAGE")
@@ -286,3 +286,6 @@ def register(cli: Any) -> None:
 
         add_engine_arguments(q)
         q.set_defaults(func=_cmd)
+    from harness.sim2real.cli import add_costs_stage
+
+    add_costs_stage(sub)

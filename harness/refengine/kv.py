@@ -107,7 +107,10 @@ class TokenKV:
         if aligned <= req.in_tree:
             return
         seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
-        _new, node = self.tree.insert(seq[: aligned * 4])
+        if req.node is not None and req.in_tree > 0:  # resume the walk at the request's own locked node
+            _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+        else:
+            _new, node = self.tree.insert(seq[: aligned * 4])
         self.own -= aligned - req.in_tree  # moved into the tree, or freed as duplicates of cached content
         self.tree.lock(node)
         if req.node is not None:
