@@ -63,6 +63,7 @@ class EngineModel(SeparateBatching):
         self._merge_reset = False
         self.radix = radix
         self._pending: tuple | None = None
+        self._now = 0.0  # start of the iteration being planned (admission times)
         self._seq = 0
         self._ids: set[int] = set()
         self.counters = {"prompt": 0, "cached": 0, "generated": 0, "preemptions": 0}
@@ -103,6 +104,7 @@ class EngineModel(SeparateBatching):
         """
         if self._pending is not None:
             raise RuntimeError("step() while an iteration is in progress")
+        self._now = now
         if not self.waiting and not self.running:
             return None
         if self.mixed:
@@ -186,6 +188,7 @@ class EngineModel(SeparateBatching):
             req.state = "prefill"
             if req.cached < 0:
                 req.cached = prefix
+                req.admitted = self._now
                 self.counters["prompt"] += req.L
                 self.counters["cached"] += prefix
             self.running[req.rid] = req
@@ -418,6 +421,7 @@ class EngineModel(SeparateBatching):
                 first_token_time=req.first_token,
                 done_time=now,
                 preemptions=req.preemptions,
+                admit_time=req.admitted,
             )
         )
 

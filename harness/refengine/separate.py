@@ -131,6 +131,8 @@ class SeparateBatching:
                 break
             chunk = x
             if not kv.caching and x > budget:
+                if budget <= 0:
+                    break  # no chunk budget left this round
                 chunk = budget  # the ignore_eos path cuts chunks at the remaining budget, unaligned
             elif self._ceil_page(x) > budget:
                 end = ((prefix + (budget // page) * page) // page) * page
@@ -143,6 +145,7 @@ class SeparateBatching:
             req.state = "prefill"
             if req.cached < 0:
                 req.cached = prefix
+                req.admitted = self._now  # type: ignore[attr-defined]
                 self.counters["prompt"] += req.L  # type: ignore[attr-defined]
                 self.counters["cached"] += prefix  # type: ignore[attr-defined]
             self.running[req.rid] = req  # type: ignore[attr-defined]

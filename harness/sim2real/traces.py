@@ -162,5 +162,9 @@ def default_suite(seeds: int = 3) -> list[TraceSpec]:
                   engine=EngineShape(num_blocks=160, block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048)),
         TraceSpec("seqlimit", sessions=20, arrival_span=10, max_tokens=(8, 48), engine=EngineShape(num_blocks=400, max_num_seqs=4)),
         TraceSpec("nocache", sessions=16, arrival_span=20, prefix_caching=False, engine=EngineShape(num_blocks=96)),
+        # cache off with chunked prompts (E0a's regime: SGLang's ignore_eos admission, chunk budgets)
+        TraceSpec("nocache-chunked", sessions=24, arrival_span=10, turns=(2, 6), first_prompt=(200, 900), tool_tokens=(100, 300),
+                  max_tokens=(16, 40), prefix_caching=False,
+                  engine=EngineShape(num_blocks=250, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=3072)),
     ]
     return [s.with_seed(k) for s in base for k in range(seeds)]
