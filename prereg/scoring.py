@@ -103,6 +103,13 @@ class Outcomes:
     def put_id(self, pid: str, value: Any) -> None:
         self._by_id[pid] = value
 
+    def merge(self, other: "Outcomes") -> None:
+        """Add another table's outcomes (the other's win where both have one)."""
+        self._v.update(other._v)
+        self._by_id.update(other._by_id)
+        self.sources.update(other.sources)
+        self.notes += other.notes
+
     def get(self, p: Prediction) -> Any:
         if p.id in self._by_id:
             return self._by_id[p.id]
