@@ -45,6 +45,7 @@ def report_runs(run_dirs: Sequence[str], out_dir: Path, *, test_path: str | None
 
         b = load_test(test_path)
         arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
+        rule = rule or (str(b.rule_path) if b.rule_path else None)  # the test's own rule unless overridden
     verdict, analyzed = analyze(run_dirs, rule=rule, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
     paths = write_report(verdict, analyzed, out_dir)
     print()
