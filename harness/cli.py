@@ -41,11 +41,14 @@ GROUPS: list[tuple[str, str]] = [
 REGISTRARS: list[str] = [
     "harness.workload.plans:register",
     "harness.protocols.calibration:register",
+    "prereg.cli:register",
     "harness.emulator.cli:register",
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",
     "analysis.theory.cli:register",
+    "prereg.predict_cli:register",
     "analysis.cli:register",
+    "provenance.cli:register",
 ]
 
 
