@@ -77,8 +77,10 @@ def jobs_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) 
         if states is None:
             notes.append(source)
     if states is None and td.accounting.ok:
-        states = {jid: str(j.state) for jid, j in td.accounting.value.items() if j.state}
+        states = {jid: str(row.state) for jid, row in td.accounting.value.items() if row.state}
         source = "accounting export (provenance/accounting.json)"
+    elif states is None and td.accounting.state != "absent":
+        notes.append(f"accounting export not read: {td.accounting.note}")
     if states is None:
         states, source = {}, "none"
     raw_jobs = man.raw.get("jobs") or []
@@ -223,7 +225,7 @@ def provenance_status(td: TestDir) -> dict[str, Any]:
             "skipped": list(ver.skipped), "notes": list(ver.timeline.notes) if ver.timeline else []}  # fmt: skip
 
 
-def test_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) -> dict[str, Any]:
+def collect_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) -> dict[str, Any]:
     """Everything `agentload status` reports, as JSON-ready data."""
     return {
         "testdir": str(td.path),

@@ -16,7 +16,7 @@ fail. Every record is therefore a `Piece` with a state:
 The layout (docs/report.md) is the one the parts agree on:
 
   <testdir>/submission.json                 submission manifest        (slurm submission)
-  <testdir>/provenance/accounting.json      scheduler accounting export (slurm submission)
+  <testdir>/provenance/accounting.json      scheduler accounting export (slurm.scheduler.write_accounting_export)
   <testdir>/provenance/freezes/*.json       freeze records of predictions (predict freeze)
   <testdir>/provenance/proofs/*/proof.json  proofs of unchanged files   (provenance prove)
   <testdir>/runs/<run>/meta.json ...        run directories (or <testdir>/<run>/ from `test run --out`)
@@ -170,8 +170,10 @@ class TestDir:
 
     @cached_property
     def accounting(self) -> Piece:
+        """The scheduler's accounting export, read by the reader of its writer
+        (slurm.scheduler.read_accounting_export): {job id: AccountingRow}."""
         p = self.path / "provenance" / "accounting.json"
-        return _read("accounting export", p, "provenance.records", lambda m: m.read_accounting(self.path),
+        return _read("accounting export", p, "slurm.scheduler", lambda m: {r.job_id: r for r in m.read_accounting_export(p)},
                      "no scheduler accounting export yet (written once the jobs have ended)")  # fmt: skip
 
     @cached_property

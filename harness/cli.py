@@ -49,6 +49,7 @@ REGISTRARS: list[str] = [
     "prereg.predict_cli:register",
     "analysis.cli:register",
     "provenance.cli:register",
+    "analysis.report_cli:register",
 ]
 
 

@@ -245,7 +245,13 @@ async def _drag_zoom(cdp: _CDP, sid: str) -> dict[str, Any]:
     for k in range(1, 6):
         await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": xa + (xb - xa) * k / 5, "y": y, "button": "left", "buttons": 1}, session=sid)
     await cdp.send("Input.dispatchMouseEvent", {"type": "mouseReleased", "x": xb, "y": y, "button": "left", "clickCount": 1}, session=sid)
-    await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": xa + 3, "y": y}, session=sid)
+    # hover on a drawn point of the zoomed chart: the tooltip must name the run and the value
+    pt = await cdp.send("Runtime.evaluate", {"expression": """(() => { const c = document.querySelector('[data-chart]');
+        const p = c.querySelector('path.line'); const s = c.querySelector('svg').getBoundingClientRect();
+        const q = p.getPointAtLength(p.getTotalLength() / 2); return JSON.stringify({x: s.left + q.x, y: s.top + q.y}); })()""",
+        "returnByValue": True}, session=sid)  # fmt: skip
+    q = json.loads(pt["result"]["value"])
+    await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": q["x"], "y": q["y"]}, session=sid)
     after = await cdp.send("Runtime.evaluate", {"expression": """(() => { const c = document.querySelector('[data-chart]');
         const t = c.querySelector('.tip'); return JSON.stringify({x0: c.chart.x0, x1: c.chart.x1, tip: t.style.display === 'block' ? t.textContent : null}); })()""",
         "returnByValue": True}, session=sid)  # fmt: skip
@@ -262,6 +268,12 @@ def check_page(page: str | Path, *, screenshot: str | Path | None = None, chromi
         raise FileNotFoundError("no Chromium: install it with scripts/setup-chromium.sh, or set AGENTLOAD_CHROMIUM")
     url = Path(page).resolve().as_uri()
     return asyncio.run(_check(url, bin_, Path(screenshot) if screenshot else None, zoom, timeout))
+
+
+def artifact_dir() -> Path:
+    """Where the browser tests leave their screenshots: $AGENTLOAD_ARTIFACTS, else results/browser/."""
+    env = os.environ.get("AGENTLOAD_ARTIFACTS")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "results" / "browser"
 
 
 def main(argv: list[str] | None = None) -> int:

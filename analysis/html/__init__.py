@@ -106,9 +106,9 @@ def _tables(td: TestDir) -> str:
 
 def build_page(td: TestDir, out_path: Path, *, status: Mapping[str, Any] | None = None) -> str:
     """The page's HTML for the test directory, with links relative to `out_path`'s folder."""
-    from analysis.status import test_status
+    from analysis.status import collect_status
 
-    st = status or test_status(td)
+    st = status or collect_status(td)
     base = out_path.parent
     v = td.verdict
     name = td.test_name or td.path.name

@@ -173,7 +173,8 @@ def provenance_section(td: TestDir) -> str:
 # ---------------------------------------------------------------------------------------------
 def registration_section(td: TestDir, status: Mapping[str, Any]) -> str:
     r = status["registration"]
-    label = f"<p>Label: {badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))} [{esc(r.get('label_basis'))}]</span></p>" if r.get("label") else ""
+    basis = f" [{esc(r['label_basis'])}]" if r.get("label_basis") else ""
+    label = f"<p>Label: {badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))}{basis}</span></p>" if r.get("label") else ""
     if r["state"] != PRESENT:
         return absent(f"No registration: {r['note']}") + label
     reg = td.registration.value
@@ -186,7 +187,7 @@ def registration_section(td: TestDir, status: Mapping[str, Any]) -> str:
            f"<tr><th>cell</th><td>{esc(reg.cell.name)}: {esc(reg.cell.engine.name)} {esc(reg.cell.engine.version)}, {esc(reg.cell.model)}, {esc(reg.cell.gpu)}, pool {esc(reg.cell.kv_pool_tokens)} tokens</td></tr>",
            f"<tr><th>arms</th><td>{esc(', '.join(reg.arms))}</td></tr>",
            f"<tr><th>rates</th><td>{esc(', '.join(f'{x.multiple:g} × λref ({x.sessions_per_s:.5f} sessions/s)' for x in reg.rates))}</td></tr>",
-           f"<tr><th>seeds, cap</th><td>{esc(', '.join(map(str, reg.seeds)))}; cap {esc(reg.cap)}</td></tr>",
+           f"<tr><th>seeds, cap</th><td>{esc(', '.join(map(str, reg.seeds)))}; cap {esc(reg.cap if reg.cap is not None else 'none')}</td></tr>",
            f"<tr><th>references</th><td>λ_ref {esc(reg.references.lambda_ref)}, λ_miss {esc(reg.references.lambda_miss)}, all-miss {esc(reg.references.all_miss_token_rate)} tokens/s</td></tr>",
            f"<tr><th>rule</th><td><code>{esc(reg.rule.get('name'))}</code> version {esc(reg.rule.get('version'))}</td></tr>",
            f"<tr><th>plans</th><td>{len(reg.plans)} frozen plan hashes</td></tr>",
@@ -216,6 +217,7 @@ def runs_section(td: TestDir, status: Mapping[str, Any], base: Path) -> str:
         for r in td.verdict.value.get("runs") or []:
             verdict_runs[Path(str(r.get("run_dir"))).name] = r
     unbound = {Path(u["run_dir"]).name: u["reasons"] for u in status["runs"].get("unbound") or []}
+    jobs = {Path(str(j["run_dir"])).name: f"{j['job_id']} ({j['category']})" for j in status["jobs"].get("jobs") or [] if j.get("run_dir")}
     checked = status["runs"].get("bound") is not None
     rows = []
     for run in td.runs:
@@ -228,7 +230,7 @@ def runs_section(td: TestDir, status: Mapping[str, Any], base: Path) -> str:
         files = [link(run.path / "meta.json", base)] + ([link(run.path / plan, base, "plan")] if plan else []) + tables
         bound = ("yes" if run.name not in unbound else f"no: {'; '.join(unbound[run.name])}") if checked else "-"
         state = f"<a href='#cond-{run_key(v)}'>{esc(run_state(v))}</a>" if v else "<span class='muted'>not judged</span>"
-        job = (run.record.job_id if run.record is not None else None) or "-"
+        job = jobs.get(run.name) or (run.record.job_id if run.record is not None else None) or "-"
         rows.append(f"<tr><td>{link(run.path, base, run.name)}</td><td>{esc(m.get('arm'))}</td><td class='num'>{esc(m.get('rate'))}</td><td class='num'>{esc(m.get('seed'))}</td>"
                     f"<td>{esc(run.status)}</td><td>{state}</td><td>{esc(bound)}</td><td>{esc(job)}</td><td>{' · '.join(files)}</td></tr>")  # fmt: skip
     return ("<div class='scroll'><table class='runs'><thead><tr><th>run directory</th><th>arm</th><th>λ/λref</th><th>seed</th><th>status</th><th>state</th>"
@@ -237,9 +239,11 @@ def runs_section(td: TestDir, status: Mapping[str, Any], base: Path) -> str:
 
 def raw_records(td: TestDir, base: Path) -> str:
     items = []
+    seen: set[Path] = set()
 
     def add(p: Path | None, what: str) -> None:
-        if p is not None and p.exists():
+        if p is not None and p.exists() and p not in seen:
+            seen.add(p)
             items.append(f"<li>{link(p, base, str(p.relative_to(td.path)) if p.is_relative_to(td.path) else str(p))} — {esc(what)}</li>")
 
     add(td.path / "submission.json", "submission manifest")
@@ -260,11 +264,12 @@ def raw_records(td: TestDir, base: Path) -> str:
 
 
 def generated_line(td: TestDir) -> str:
-    head = None
-    if td.repo is not None:
-        try:
-            head = td.repo.head()
-        except Exception:
-            head = None
+    """When, from what, and by which code (this package's own checkout) the page was made."""
+    from provenance.meta import git_state
+
+    g = git_state()
     now = datetime.now().astimezone().isoformat(timespec="seconds")
-    return f"generated {esc(now)} from {esc(td.path)}" + (f" by the analysis code of commit <code>{esc(head[:12])}</code>" if head else "")
+    code = ""
+    if g.get("commit"):
+        code = f" by the code of commit <code>{esc(str(g['commit'])[:12])}</code>" + (" (with uncommitted changes)" if g.get("dirty") else "")
+    return f"generated {esc(now)} from {esc(td.path)}{code}; the verdict shown is the one recorded in the test directory, not recomputed"

@@ -92,13 +92,13 @@ def condition_html(c: Mapping[str, Any], env: Mapping[str, Any]) -> str:
     mark = '<span class="ok">✓</span>' if c.get("holds") else '<span class="no">✗</span>'
     text = f"{mark} <code>{esc(c.get('condition'))}</code>"
     if "lhs" in c:
-        text += f" <span class='muted'>({num(c.get('lhs'))} vs {num(c.get('rhs'))})</span>"
+        text += f" <span class='muted'>({esc(num(c.get('lhs')))} vs {esc(num(c.get('rhs')))})</span>"
     elif "value" in c:
-        text += f" <span class='muted'>(= {num(c.get('value'))})</span>"
+        text += f" <span class='muted'>(= {esc(num(c.get('value')))})</span>"
     else:
         s = _sides(str(c.get("condition")), env)
         if s is not None:
-            text += f" <span class='muted'>({num(s[0])} {s[1]} {num(s[2])})</span>"
+            text += f" <span class='muted'>({esc(num(s[0]))} {esc(s[1])} {esc(num(s[2]))})</span>"
     return f"<li>{text}</li>"
 
 
@@ -187,7 +187,7 @@ def _group_block(verdict: Mapping[str, Any], g: Mapping[str, Any]) -> str:
 
 def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | None) -> str:
     if verdict is None:
-        return absent(f"Not scored yet: {note}")
+        return absent(note[:1].upper() + note[1:] if note else "Not scored yet.")
     refs = verdict.get("references") or {}
     out = [f"<p>Verdict {badge(verdict.get('verdict'))} by rule <code>{esc(verdict.get('rule'))}</code> "
            f"(version {esc(verdict.get('rule_version'))}); λ_ref = {esc(refs.get('lambda_ref'))} sessions/s, all-miss rate = "
