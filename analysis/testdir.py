@@ -28,6 +28,7 @@ The layout (docs/report.md) is the one the parts agree on:
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -104,15 +105,16 @@ class RunEntry:
 
 
 def run_dirs(testdir: Path) -> list[Path]:
-    """Run directories: under <testdir>/runs/ when it exists, else directly under <testdir>."""
+    """Run directories: under <testdir>/runs/ when it exists, else directly under <testdir>.
+    Symbolic links to run directories are followed (a test directory assembled from links)."""
     base = testdir / "runs" if (testdir / "runs").is_dir() else testdir
     out = []
-    for m in base.rglob("meta.json"):
-        rel = m.relative_to(base).parts
-        if any(p in _SKIP_PARTS or p in ("analysis", "registered-analysis") for p in rel[:-1]):
-            continue
-        out.append(m.parent)
-    return sorted(set(out))
+    for root, dirs, files in os.walk(base, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_PARTS and d not in ("analysis", "registered-analysis"))
+        if "meta.json" in files:
+            out.append(Path(root))
+            dirs[:] = []  # nothing inside a run directory is another run
+    return sorted(out)
 
 
 def find_verdicts(testdir: Path) -> list[Path]:

@@ -256,6 +256,7 @@ async def _drag_zoom(cdp: _CDP, sid: str) -> dict[str, Any]:
         const t = c.querySelector('.tip'); return JSON.stringify({x0: c.chart.x0, x1: c.chart.x1, tip: t.style.display === 'block' ? t.textContent : null}); })()""",
         "returnByValue": True}, session=sid)  # fmt: skip
     a = json.loads(after["result"]["value"])
+    await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": 1, "y": 1}, session=sid)  # leave: the tooltip hides
     await cdp.send("Runtime.evaluate", {"expression": "document.querySelector('[data-chart]').chart.zoom(0, 1e12); window.scrollTo(0, 0)"}, session=sid)
     return {"before": [b["x0"], b["x1"]], "after": [a["x0"], a["x1"]], "tip": a["tip"]}
 

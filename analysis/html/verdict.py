@@ -120,11 +120,22 @@ def run_details(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> str:
     head = (f"{esc(str(r.get('arm')).upper())} {esc(num(r.get('rate'), 6))} × λref seed {esc(r.get('seed'))}: "
             f"<span class='state {_state_class(r)}'>{esc(run_state(r))}</span>{esc(expect)}")  # fmt: skip
     body = []
-    for name, conds in (r.get("conditions") or {}).items():
-        if not conds:
-            body.append(f"<div><strong>{esc(name)}</strong>: <span class='muted'>no condition (the fallback state)</span></div>")
-            continue
-        body.append(f"<div><strong>{esc(name)}</strong></div><ul class='conds'>" + "".join(condition_html(c, env) for c in conds) + "</ul>")
+
+    def states(conds_by_state: Mapping[str, Any]) -> None:
+        for name, conds in conds_by_state.items():
+            if not conds:
+                body.append(f"<div><strong>{esc(name)}</strong>: <span class='muted'>no condition (the fallback)</span></div>")
+                continue
+            body.append(f"<div><strong>{esc(name)}</strong></div><ul class='conds'>" + "".join(condition_html(c, env) for c in conds) + "</ul>")
+
+    conditions = r.get("conditions") or {}
+    if any(isinstance(v, Mapping) for v in conditions.values()):  # a staged run: {label set: {label: [conditions]}}
+        labels = r.get("labels") or {}
+        for lset, by_label in conditions.items():
+            body.append(f"<h5>{esc(lset)}: <span class='state'>{esc(labels.get(lset, '?'))}</span></h5>")
+            states(by_label if isinstance(by_label, Mapping) else {lset: by_label})
+    else:
+        states(conditions)
     flags = r.get("flags") or {}
     if flags:
         body.append("<div>flags: " + ", ".join(f"{esc(k)} = {esc(num(v))}" for k, v in flags.items()) + "</div>")
@@ -170,8 +181,8 @@ def _group_block(verdict: Mapping[str, Any], g: Mapping[str, Any]) -> str:
     for name, c in (g.get("checks") or {}).items():
         parts.append(f"<div>check <strong>{esc(name)}</strong></div><ul class='conds'>{condition_html(c, env)}</ul>")
     seeds = g.get("seeds") or {}
-    if seeds:
-        roles = sorted({role for s in seeds.values() for role in (s.get("roles") or {})})
+    roles = sorted({role for s in seeds.values() for role in (s.get("roles") or {})})
+    if seeds and roles:
         head = "".join(f"<th>{esc(x)}</th>" for x in roles)
         rows = []
         for s, d in seeds.items():
@@ -196,9 +207,10 @@ def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | No
     blocks = [_rate_block(verdict, rv) for rv in verdict.get("rates") or []]
     blocks += [_group_block(verdict, g) for g in verdict.get("groups") or []]
     out.append("<div class='rates'>" + "".join(blocks) + "</div>" if blocks else absent("the verdict holds no rate or group"))
-    for name, conds in (verdict.get("test_conditions") or {}).items():
-        if conds:
-            out.append(f"<div>test, <strong>{esc(name)}</strong></div><ul class='conds'>" + "".join(condition_html(c, {}) for c in conds) + "</ul>")
+    tests = [(n, c) for n, c in (verdict.get("test_conditions") or {}).items() if c] + [(n, [c]) for n, c in (verdict.get("test_checks") or {}).items()]
+    if tests:
+        out.insert(1, f"<p>Test outcome {badge(verdict.get('verdict'))}, from the outcomes tried in order:</p>" + "".join(
+            f"<div><strong>{esc(n)}</strong></div><ul class='conds'>" + "".join(condition_html(c, {}) for c in cs) + "</ul>" for n, cs in tests))
     ol = verdict.get("open_loop") or {}
     if ol.get("not_within"):
         out.append(f"<p><strong>Open-loop bound exceeded</strong> by {esc(', '.join(map(str, ol['not_within'])))} (session-start lateness p99 above the test's bound; states unchanged).</p>")
