@@ -26,8 +26,8 @@ Fields read (a writer may add others):
     file}, cell, arm, rate, seed, status, created_at, finished_at, provenance {git {commit, dirty},
     slurm {slurm_job_id, slurm_array_job_id, slurm_array_task_id}}.
 
-Registration YAML (prereg/registrations/<name>.yaml, by its documented keys): name, status,
-    test, cell, arms, rates [{multiple, ...}], seeds, plans [{arm, rate, seed, sha256}].
+Registration (prereg/registrations/<name>.yaml), read through prereg.registration: name, status,
+    test, cell, arms, rates, seeds, plans [{arm, rate, seed, sha256}].
 """
 
 from __future__ import annotations
@@ -270,21 +270,18 @@ class RegistrationView:
 
 
 def registration_view(data: bytes, where: str) -> RegistrationView:
+    """The registration's bytes through the project's one loader (prereg.registration), reduced
+    to what the timeline and the verifier read. A file that loader refuses is a RecordError."""
+    from prereg.registration import RegistrationError, registration_from_data
+
     try:
         doc = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise RecordError(f"{where}: not valid YAML ({exc})") from None
-    if not isinstance(doc, dict):
-        raise RecordError(f"{where}: expected a registration mapping")
-    rates = []
-    for i, r in enumerate(doc.get("rates") or []):
-        m = r.get("multiple") if isinstance(r, dict) else r
-        if not isinstance(m, (int, float)):
-            raise RecordError(f"{where}: rates[{i}]: got {r!r}; expected {{multiple, sessions_per_s}} or a number")
-        rates.append(float(m))
-    plans = {}
-    for i, x in enumerate(doc.get("plans") or []):
-        plans[(str(_need(x, "arm", f"{where}: plans[{i}]")).upper(), round(float(_need(x, "rate", f"{where}: plans[{i}]")), 6),
-               int(_need(x, "seed", f"{where}: plans[{i}]")))] = str(_need(x, "sha256", f"{where}: plans[{i}]"))  # fmt: skip
-    return RegistrationView(doc.get("name"), doc.get("status"), doc.get("test"), dict(doc.get("cell") or {}),
-                            [str(a) for a in doc.get("arms") or []], rates, [int(s) for s in doc.get("seeds") or []], plans, doc)  # fmt: skip
+    try:
+        reg = registration_from_data(doc, where, raw=data)
+    except RegistrationError as exc:
+        raise RecordError(str(exc)) from None
+    plans = {(p.arm.upper(), round(p.rate, 6), p.seed): p.sha256 for p in reg.plans}
+    return RegistrationView(reg.name, reg.status, reg.test, reg.cell.model_dump(mode="json"), list(reg.arms), reg.multiples(),
+                            list(reg.seeds), plans, doc)  # fmt: skip
