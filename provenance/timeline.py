@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from prereg.freeze import Frozen, FreezeError, FreezeRecord, load_record, read_frozen
-from prereg.predictions import Prediction
+from prereg.predictions import About, Prediction
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
 from provenance.records import (
@@ -299,6 +299,14 @@ def freeze_facts(fz: Frozen, times: Sequence[RunTimes]) -> FreezeFacts:
     declared = None
     for f in fz.files:
         pf = f.predictions
+        if f.model_value_runs is not None:  # a rule's model-value file: blind for the runs it lists
+            for arm, rate, seed in f.model_value_runs:
+                p = Prediction(f"{f.path}:{arm}-r{rate:g}-s{seed}", "model values", About("run", None if arm == "*" else arm, rate, seed),
+                               "value", {"kind": "model_f"}, {})
+                rs = runs_about(p, times) if arm != "*" else [t for t in times if round(t.run.rate, 6) == round(rate, 6) and t.run.seed == seed]
+                by[p.id] = blindness(conf, rs, None)
+                for t in rs:
+                    all_runs[t.run.path] = t
         if pf is None:
             continue
         if pf.declared_blindness:

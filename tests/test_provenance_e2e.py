@@ -50,7 +50,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     testdir = root / "results" / "tiny-e2"
     sim = write_predictions(simulator_predictions(test_path, n_seeds=2, registration=reg_file), work / "predictions" / "tiny-sim.yaml")
     mf = write_predictions(model_f_predictions(test_path, registration=reg_file), work / "predictions" / "tiny-mf.yaml")
-    assert main(["predict", "freeze", str(sim), str(mf), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
+    values = work / "predictions" / "tiny-values.json"  # a rule's model-value file, frozen beside them
+    values.write_text(json.dumps({"format": "agentload-predictions", "format_version": 1, "name": "tiny-values",
+                                  "runs": [{"arm": "burst", "rate": 1.35, "seed": s, "values": {"slope": 0.01}} for s in (0, 1)]}))  # fmt: skip
+    assert main(["predict", "freeze", str(sim), str(mf), str(values), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
     time.sleep(1.1)  # run times are recorded to the second: start strictly after the confirmation
     record_submission(testdir, work, binding, label="pre-registered")
     runs = run_all(test_path, testdir, binding)
@@ -98,6 +101,10 @@ def test_timeline_orders_the_record_and_gives_the_labels(world: dict[str, Any], 
     assert tl.label == "pre-registered", tl.label_reason
     labels = {f.tag: f.overall.label for f in tl.freezes}
     assert labels == {"pred-tiny": "blind in time", "pred-tiny-late": "not blind"}
+    early = next(f for f in tl.freezes if f.tag == "pred-tiny")
+    mv = {k: b.label for k, b in early.by_prediction.items() if k.startswith("predictions/tiny-values.json:")}
+    assert len(mv) == 2 and set(mv.values()) == {"blind in time"}
+    assert {f["kind"] for f in early.frozen.record.data["files"]} == {"predictions", "model-values"}
     kinds = [e.kind for e in tl.events]
     assert kinds.index("registration committed") < kinds.index("registration on remote") < kinds.index("run start")
     assert main(["provenance", "timeline", str(world["testdir"]), "--repo", str(world["work"])]) == 0
