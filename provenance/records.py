@@ -18,9 +18,10 @@ Fields read (a writer may add others):
     jobs[]                   {job_id, arm, rate, seed, plan_sha256, run_dir (relative to testdir)}
 
 `<testdir>/provenance/accounting.json` (the scheduler's accounting export, UTC)
-    a list of rows, or {"rows": [...]}; each row: JobID, JobName, Submit, Start, End, State,
-    ExitCode, NodeList, Timelimit, Elapsed, Comment. Times are ISO-8601; a time without a zone is
-    UTC; "Unknown", "None" and "" mean not (yet) known.
+    a list of rows, or {"rows": [...]}; each row either in sacct's own names (JobID, JobName,
+    Submit, Start, End, State, ExitCode, NodeList, Timelimit, Elapsed, Comment) or in the export's
+    (job_id, job_name, submit_utc, start_utc, end_utc, state, exit_code, node_list, comment).
+    Times are ISO-8601; a time without a zone is UTC; "Unknown", "None" and "" mean not known.
 
 `<run>/meta.json` (docs/run-format.md): registration {name, path, sha256, commit}, plan {sha256,
     file}, cell, arm, rate, seed, status, created_at, finished_at, provenance {git {commit, dirty},
@@ -167,6 +168,12 @@ class Job:
     comment: str | None
 
 
+_SACCT = {"id": "JobID", "name": "JobName", "submit": "Submit", "start": "Start", "end": "End", "state": "State",
+          "exit": "ExitCode", "nodes": "NodeList", "comment": "Comment"}  # fmt: skip
+_SNAKE = {"id": "job_id", "name": "job_name", "submit": "submit_utc", "start": "start_utc", "end": "end_utc", "state": "state",
+          "exit": "exit_code", "nodes": "node_list", "comment": "comment"}  # fmt: skip
+
+
 def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
     p = Path(testdir) / ACCOUNTING
     if not p.is_file():
@@ -178,11 +185,16 @@ def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
     out: dict[str, Job] = {}
     for i, r in enumerate(rows):
         w = f"{p}: rows[{i}]"
-        jid = str(_need(r, "JobID", w))
+        if not isinstance(r, dict):
+            raise RecordError(f"{w}: got {r!r}; expected a mapping")
+        names = _SNAKE if "job_id" in r else _SACCT
+        jid = str(_need(r, names["id"], w))
         if "." in jid:  # job steps (123.batch, 123.0) belong to their job
             continue
-        out[jid] = Job(jid, r.get("JobName"), parse_utc(r.get("Submit"), f"{w}.Submit"), parse_utc(r.get("Start"), f"{w}.Start"),
-                       parse_utc(r.get("End"), f"{w}.End"), r.get("State"), r.get("ExitCode"), r.get("NodeList"), r.get("Comment"))  # fmt: skip
+        t = {n: parse_utc(r.get(names[n]), f"{w}.{names[n]}") for n in ("submit", "start", "end")}
+        code = r.get(names["exit"])
+        out[jid] = Job(jid, r.get(names["name"]), t["submit"], t["start"], t["end"], r.get(names["state"]),
+                       None if code is None else str(code), r.get(names["nodes"]), r.get(names["comment"]))  # fmt: skip
     return out
 
 

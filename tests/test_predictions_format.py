@@ -137,6 +137,10 @@ def test_record_readers(tmp_path: Path) -> None:
     (tmp_path / "submission.json").write_text(json.dumps({"registration": {"path": "r.yaml"}}))
     with pytest.raises(RecordError, match=r"registration\.sha256: missing"):
         read_manifest(tmp_path)
+    export = {"rows": [{"job_id": "18", "submit_utc": "2026-10-24T15:13:39+00:00", "start_utc": None, "end_utc": None, "state": "PENDING"}]}
+    (tmp_path / "provenance" / "accounting.json").write_text(json.dumps(export))  # the export's own column names
+    acc = read_accounting(tmp_path)
+    assert acc is not None and acc["18"].submit == datetime(2026, 10, 24, 15, 13, 39, tzinfo=timezone.utc)
     rows[0]["Submit"] = "yesterday"
     (tmp_path / "provenance" / "accounting.json").write_text(json.dumps(rows))
     with pytest.raises(RecordError, match=r"rows\[0\]\.Submit: got 'yesterday'"):
