@@ -49,7 +49,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reg_file = work / binding["path"]
     testdir = root / "results" / "tiny-e2"
     sim = write_predictions(simulator_predictions(test_path, n_seeds=2, registration=reg_file), work / "predictions" / "tiny-sim.yaml")
-    mf = write_predictions(model_f_predictions(test_path, registration=reg_file), work / "predictions" / "tiny-mf.yaml")
+    mf = write_predictions(model_f_predictions(test_path, registration=reg_file, intervals=[(600.0, 1800.0)], wave=True, trap_state=True),
+                           work / "predictions" / "tiny-mf.yaml")  # fmt: skip
     values = work / "predictions" / "tiny-values.json"  # a rule's model-value file, frozen beside them
     values.write_text(json.dumps({"format": "agentload-predictions", "format_version": 1, "name": "tiny-values",
                                   "runs": [{"arm": "burst", "rate": 1.35, "seed": s, "values": {"slope": 0.01}} for s in (0, 1)]}))  # fmt: skip
@@ -83,6 +84,9 @@ def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(world:
     assert by_id["sim-noburst-r1.35-s0-stuck"]["result"] == "hit" and by_id["sim-noburst-r1.35-s0-stuck"]["outcome"] is False
     # every BURST run is stuck in this tiny test, and model F's onset criterion calls it
     assert all(by_id[f"mf-burst-r1.35-s{s}-stuck"]["result"] == "hit" for s in (0, 1))
+    # interval quantities, the wave and the trap-state targets are measured on the runs' records
+    for q in ("slope-600_1800", "completions-600_1800", "wave", "S1", "S3", "S4"):
+        assert by_id[f"mf-burst-r1.35-s0-{q}"]["result"] in ("hit", "miss"), by_id[f"mf-burst-r1.35-s0-{q}"]
     # the rate's PASS probability is recomputed from its per-seed probabilities
     rule = by_id["sim-r1.35-pass"]
     assert rule["probability"] == pytest.approx(rule["stated_probability"], abs=1e-6)
