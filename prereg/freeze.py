@@ -31,7 +31,7 @@ from prereg.predictions import FORMAT, PredictionFile, parse_predictions
 # The rule engine's model-value files (analysis/predictions.py: values a rule compares runs with,
 # e.g. model F's per-seed CUT slopes) may be frozen beside prediction sets; they are recorded as such.
 MODEL_VALUES_FORMAT = "agentload-predictions"
-from provenance.git import Repo
+from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
 
 RECORD_FORMAT = "agentload-freeze"
@@ -260,7 +260,11 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
     if str(ref).endswith(".json") and Path(ref).is_file():
         record = load_record(ref)
         tag = record.tag
-        repo = repo or Repo.containing(Path(ref))
+        if repo is None:
+            try:
+                repo = Repo.containing(Path(ref))
+            except GitError:  # a record kept beside a test directory outside the repository
+                repo = Repo.containing(Path.cwd())
     else:
         tag = str(ref)
         repo = repo or Repo.containing(Path.cwd())

@@ -112,6 +112,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
 def register(cli: Any) -> None:
     """Add `agentload predict ...`."""
     p = cli.command("predict", group="calibrate", help="make prediction files, freeze them before the runs, score them after")
+    from provenance.git import GitError
+
+    cli.user_errors(GitError)  # "not a git repository", "no such tag": the user's to fix, no traceback
     p.set_defaults(func=None, _parser=p)
     sub = p.add_subparsers(dest="predict_action", metavar="ACTION")
 
