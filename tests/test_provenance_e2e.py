@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
