@@ -136,7 +136,7 @@ def simulator_predictions(
     if bad:
         raise ConfigError(f"layers {sorted(bad)}: expected 'fresh' and/or 'exact'")
     floors = {**DEFAULT_TOLERANCE_FLOOR, **(tolerance_floor or {})}
-    spec = load_rule(None)
+    spec = load_rule(bundle.rule_path)  # the rule the test names (the built-in E2 rule by default)
     tmp = None
     if work_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="agentload-sim-pred-")
