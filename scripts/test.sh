@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command: installs the harness (and the real vLLM engine in its own venv),
 # then runs the whole suite: unit tests, the simulator calibrations and paired test, and the
-# integration tests against a real vLLM server serving a tiny locally-built model.
+# integration tests against a real vLLM server serving a tiny locally-built model and against a
+# real single-node SLURM cluster (slurm/local/cluster.sh; the tests bring it up, which needs root).
 #
 #   scripts/test.sh            everything (what CI runs)
 #   AGENTLOAD_SKIP_VLLM=1 scripts/test.sh   skip installing/running the real vLLM
+#   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh  skip the SLURM cluster tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
