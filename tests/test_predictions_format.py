@@ -13,10 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prereg.predictions import About, Prediction, PredictionError, dump_predictions, make_file, parse_predictions
+from gitfixture import make_repo
+from harness.cli import main
+from prereg.predictions import About, Prediction, PredictionError, dump_predictions, load_predictions, make_file, parse_predictions
 from prereg.scoring import Outcomes, at_least_probability, clause_outcome, clause_probability, score_file
 from provenance.records import RecordError, RunRecord, parse_utc, read_accounting, read_manifest
 from provenance.timeline import BLIND, BLIND_START, NOT_BLIND, RunTimes, blindness
+from provfixture import write_test
 
 
 def _p(pid: str, seed: int, p: float, quantity: str = "stuck") -> Prediction:
@@ -145,3 +148,19 @@ def test_record_readers(tmp_path: Path) -> None:
     (tmp_path / "provenance" / "accounting.json").write_text(json.dumps(rows))
     with pytest.raises(RecordError, match=r"rows\[0\]\.Submit: got 'yesterday'"):
         read_accounting(tmp_path)
+
+
+def test_make_commands_write_loadable_sets(tmp_path: Path) -> None:
+    """`predict make entry` and `predict make model-f` from the command line (no simulation needed)."""
+    assert main(["predict", "make", "entry", "--cell", "sglang-a100-300k", "--out", str(tmp_path / "entry.yaml")]) == 0
+    pf = load_predictions(tmp_path / "entry.yaml")
+    by = {p.quantity: p for p in pf.predictions if p.about.target == "stage-c:sglang-a100-300k"}
+    assert by["onset_n_b"].payload["value"] == pytest.approx(32.70, abs=0.01)  # App. E.9: n_b = 4.94 + 27.76 = 32.70 at 300k
+    assert by["crossing_0.5"].payload["tolerance"] == {"abs": 3.0} and pf.predictor["kind"] == "entry_model"
+    work, _ = make_repo(tmp_path / "repo")
+    t = write_test(work)
+    out = tmp_path / "mf.yaml"
+    assert main(["predict", "make", "model-f", str(t), "--intervals", "600:1800", "--wave", "--out", str(out)]) == 0
+    ids = {p.id for p in load_predictions(out).predictions}
+    assert {"mf-burst-r1.35-s0-slope-600_1800", "mf-burst-r1.35-s1-wave", "mf-burst-r1.35-s0-stuck"} <= ids
+    assert not any("noburst" in i for i in ids)  # model F predicts a trap entered at a burst
