@@ -139,6 +139,14 @@ def test_editing_a_frozen_file_is_caught_by_the_proof_and_by_score(world: dict[s
         strip = lambda r: [(s["id"], s["result"]) for sc in r["scores"] for s in sc["scored"]]  # noqa: E731
         assert strip(after) == strip(before)  # scored from the tag's bytes, not the edit
         assert "EDITED AFTER THE FREEZE" in (tmp_path / "after" / "pred-tiny.score.md").read_text()
+        # committed, the edit is an erratum: listed with its time, the tag still scores the frozen bytes
+        git(world["work"], "commit", "-q", "-m", "erratum to the simulator predictions", "--", str(sim.relative_to(world["work"])))
+        errata = _score(world, "pred-tiny", monkeypatch, tmp_path / "erratum")
+        f = next(x for x in errata["files"] if x["path"].endswith("tiny-sim.yaml"))
+        assert len(f["errata"]) == 1 and f["errata"][0]["committed_at"] and strip(errata) == strip(before)
+        assert "**erratum** commit" in (tmp_path / "erratum" / "pred-tiny.score.md").read_text()
+        tl = build_timeline(world["testdir"], repo=Repo(world["work"]))
+        assert any(e.kind == "erratum" for e in tl.events)
     finally:
         sim.write_bytes(original)
 
