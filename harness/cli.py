@@ -46,7 +46,9 @@ REGISTRARS: list[str] = [
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",
     "analysis.theory.cli:register",
+    "prereg.predict_cli:register",
     "analysis.cli:register",
+    "provenance.cli:register",
 ]
 
 
