@@ -68,7 +68,7 @@ def check_plans(reg: Registration) -> dict[str, Any]:
     missing = [a for a in reg.arms if a not in reg.arm_configs]
     if missing:
         return {"checked": 0, "mismatches": [], "error": f"arm_configs lacks {missing}: the plans cannot be regenerated"}
-    now = plan_hashes(reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds))
+    now = plan_hashes(reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds), reg.top_rate)
     have = {(p.arm, p.rate, p.seed): p.sha256 for p in reg.plans}
     bad = []
     for p in now:
@@ -113,8 +113,7 @@ def check_registration(
             refusals.append(f"commit: {facts.path} differs from its last commit {facts.commit}; commit the change or restore the file")
         if not facts.clean:
             refusals.append("tree: the working tree has uncommitted changes to tracked files; jobs must run from a clean checkout")
-        if facts.remote_error:
-            refusals.append(f"remote: could not ask the remote: {facts.remote_error}")
+        # an unreachable remote is not a refusal: the label then cannot be pre-registered, and says so
 
     inputs: list[InputCheck] = []
     reg_commit = facts.commit if facts is not None and facts.state == "committed" else None
@@ -181,6 +180,8 @@ def format_check(res: CheckResult) -> str:
         lines.append(f"  git      {g['state']} in {g['commit'] or '-'}; tree {'clean' if g['clean'] else 'DIRTY'}; "
                      f"{g['remote'] or '?'}/{g['branch'] or '?'} {'contains it' if g['on_remote'] else 'does NOT contain it'}"
                      + (f" (asked {g['checked_at']})" if g.get("checked_at") else ""))  # fmt: skip
+        if g.get("remote_error"):
+            lines.append(f"  remote   could not be asked: {g['remote_error']}")
     for i in res.inputs:
         lines.append(f"  input    {'ok ' if i.ok else 'BAD'} {i.path}" + (f": {i.problem}" if i.problem else ""))
     pl = res.plans

@@ -27,7 +27,11 @@ import yaml
 
 from harness.config import ConfigError
 from prereg.predictions import FORMAT, PredictionFile, parse_predictions
-from provenance.git import Repo
+
+# The rule engine's model-value files (analysis/predictions.py: values a rule compares runs with,
+# e.g. model F's per-seed CUT slopes) may be frozen beside prediction sets; they are recorded as such.
+MODEL_VALUES_FORMAT = "agentload-predictions"
+from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
 
 RECORD_FORMAT = "agentload-freeze"
@@ -105,6 +109,8 @@ def _prediction_meta(data: bytes, path: str) -> dict[str, Any]:
         doc = yaml.safe_load(data)
     except yaml.YAMLError:
         return {"kind": "file"}
+    if isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT:
+        return {"kind": "model-values", "name": doc.get("name"), "test": doc.get("test"), "n_runs": len(doc.get("runs") or [])}
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         return {"kind": "file"}
     pf = parse_predictions(data, path)
@@ -214,6 +220,7 @@ class FrozenFile:
     predictions: PredictionFile | None
     problems: list[str]
     errata: list[dict[str, Any]]
+    model_value_runs: list[tuple[str, float, int]] | None = None  # (arm, rate, seed) of a model-values file
 
     @property
     def edited_since(self) -> bool:
@@ -253,7 +260,11 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
     if str(ref).endswith(".json") and Path(ref).is_file():
         record = load_record(ref)
         tag = record.tag
-        repo = repo or Repo.containing(Path(ref))
+        if repo is None:
+            try:
+                repo = Repo.containing(Path(ref))
+            except GitError:  # a record kept beside a test directory outside the repository
+                repo = Repo.containing(Path.cwd())
     else:
         tag = str(ref)
         repo = repo or Repo.containing(Path.cwd())
@@ -289,8 +300,24 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
         if meta:
             pf = meta
         errata = [{"commit": c, "committed_at": t} for c, t in repo.commits_touching(path, commit)]
-        files.append(FrozenFile(path, sha, data, wsha, pf, fp, errata))
+        files.append(FrozenFile(path, sha, data, wsha, pf, fp, errata, _model_value_runs(data)))
     return Frozen(tag, commit, record, files, problems)
+
+
+def _model_value_runs(data: bytes) -> list[tuple[str, float, int]] | None:
+    try:
+        doc = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT):
+        return None
+    out = []
+    for e in doc.get("runs") or []:
+        try:
+            out.append((str(e["arm"]), float(e["rate"]), int(e["seed"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _prediction_meta_safe(data: bytes, where: str, problems: list[str]) -> PredictionFile | None:

@@ -7,7 +7,12 @@ numbers the verdict uses:
   run scope    state (the rule state), arm_condition (the arm's expected state holds), each rule
                flag (stuck, ...), good (the basin endpoint GOOD = RECOVERED, unless the rule
                defines a `good` flag), and every numeric statistic of the run (hit, followup_hit,
-               slope, token_ratio, completions_ref, backlog_end, ...)
+               slope, token_ratio, completions_ref, backlog_end, ...); and, when a prediction
+               names one, an interval quantity computed with analysis.metrics' own estimators:
+               slope_A_B (least-squares slope of 10 s bin means of sessions in the system over
+               [A, B)), completions_A_B (sessions completed in [A, B) per second), mean_prompt_A_B
+               (mean prompt of turns completed in [A, B)), backlog_at_T, and wave (the median end
+               time of the burst sessions; unfinished ones count as never)
   seed scope   seed_good (every registered arm of the seed meets its condition at that rate)
   rate scope   verdict (PASS / FAIL / INCOMPLETE)
   test scope   verdict (the test's overall verdict)
@@ -22,6 +27,7 @@ A data file (`format: agentload-outcomes`, version 1) lists outcomes transcribed
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +39,46 @@ from prereg.predictions import About, PredictionFile, _parse_about
 from prereg.scoring import Outcomes
 
 OUTCOMES_FORMAT = "agentload-outcomes"
+_INTERVAL = re.compile(r"^(slope|completions|mean_prompt)_(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?)$|^backlog_at_(\d+(?:\.\d+)?)$|^wave$")
+
+
+def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float = 10.0) -> dict[str, float]:
+    """The interval quantities `names` of one run (see the module doc), from its record."""
+    import numpy as np
+
+    from analysis.metrics import completed_turns, interval_bin_means, interval_count_at, ls_slope, present_sessions, system_intervals
+    from harness.recording.record import load_run
+
+    run = load_run(run_dir)
+    sess = present_sessions(run.sessions)
+    sys_s, sys_e = system_intervals(run.sessions)
+    end = sess["end"].to_numpy(dtype=float, na_value=math.nan) if not sess.empty else np.zeros(0)
+    done = (sess["outcome"].to_numpy() == "completed") if not sess.empty else np.zeros(0, bool)
+    out: dict[str, float] = {}
+    for name in names:
+        m = _INTERVAL.match(name)
+        if not m:
+            continue
+        if name == "wave":
+            burst = (sess["kind"].to_numpy() == "burst") if not sess.empty else np.zeros(0, bool)
+            ends = np.where(done[burst], end[burst], math.inf)
+            med = float(np.median(ends)) if ends.size else math.nan
+            out[name] = med if math.isfinite(med) else math.nan
+        elif m.group(4) is not None:
+            out[name] = float(interval_count_at(sys_s, sys_e, float(m.group(4))))
+        else:
+            kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
+            if kind == "slope":
+                edges = a + backlog_bin * np.arange(int(math.floor((b - a) / backlog_bin + 1e-9)) + 1)
+                out[name] = ls_slope(0.5 * (edges[:-1] + edges[1:]), interval_bin_means(sys_s, sys_e, edges))
+            elif kind == "completions":
+                out[name] = float(np.sum(done & (end >= a) & (end < b))) / (b - a)
+            else:
+                ct = completed_turns(run.turns)
+                t = ct["done_time"].to_numpy(dtype=float, na_value=math.nan)
+                sel = (t >= a) & (t < b)
+                out[name] = float(ct["prompt_tokens"].to_numpy(dtype=float, na_value=math.nan)[sel].mean()) if sel.any() else math.nan
+    return out
 
 
 class OutcomeError(ConfigError):
@@ -90,6 +136,7 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
     from analysis.rules import judge_test, load_rule
 
     spec = load_rule(rule)
+    wanted = {p.quantity for p in pf.predictions if _INTERVAL.match(p.quantity)}
     reg_sha = (pf.registration or {}).get("sha256")
     out = Outcomes()
     verdicts = []
@@ -117,7 +164,10 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
             out.put("good", key, a.state == "RECOVERED", src)
         if a.state in ("FAILED", "INVALID"):
             continue  # a run that did not complete gives a state, not statistics to score
-        for k, v in a.stats.items():
+        stats = dict(a.stats)
+        if wanted:
+            stats.update(interval_quantities(d, wanted, float(spec["params"].get("backlog_bin", 10.0))))
+        for k, v in stats.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 out.put(k, key, float(v), src)
     if verdicts:

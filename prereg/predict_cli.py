@@ -37,15 +37,24 @@ def _cmd_make_sim(args: argparse.Namespace) -> int:
     layers = ["fresh"] + (["exact"] if args.exact else [])
     pf = simulator_predictions(args.test, n_seeds=args.seeds, first_seed=args.first_seed, arms=_strs(args.arms), rates=_floats(args.rates),
                                layers=layers, value_quantities=_strs(args.values) or DEFAULT_VALUE_QUANTITIES,
-                               tolerance_sd=args.tolerance_sd, registration=args.registration, jobs=args.jobs, work_dir=args.work, name=args.name)  # fmt: skip
+                               tolerance_sd=args.tolerance_sd, band=args.band, registration=args.registration, jobs=args.jobs,
+                               work_dir=args.work, name=args.name)  # fmt: skip
     return _write(pf, args.out)
 
 
 def _cmd_make_fluid(args: argparse.Namespace) -> int:
     from prereg.predict_makers import model_f_predictions
 
+    intervals = []
+    for x in _strs(args.intervals) or []:
+        a, _, b = x.partition(":")
+        try:
+            intervals.append((float(a), float(b)))
+        except ValueError:
+            raise CLIError(f"--intervals {x!r}: expected START:END in seconds, e.g. 3000:8700") from None
     pf = model_f_predictions(args.test, arms=_strs(args.arms), rates=_floats(args.rates), slope_tolerance=args.slope_tolerance,
-                             completions_tolerance=args.completions_tolerance, registration=args.registration, name=args.name)  # fmt: skip
+                             completions_tolerance=args.completions_tolerance, intervals=intervals, wave=args.wave,
+                             trap_state=args.trap_state, registration=args.registration, name=args.name)  # fmt: skip
     return _write(pf, args.out)
 
 
@@ -103,6 +112,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
 def register(cli: Any) -> None:
     """Add `agentload predict ...`."""
     p = cli.command("predict", group="calibrate", help="make prediction files, freeze them before the runs, score them after")
+    from provenance.git import GitError
+
+    cli.user_errors(GitError)  # "not a git repository", "no such tag": the user's to fix, no traceback
     p.set_defaults(func=None, _parser=p)
     sub = p.add_subparsers(dest="predict_action", metavar="ACTION")
 
@@ -119,6 +131,7 @@ def register(cli: Any) -> None:
     s.add_argument("--rates", help="comma-separated rates (default: the test's)")
     s.add_argument("--values", help="comma-separated run statistics to predict as values (default hit,followup_hit,slope,token_ratio)")
     s.add_argument("--tolerance-sd", type=float, default=2.0, help="value tolerance in fresh-seed standard deviations (default 2)")
+    s.add_argument("--band", action="store_true", help="value tolerance: the band [min, max] the fresh seeds spanned")
     s.add_argument("--exact", action="store_true", help="also simulate the registered seeds' own frozen plans and freeze those calls")
     s.add_argument("--registration", help="the registration the predictions are about (its SHA-256 goes in the file)")
     s.add_argument("--jobs", type=int, default=1, help="parallel simulations")
@@ -133,6 +146,9 @@ def register(cli: Any) -> None:
     f.add_argument("--rates")
     f.add_argument("--slope-tolerance", type=float, default=0.004, help="absolute tolerance on window slopes, sessions/s")
     f.add_argument("--completions-tolerance", type=float, default=0.006, help="absolute tolerance on completions, sessions/s")
+    f.add_argument("--intervals", help="extra START:END intervals for slopes and completions, comma-separated (e.g. 3000:8700,6600:8700)")
+    f.add_argument("--wave", action="store_true", help="predict the burst cohort's median completion (MIRROR's wave, +-0.15 (F - t_burst))")
+    f.add_argument("--trap-state", action="store_true", help="asymptotic trap-state targets per run: S1 prompt, S3 completions, S4 slope")
     f.add_argument("--registration")
     f.add_argument("--name")
     f.set_defaults(func=_cmd_make_fluid)

@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from harness.config import ConfigError, TestBundle, load_test
+from prereg.outcomes import _INTERVAL, interval_quantities
 from prereg.predictions import About, Prediction, PredictionFile, make_file
 from prereg.freeze import utc_precise
 from provenance.meta import git_state, sha256_bytes, sha256_file
@@ -108,12 +109,16 @@ def simulator_predictions(
     value_quantities: Sequence[str] = DEFAULT_VALUE_QUANTITIES,
     tolerance_sd: float = 2.0,
     tolerance_floor: Mapping[str, float] | None = None,
+    band: bool = False,
     registration: str | Path | None = None,
     work_dir: str | Path | None = None,
     jobs: int = 1,
     name: str | None = None,
 ) -> PredictionFile:
-    """Predictions from the simulator for every registered run of a test (see the module doc)."""
+    """Predictions from the simulator for every registered run of a test (see the module doc).
+
+    band: a value's tolerance is the band the fresh seeds spanned, [min, max] (the paper's
+    "inside its 20-seed band" for release times), instead of mean +- tolerance_sd sd."""
     from analysis.report import analyze_run
     from analysis.rules import load_rule
 
@@ -131,7 +136,7 @@ def simulator_predictions(
     if bad:
         raise ConfigError(f"layers {sorted(bad)}: expected 'fresh' and/or 'exact'")
     floors = {**DEFAULT_TOLERANCE_FLOOR, **(tolerance_floor or {})}
-    spec = load_rule(None)
+    spec = load_rule(bundle.rule_path)  # the rule the test names (the built-in E2 rule by default)
     tmp = None
     if work_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="agentload-sim-pred-")
@@ -144,6 +149,10 @@ def simulator_predictions(
             todo += [(a, r, s) for a in arm_keys for r in rate_list for s in seeds]
         dirs = _simulate(test_path, todo, work, jobs)
         verdicts = {k: analyze_run(d, spec, series=False).verdict for k, d in dirs.items()}
+        extra = {q for q in value_quantities if _INTERVAL.match(q)}
+        if extra:
+            for k, d in dirs.items():
+                verdicts[k].stats.update(interval_quantities(Path(d), extra))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -177,10 +186,14 @@ def simulator_predictions(
                     if arr.size == 0:
                         continue
                     sd = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-                    tol = max(tolerance_sd * sd, float(floors.get(q, 0.0)))
+                    if band:
+                        tolerance, how = {"interval": [round(float(arr.min()), 6), round(float(arr.max()), 6)]}, f"the band of {arr.size} fresh seeds"
+                    else:
+                        tol = max(tolerance_sd * sd, float(floors.get(q, 0.0)))
+                        tolerance, how = {"abs": round(tol, 6)}, f"max({tolerance_sd:g} sd, floor {floors.get(q, 0.0):g})"
                     preds.append(Prediction(f"sim-{tag}-{q}", q, about, "value", {**src, "seed_values": [round(float(x), 6) for x in arr]},
-                                            {"value": round(float(arr.mean()), 6), "tolerance": {"abs": round(tol, 6)}}, "simulator fresh values",
-                                            note=f"mean of {arr.size} fresh seeds; tolerance max({tolerance_sd:g} sd, floor {floors.get(q, 0.0):g})"))  # fmt: skip
+                                            {"value": round(float(arr.mean()), 6), "tolerance": tolerance}, "simulator fresh values",
+                                            note=f"mean of {arr.size} fresh seeds; tolerance {how}"))  # fmt: skip
         p_seed = sum(joint) / n_seeds
         leaves = []
         for seed in seeds:
@@ -213,7 +226,7 @@ def simulator_predictions(
         see.append(f"simulated runs on the registered seeds' own frozen plans (seeds {seeds}): the plans, not any engine run")
     see.append("no run of this test on the engine under test")
     params = {"n_seeds": n_seeds, "first_seed": first_seed, "layers": list(layers), "value_quantities": list(value_quantities),
-              "tolerance_sd": tolerance_sd, "tolerance_floor": floors, "rule": spec["name"]}  # fmt: skip
+              "tolerance_sd": tolerance_sd, "tolerance_floor": floors, "band": band, "rule": spec["name"]}  # fmt: skip
     return make_file(name or f"{bundle.test.name}-simulator", preds, test=bundle.test.name, registration=registration_ref(registration),
                      predictor=_predictor("simulator", params), could_see=see, made_at=utc_precise(),
                      description=f"Simulator predictions for test {bundle.test.name}: {n_seeds} fresh seeds per arm and rate",
@@ -238,10 +251,23 @@ def model_f_predictions(
     slope_tolerance: float = 0.004,
     completions_tolerance: float = 0.006,
     backlog_tolerance_rel: float = 0.15,
+    intervals: Sequence[tuple[float, float]] = (),
+    wave: bool = False,
+    wave_tolerance: float = 0.15,
+    trap_state: bool = False,
     registration: str | Path | None = None,
     name: str | None = None,
 ) -> PredictionFile:
-    """Per-seed model F predictions from each registered seed's exact frozen plan (burst arms only)."""
+    """Per-seed model F predictions from each registered seed's exact frozen plan (burst arms only).
+
+    intervals  extra [a, b) intervals: slope_a_b and completions_a_b (CUT's [3000, 8700), MIRROR's
+               late completions over [6600, 8700), ...), with the slope and completions tolerances
+    wave       the burst cohort's median completion ("wave"), within wave_tolerance (F - t_burst)
+               (MIRROR's M2: 0.15)
+    trap_state the asymptotic trap-state targets at the run's nominal rate, per run: the tilted-mix
+               mean prompt of turns completed in the window (S1, +-8%), completions D (S3, +-15%),
+               backlog growth alpha (S4, +-35%)
+    """
     from analysis.theory.entry import Server, all_miss_onset
     from analysis.theory.fluid import plan_fluid_from_plan
     from analysis.theory.model_f import model_f_from_cost
@@ -282,6 +308,32 @@ def model_f_predictions(
                 about = About("run", a, r, seed)
                 tag = f"{a}-r{r:.2f}-s{seed}"
                 src = {**src_base, "plan_sha256": psha, "seed": seed}
+                for a0, b0 in intervals:
+                    q = f"{a0:g}_{b0:g}"
+                    preds.append(Prediction(f"mf-{tag}-slope-{q}", f"slope_{q}", about, "value", src,
+                                            {"value": round(res.backlog_slope(float(a0), float(b0), float(proto.backlog_bin)), 6),
+                                             "tolerance": {"abs": slope_tolerance}}, "model F intervals"))  # fmt: skip
+                    preds.append(Prediction(f"mf-{tag}-completions-{q}", f"completions_{q}", about, "value", src,
+                                            {"value": round(res.completion_rate(float(a0), float(b0)), 6), "tolerance": {"abs": completions_tolerance}},
+                                            "model F intervals"))  # fmt: skip
+                if wave:
+                    wv = res.burst_median_completion()
+                    if math.isfinite(wv):
+                        preds.append(Prediction(f"mf-{tag}-wave", "wave", about, "value", src,
+                                                {"value": round(wv, 3), "tolerance": {"rel_of_offset": wave_tolerance, "origin": float(proto.burst.time)}},
+                                                "model F wave", note="median completion time of the burst cohort"))  # fmt: skip
+                if trap_state and mf.rho(r * lam_ref) > 1.0:
+                    asy = mf.asymptotics(r * lam_ref)
+                    w = f"{w0:g}_{w1:g}"
+                    ts = {**src, "asymptotic": True, "rate": r}
+                    preds += [
+                        Prediction(f"mf-{tag}-S1", f"mean_prompt_{w}", about, "value", ts, {"value": round(asy.tilted_prompt, 3), "tolerance": {"rel": 0.08}},
+                                   "model F trap state", note="S1: tilted-mix mean prompt of the turns completed in the window"),
+                        Prediction(f"mf-{tag}-S3", "sessions_completed_rate", about, "value", ts, {"value": round(asy.D, 6), "tolerance": {"rel": 0.15}},
+                                   "model F trap state", note="S3: completions D (the pooled tolerance, applied per run)"),
+                        Prediction(f"mf-{tag}-S4", "slope", about, "value", ts, {"value": round(asy.alpha, 6), "tolerance": {"rel": 0.35}},
+                                   "model F trap state", note="S4: backlog growth alpha (the pooled tolerance, applied per run)"),
+                    ]  # fmt: skip
                 preds += [
                     Prediction(f"mf-{tag}-slope", "slope", about, "value", src, {"value": round(slope, 6), "tolerance": {"abs": slope_tolerance}}, "model F"),
                     Prediction(f"mf-{tag}-slope-vs-qs", "slope", about, "closest", src,
@@ -294,7 +346,8 @@ def model_f_predictions(
                     Prediction(f"mf-{tag}-stuck", "stuck", about, "call", src, {"value": stuck}, "model F",
                                note=f"stuck iff the fluid backlog stays above the all-miss onset n_b = {onset.n_b:.1f} over the window"),
                 ]  # fmt: skip
-    params = {"slope_tolerance": slope_tolerance, "completions_tolerance": completions_tolerance, "backlog_tolerance_rel": backlog_tolerance_rel}
+    params = {"slope_tolerance": slope_tolerance, "completions_tolerance": completions_tolerance, "backlog_tolerance_rel": backlog_tolerance_rel,
+              "intervals": [list(x) for x in intervals], "wave": wave, "wave_tolerance": wave_tolerance, "trap_state": trap_state}  # fmt: skip
     return make_file(name or f"{bundle.test.name}-model-f", preds, test=bundle.test.name, registration=registration_ref(registration),
                      predictor=_predictor("model_f", params), made_at=utc_precise(),
                      could_see=[f"the test config and the frozen plans of seeds {list(bundle.test.seeds)} (generated from the configs)",

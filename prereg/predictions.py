@@ -9,7 +9,7 @@ simulator over N fresh seeds at the engine model's commit, model F driven by the
 plans, the first-principles entry model, or a transcription), and a statement of what the
 predictor could see when it predicted. `docs/predictions.md` documents the format.
 
-The file is YAML (JSON is valid YAML), `format: agentload-predictions`, `format_version: 1`.
+The file is YAML (JSON is valid YAML), `format: agentload-prediction-set`, `format_version: 1`.
 Loading is strict: unknown keys, a probability outside [0, 1], a rule clause naming an unknown
 prediction, two predictions with one id are errors that name the file, the field, the value and
 what was expected.
@@ -26,7 +26,7 @@ import yaml
 
 from harness.config import ConfigError
 
-FORMAT = "agentload-predictions"
+FORMAT = "agentload-prediction-set"
 FORMAT_VERSION = 1
 
 # Prediction kinds and the payload keys each needs (beyond the common ones).
@@ -173,7 +173,7 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
     except yaml.YAMLError as exc:
         raise PredictionError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(doc, dict):
-        raise _err(path, "top level", type(doc).__name__, "a mapping with format: agentload-predictions")
+        raise _err(path, "top level", type(doc).__name__, "a mapping with format: agentload-prediction-set")
     if doc.get("format") != FORMAT:
         raise _err(path, "format", doc.get("format"), f"{FORMAT!r}")
     if doc.get("format_version") != FORMAT_VERSION:

@@ -128,6 +128,8 @@ class Registration(_Strict):
     rates: list[Rate]
     seeds: list[int]
     cap: int | None = Field(None, ge=1)
+    top_rate: float = Field(2.0, gt=0, description="sessions/s of the CRN base stream the plans thin (part of each plan's identity)")
+    start_lateness_p99: float = Field(0.1, gt=0, description="open-loop bound on session-start lateness (TestConfig)")
     references: References
     rule: dict[str, Any]
     kill_conditions: list[KillCondition] = Field(default_factory=list)
@@ -179,9 +181,11 @@ class Registration(_Strict):
         missing = [a for a in self.arms if a not in self.arm_configs]
         if missing:
             raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
-        test = TestConfig(name=self.test, description=self.description, cell=self.cell.name, workload=self.workload.name,
-                          protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(), seeds=list(self.seeds),
-                          cap=self.cap, registration=str(self._path) if self._path else self.name)  # fmt: skip
+        # the registration's own rule dict is authoritative; the test names it by its name
+        test = TestConfig(name=self.test, description=self.description, rule=str(self.rule.get("name", "e2")), cell=self.cell.name,
+                          workload=self.workload.name, protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(),
+                          seeds=list(self.seeds), cap=self.cap, registration=str(self._path) if self._path else self.name,
+                          top_rate=self.top_rate, start_lateness_p99=self.start_lateness_p99)  # fmt: skip
         return TestBundle(test=test, cell=self.cell, workload=self.workload, protocol=self.protocol,
                           arms=dict(self.arm_configs), path=self._path)  # fmt: skip
 
@@ -232,6 +236,9 @@ class Registration(_Strict):
                 problems.append(f"rates: a {self.status} registration needs at least one rate")
             if not self.seeds:
                 problems.append(f"seeds: a {self.status} registration needs at least one seed")
+            for i, r in enumerate(self.rates):
+                if r.sessions_per_s > self.top_rate:
+                    problems.append(f"rates[{i}]: {r.sessions_per_s:.4g} sessions/s exceeds top_rate {self.top_rate}; expected at most the plans' base rate")
             want_plans = {(a.lower(), round(m, 9), s) for a in self.arms for m in mults for s in self.seeds}
             have = [(p.arm.lower(), round(p.rate, 9), p.seed) for p in self.plans]
             if len(set(have)) != len(have):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import orjson
 
@@ -61,7 +61,7 @@ def score_frozen(
     targets: Sequence[str | Path],
     *,
     outcome_files: Sequence[str | Path] = (),
-    rule: str | None = None,
+    rule: str | Mapping[str, Any] | None = None,
     repo: Repo | None = None,
 ) -> ScoreReport:
     """Score the predictions frozen under `pred` (a tag or a freeze record) against runs/test dirs."""
@@ -80,6 +80,9 @@ def score_frozen(
         tl = build_timeline(tds[0], repo=repo, freezes=[fz.record.path if fz.record and fz.record.path else fz.tag])
         facts = next((f for f in tl.freezes if f.tag == fz.tag), None) or freeze_facts(fz, tl.counted or tl.runs)
         notes += tl.notes
+        if rule is None and tl.registration.view is not None and tl.registration.view.raw.get("rule"):
+            rule = tl.registration.view.raw["rule"]  # the registration's rule judges its runs
+            notes.append(f"runs judged with the registration's rule ({rule.get('name')})")
     else:
         facts = freeze_facts(fz, run_times([read_run(d) for d in dirs], None, None))
         if dirs:

@@ -68,6 +68,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def register(cli: Any) -> None:
     """Add `agentload provenance ...`."""
     p = cli.command("provenance", group="judge", help="proofs of unchanged files, a test's timeline and labels, whole-test verification")
+    from provenance.git import GitError
+
+    cli.user_errors(GitError)  # "not a git repository", "no such tag": the user's to fix, no traceback
     p.set_defaults(func=None, _parser=p)
     sub = p.add_subparsers(dest="provenance_action", metavar="ACTION")
 

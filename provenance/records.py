@@ -18,16 +18,17 @@ Fields read (a writer may add others):
     jobs[]                   {job_id, arm, rate, seed, plan_sha256, run_dir (relative to testdir)}
 
 `<testdir>/provenance/accounting.json` (the scheduler's accounting export, UTC)
-    a list of rows, or {"rows": [...]}; each row: JobID, JobName, Submit, Start, End, State,
-    ExitCode, NodeList, Timelimit, Elapsed, Comment. Times are ISO-8601; a time without a zone is
-    UTC; "Unknown", "None" and "" mean not (yet) known.
+    a list of rows, or {"rows": [...]}; each row either in sacct's own names (JobID, JobName,
+    Submit, Start, End, State, ExitCode, NodeList, Timelimit, Elapsed, Comment) or in the export's
+    (job_id, job_name, submit_utc, start_utc, end_utc, state, exit_code, node_list, comment).
+    Times are ISO-8601; a time without a zone is UTC; "Unknown", "None" and "" mean not known.
 
 `<run>/meta.json` (docs/run-format.md): registration {name, path, sha256, commit}, plan {sha256,
     file}, cell, arm, rate, seed, status, created_at, finished_at, provenance {git {commit, dirty},
     slurm {slurm_job_id, slurm_array_job_id, slurm_array_task_id}}.
 
-Registration YAML (prereg/registrations/<name>.yaml, by its documented keys): name, status,
-    test, cell, arms, rates [{multiple, ...}], seeds, plans [{arm, rate, seed, sha256}].
+Registration (prereg/registrations/<name>.yaml), read through prereg.registration: name, status,
+    test, cell, arms, rates, seeds, plans [{arm, rate, seed, sha256}].
 """
 
 from __future__ import annotations
@@ -167,6 +168,12 @@ class Job:
     comment: str | None
 
 
+_SACCT = {"id": "JobID", "name": "JobName", "submit": "Submit", "start": "Start", "end": "End", "state": "State",
+          "exit": "ExitCode", "nodes": "NodeList", "comment": "Comment"}  # fmt: skip
+_SNAKE = {"id": "job_id", "name": "job_name", "submit": "submit_utc", "start": "start_utc", "end": "end_utc", "state": "state",
+          "exit": "exit_code", "nodes": "node_list", "comment": "comment"}  # fmt: skip
+
+
 def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
     p = Path(testdir) / ACCOUNTING
     if not p.is_file():
@@ -178,11 +185,16 @@ def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
     out: dict[str, Job] = {}
     for i, r in enumerate(rows):
         w = f"{p}: rows[{i}]"
-        jid = str(_need(r, "JobID", w))
+        if not isinstance(r, dict):
+            raise RecordError(f"{w}: got {r!r}; expected a mapping")
+        names = _SNAKE if "job_id" in r else _SACCT
+        jid = str(_need(r, names["id"], w))
         if "." in jid:  # job steps (123.batch, 123.0) belong to their job
             continue
-        out[jid] = Job(jid, r.get("JobName"), parse_utc(r.get("Submit"), f"{w}.Submit"), parse_utc(r.get("Start"), f"{w}.Start"),
-                       parse_utc(r.get("End"), f"{w}.End"), r.get("State"), r.get("ExitCode"), r.get("NodeList"), r.get("Comment"))  # fmt: skip
+        t = {n: parse_utc(r.get(names[n]), f"{w}.{names[n]}") for n in ("submit", "start", "end")}
+        code = r.get(names["exit"])
+        out[jid] = Job(jid, r.get(names["name"]), t["submit"], t["start"], t["end"], r.get(names["state"]),
+                       None if code is None else str(code), r.get(names["nodes"]), r.get(names["comment"]))  # fmt: skip
     return out
 
 
@@ -270,21 +282,18 @@ class RegistrationView:
 
 
 def registration_view(data: bytes, where: str) -> RegistrationView:
+    """The registration's bytes through the project's one loader (prereg.registration), reduced
+    to what the timeline and the verifier read. A file that loader refuses is a RecordError."""
+    from prereg.registration import RegistrationError, registration_from_data
+
     try:
         doc = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise RecordError(f"{where}: not valid YAML ({exc})") from None
-    if not isinstance(doc, dict):
-        raise RecordError(f"{where}: expected a registration mapping")
-    rates = []
-    for i, r in enumerate(doc.get("rates") or []):
-        m = r.get("multiple") if isinstance(r, dict) else r
-        if not isinstance(m, (int, float)):
-            raise RecordError(f"{where}: rates[{i}]: got {r!r}; expected {{multiple, sessions_per_s}} or a number")
-        rates.append(float(m))
-    plans = {}
-    for i, x in enumerate(doc.get("plans") or []):
-        plans[(str(_need(x, "arm", f"{where}: plans[{i}]")).upper(), round(float(_need(x, "rate", f"{where}: plans[{i}]")), 6),
-               int(_need(x, "seed", f"{where}: plans[{i}]")))] = str(_need(x, "sha256", f"{where}: plans[{i}]"))  # fmt: skip
-    return RegistrationView(doc.get("name"), doc.get("status"), doc.get("test"), dict(doc.get("cell") or {}),
-                            [str(a) for a in doc.get("arms") or []], rates, [int(s) for s in doc.get("seeds") or []], plans, doc)  # fmt: skip
+    try:
+        reg = registration_from_data(doc, where, raw=data)
+    except RegistrationError as exc:
+        raise RecordError(str(exc)) from None
+    plans = {(p.arm.upper(), round(p.rate, 6), p.seed): p.sha256 for p in reg.plans}
+    return RegistrationView(reg.name, reg.status, reg.test, reg.cell.model_dump(mode="json"), list(reg.arms), reg.multiples(),
+                            list(reg.seeds), plans, doc)  # fmt: skip

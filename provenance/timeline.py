@@ -7,11 +7,12 @@ exports; here it is read from git (commit times; the freeze and submission recor
 remote was seen to hold a commit), the scheduler's accounting export (submit, start, end) and
 each run's meta.json (run start and end), all in UTC, and the labels follow by rule:
 
-Registration label (rules-digest Decisions, AMB-4; prereg/labels.py will own this rule once it
-lands, and this module then calls it):
-  pre-registered  the registration's commit was confirmed on the remote (recorded at submission)
-                  before the scheduler's submit time of the first counted job
-  registered      committed before that submit time, but not confirmed on the remote before it
+Registration label (rules-digest Decisions, AMB-4): prereg.labels.label_for decides it from the
+facts gathered here (status, commit time, clean tree, the remote confirmation the submission
+manifest recorded, the first counted job's submit time):
+  pre-registered  the registration's commit was confirmed on the remote at or before the
+                  scheduler's submit time of the first counted job
+  registered      committed before that submit time, but not confirmed on the remote by then
   exploratory     otherwise, or the registration is not FILLED
 
 Prediction blindness (per prediction, over the runs it is about):
@@ -23,8 +24,9 @@ Prediction blindness (per prediction, over the runs it is about):
                                    it, marked "declared, not verified"
 
 Without a scheduler export (runs driven locally), a run's meta.json `created_at` stands for both
-its submit and its start, and the timeline says so. Comparisons are strict and conservative: a
-time recorded to the second that equals a confirmation time counts as not after it.
+its submit and its start, and the timeline says so. Blindness comparisons are strict (a run time
+recorded to the second that equals the freeze's microsecond confirmation time counts as not after
+it), the conservative reading for the stronger claim; the label follows prereg.labels (at or before).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from prereg.freeze import Frozen, FreezeError, FreezeRecord, load_record, read_frozen
-from prereg.predictions import Prediction
+from prereg.predictions import About, Prediction
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
 from provenance.records import (
@@ -90,6 +92,7 @@ class RegistrationFacts:
     later_commits: list[tuple[str, str]]
     source: str
     problems: list[str] = field(default_factory=list)
+    manifest_dirty: bool | None = None  # the submitting tree's dirty flag, where the manifest records it
 
 
 @dataclass
@@ -186,6 +189,8 @@ def registration_facts(manifest: Manifest | None, runs: Sequence[RunRecord], rep
         if bound:
             ref, source = registration_ref(bound[0], f"{runs[0].path}/meta.json: registration"), "runs' meta.json"
     facts = RegistrationFacts(ref, None, remote, None, None, None, [], source)
+    if manifest is not None and ("dirty" in manifest.raw or "clean" in manifest.raw):
+        facts.manifest_dirty = bool(manifest.raw["dirty"]) if "dirty" in manifest.raw else not bool(manifest.raw["clean"])
     if ref is None:
         facts.problems.append("no registration: neither a submission manifest nor any run's meta.json names one")
         return facts
@@ -226,28 +231,29 @@ def counted_runs(times: Sequence[RunTimes], facts: RegistrationFacts) -> list[Ru
 
 
 def registration_label(facts: RegistrationFacts, counted: Sequence[RunTimes]) -> tuple[str, str]:
-    """(label, why) by the rule in the module doc."""
-    if facts.ref is None:
-        return EXPL, "no registration binds the runs"
-    status = facts.view.status if facts.view else None
-    if status != "FILLED":
-        return EXPL, f"the registration's status is {status!r}, not FILLED"
-    if facts.committed_sha256 != facts.ref.sha256:
-        return EXPL, f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {str(facts.committed_sha256)[:12]}, not the bound {facts.ref.sha256[:12]}"
+    """(label, why): the facts of the record handed to prereg.labels.label_for, the project's one rule."""
+    from prereg.labels import label_for
+
+    if facts.ref is not None and facts.committed_sha256 is not None and facts.committed_sha256 != facts.ref.sha256:
+        return EXPL, f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound {facts.ref.sha256[:12]}"
     submits = [t.submit for t in counted if t.submit is not None]
-    if not submits:
-        return EXPL, "no counted run has a submit (or start) time"
-    first = min(submits)
+    first = min(submits) if submits else None
     src = "scheduler submit" if any(t.times_from == "scheduler" for t in counted) else "run start in meta.json (no scheduler record)"
-    if facts.committed_at is None or not facts.committed_at < first:
-        return EXPL, f"the registration was committed at {iso(facts.committed_at)}, not before the first {src} {iso(first)}"
     rc = facts.remote
-    if rc is not None and rc.contains and rc.checked_at is not None and rc.checked_at < first:
-        return PRE, (f"committed {iso(facts.committed_at)}; confirmed on {rc.remote}/{rc.branch} at {iso(rc.checked_at)}; "
-                     f"first {src} {iso(first)}")  # fmt: skip
-    why = "no record of the remote holding it" if rc is None else (
-        "the remote did not contain it when asked" if not rc.contains else f"confirmed on the remote only at {iso(rc.checked_at)}")
-    return REG, f"committed {iso(facts.committed_at)} before the first {src} {iso(first)}; {why}"
+    lab = label_for(
+        status=(facts.view.status if facts.view else None) if facts.ref is not None else None,
+        committed=facts.committed_at is not None,
+        clean=not (facts.manifest_dirty or False),
+        commit_time=facts.committed_at,
+        remote_confirmed_at=rc.checked_at if rc is not None and rc.contains else None,
+        first_submit=first,
+    )
+    why = lab.reason + (f" (first counted time: {src})" if first else "")
+    if rc is None and facts.ref is not None:
+        why += "; no submission manifest records the remote holding it"
+    elif rc is not None and not rc.contains:
+        why += f"; the remote did not contain it when asked at {iso(rc.checked_at)}"
+    return lab.label, why
 
 
 def runs_about(p: Prediction, times: Sequence[RunTimes]) -> list[RunTimes]:
@@ -293,6 +299,14 @@ def freeze_facts(fz: Frozen, times: Sequence[RunTimes]) -> FreezeFacts:
     declared = None
     for f in fz.files:
         pf = f.predictions
+        if f.model_value_runs is not None:  # a rule's model-value file: blind for the runs it lists
+            for arm, rate, seed in f.model_value_runs:
+                p = Prediction(f"{f.path}:{arm}-r{rate:g}-s{seed}", "model values", About("run", None if arm == "*" else arm, rate, seed),
+                               "value", {"kind": "model_f"}, {})
+                rs = runs_about(p, times) if arm != "*" else [t for t in times if round(t.run.rate, 6) == round(rate, 6) and t.run.seed == seed]
+                by[p.id] = blindness(conf, rs, None)
+                for t in rs:
+                    all_runs[t.run.path] = t
         if pf is None:
             continue
         if pf.declared_blindness:

@@ -19,6 +19,7 @@ import yaml
 
 from gitfixture import git
 from harness.config import TestBundle, load_test
+from prereg.registration import load_registration
 from provenance.git import Repo
 from provenance.meta import sha256_file
 
@@ -93,7 +94,9 @@ def commit_registration(work: Path, bundle: TestBundle, name: str = "tiny-e2", p
     git(work, "commit", "-q", "-m", f"registration {name}")
     if push:
         git(work, "push", "-q", "origin", "main")
-    return {"name": name, "path": rel, "sha256": sha256_file(p), "commit": git(work, "rev-parse", "HEAD")}
+    reg = load_registration(p)  # the project's one loader accepts it
+    assert reg.sha256 == sha256_file(p)
+    return reg.binding(rel, git(work, "rev-parse", "HEAD"))
 
 
 def record_submission(testdir: Path, work: Path, binding: dict[str, Any], label: str | None = None, jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

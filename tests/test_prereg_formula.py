@@ -118,3 +118,41 @@ def test_registered_parameters_change_the_outcome(tmp_path: Path) -> None:
     reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
     assert reg.fill["params"]["band_low_factor"] == 1.4 and reg.fill["cap"]["ambiguity_reading"] == "not_argmax_or_another"
     assert reg.status == "INCOMPLETE" and any("1.35" in s and "(1.4, 1.8)" in s for s in reg.status_reasons)
+
+
+def _edit_e0b(inputs: Path, old: str, new: str) -> None:
+    p = inputs / "e0b.yaml"
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new))
+
+
+def test_non_monotone_e0b_warns_and_keeps_the_prefix_edge(tmp_path: Path) -> None:
+    inputs, tmpl = write_case(tmp_path)
+    _edit_e0b(inputs, "- {multiple: 3.0, seed: 0, stable: false, final_backlog: 289.0, rise: 196.0, sessions: 697}",
+              "- {multiple: 3.0, seed: 0, stable: true, sessions: 697}")  # fmt: skip
+    reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
+    e = reg.fill["measured"]["e0b"]
+    assert (e["edge"], e["monotone"]) == (2.0, False) and reg.status == "FILLED"
+    assert any(w.id == "e0b_not_monotone" for w in reg.warnings)
+
+
+def test_no_stable_multiple_leaves_no_window(tmp_path: Path) -> None:
+    inputs, tmpl = write_case(tmp_path)
+    _edit_e0b(inputs, "- {multiple: 1.25, seed: 0, stable: true, sessions: 302}", "- {multiple: 1.25, seed: 0, stable: false, sessions: 302}")
+    reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
+    assert reg.status == "INCOMPLETE" and reg.fill["window"]["high"] is None and not reg.plans
+    assert any("no E0b multiple was stable" in s for s in reg.status_reasons)
+    assert next(k for k in reg.kill_conditions if k.id == "K4").frozen["triggered"] is True
+
+
+def test_mu_star_binds_when_the_edge_is_higher(tmp_path: Path) -> None:
+    """The min's other branch, never exercised by the paper's cells: mu*/lambda_ref below the edge."""
+    inputs, tmpl = write_case(tmp_path)
+    p = inputs / "stage-c.yaml"
+    p.write_text(p.read_text().replace("mu_sessions: 0.2333", "mu_sessions: 0.1300").replace("mu_sessions: 0.2239", "mu_sessions: 0.1250")
+                 .replace("mu_sessions: 0.1756", "mu_sessions: 0.1100"))  # fmt: skip
+    reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
+    w = reg.fill["window"]
+    assert w["binding"] == "mu_star" and w["high"] == pytest.approx(0.13 / 0.07153)
+    assert reg.multiples() == [1.25, 1.55] and reg.status == "FILLED"

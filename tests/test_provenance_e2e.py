@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reg_file = work / binding["path"]
     testdir = root / "results" / "tiny-e2"
     sim = write_predictions(simulator_predictions(test_path, n_seeds=2, registration=reg_file), work / "predictions" / "tiny-sim.yaml")
-    mf = write_predictions(model_f_predictions(test_path, registration=reg_file), work / "predictions" / "tiny-mf.yaml")
-    assert main(["predict", "freeze", str(sim), str(mf), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
+    mf = write_predictions(model_f_predictions(test_path, registration=reg_file, intervals=[(600.0, 1800.0)], wave=True, trap_state=True),
+                           work / "predictions" / "tiny-mf.yaml")  # fmt: skip
+    values = work / "predictions" / "tiny-values.json"  # a rule's model-value file, frozen beside them
+    values.write_text(json.dumps({"format": "agentload-predictions", "format_version": 1, "name": "tiny-values",
+                                  "runs": [{"arm": "burst", "rate": 1.35, "seed": s, "values": {"slope": 0.01}} for s in (0, 1)]}))  # fmt: skip
+    assert main(["predict", "freeze", str(sim), str(mf), str(values), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
     time.sleep(1.1)  # run times are recorded to the second: start strictly after the confirmation
     record_submission(testdir, work, binding, label="pre-registered")
     runs = run_all(test_path, testdir, binding)
@@ -80,6 +84,9 @@ def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(world:
     assert by_id["sim-noburst-r1.35-s0-stuck"]["result"] == "hit" and by_id["sim-noburst-r1.35-s0-stuck"]["outcome"] is False
     # every BURST run is stuck in this tiny test, and model F's onset criterion calls it
     assert all(by_id[f"mf-burst-r1.35-s{s}-stuck"]["result"] == "hit" for s in (0, 1))
+    # interval quantities, the wave and the trap-state targets are measured on the runs' records
+    for q in ("slope-600_1800", "completions-600_1800", "wave", "S1", "S3", "S4"):
+        assert by_id[f"mf-burst-r1.35-s0-{q}"]["result"] in ("hit", "miss"), by_id[f"mf-burst-r1.35-s0-{q}"]
     # the rate's PASS probability is recomputed from its per-seed probabilities
     rule = by_id["sim-r1.35-pass"]
     assert rule["probability"] == pytest.approx(rule["stated_probability"], abs=1e-6)
@@ -98,6 +105,10 @@ def test_timeline_orders_the_record_and_gives_the_labels(world: dict[str, Any], 
     assert tl.label == "pre-registered", tl.label_reason
     labels = {f.tag: f.overall.label for f in tl.freezes}
     assert labels == {"pred-tiny": "blind in time", "pred-tiny-late": "not blind"}
+    early = next(f for f in tl.freezes if f.tag == "pred-tiny")
+    mv = {k: b.label for k, b in early.by_prediction.items() if k.startswith("predictions/tiny-values.json:")}
+    assert len(mv) == 2 and set(mv.values()) == {"blind in time"}
+    assert {f["kind"] for f in early.frozen.record.data["files"]} == {"predictions", "model-values"}
     kinds = [e.kind for e in tl.events]
     assert kinds.index("registration committed") < kinds.index("registration on remote") < kinds.index("run start")
     assert main(["provenance", "timeline", str(world["testdir"]), "--repo", str(world["work"])]) == 0
@@ -128,6 +139,14 @@ def test_editing_a_frozen_file_is_caught_by_the_proof_and_by_score(world: dict[s
         strip = lambda r: [(s["id"], s["result"]) for sc in r["scores"] for s in sc["scored"]]  # noqa: E731
         assert strip(after) == strip(before)  # scored from the tag's bytes, not the edit
         assert "EDITED AFTER THE FREEZE" in (tmp_path / "after" / "pred-tiny.score.md").read_text()
+        # committed, the edit is an erratum: listed with its time, the tag still scores the frozen bytes
+        git(world["work"], "commit", "-q", "-m", "erratum to the simulator predictions", "--", str(sim.relative_to(world["work"])))
+        errata = _score(world, "pred-tiny", monkeypatch, tmp_path / "erratum")
+        f = next(x for x in errata["files"] if x["path"].endswith("tiny-sim.yaml"))
+        assert len(f["errata"]) == 1 and f["errata"][0]["committed_at"] and strip(errata) == strip(before)
+        assert "**erratum** commit" in (tmp_path / "erratum" / "pred-tiny.score.md").read_text()
+        tl = build_timeline(world["testdir"], repo=Repo(world["work"]))
+        assert any(e.kind == "erratum" for e in tl.events)
     finally:
         sim.write_bytes(original)
 
