@@ -22,7 +22,7 @@ def _open(args: argparse.Namespace) -> Any:
         from provenance.git import Repo
 
         repo = Repo.containing(Path(args.repo))
-    return open_testdir(args.testdir, repo=repo)
+    return open_testdir(args.testdir, repo=repo, registration=getattr(args, "registration", None))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -59,6 +59,7 @@ def register(cli: Any) -> None:
     s.add_argument("testdir", help="the test directory (submission.json, runs/, provenance/, the verdict)")
     s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.add_argument("--no-scheduler", action="store_true", help="do not ask the scheduler; job states from the accounting export only")
+    s.add_argument("--registration", help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would get)")
     s.add_argument("--repo", help="repository holding the registration and freezes (default: the test directory's, else .)")
     s.set_defaults(func=_cmd_status)
 
@@ -66,5 +67,6 @@ def register(cli: Any) -> None:
     r.add_argument("testdir", help="the test directory")
     r.add_argument("--html", action="store_true", help="write one self-contained HTML page (works offline)")
     r.add_argument("--out", help="HTML file to write (default <testdir>/report.html)")
+    r.add_argument("--registration", help="the registration file, for a test not yet submitted")
     r.add_argument("--repo", help="repository holding the registration and freezes (default: the test directory's, else .)")
     r.set_defaults(func=_cmd_report)

@@ -112,6 +112,9 @@ def registration_status(td: TestDir) -> dict[str, Any]:
                     "status_reasons": list(reg.status_reasons)})  # fmt: skip
         if ref and ref.get("sha256") and ref["sha256"] != reg.sha256:
             out["mismatch"] = f"the file now hashes to {reg.sha256}, but the {ref['source']} binds {ref['sha256']}"
+        hint = td.registration_hint
+        if hint is not None and ref and ref["source"] != "command line (--registration)" and Path(piece.path or "").resolve() != hint:
+            out["mismatch"] = f"--registration {hint} is not the registration the {ref['source']} names ({ref['path']})"
     tl = td.timeline
     submitted = td.manifest.ok or any(r.meta for r in td.runs)
     if tl.ok and submitted:

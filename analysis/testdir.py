@@ -146,6 +146,7 @@ class TestDir:
 
     path: Path
     repo_hint: Any = None  # a provenance.git.Repo, or None to find the one holding the test directory
+    registration_hint: Path | None = None  # the registration file, for a test not yet submitted
     notes: list[str] = field(default_factory=list)
 
     # -- git -------------------------------------------------------------------------------------
@@ -207,6 +208,8 @@ class TestDir:
             b = (r.meta or {}).get("registration")
             if isinstance(b, dict) and b.get("path"):
                 return {**{k: b.get(k) for k in ("name", "path", "sha256", "commit")}, "source": f"{r.name}/meta.json"}
+        if self.registration_hint is not None:
+            return {"name": None, "path": str(self.registration_hint), "sha256": None, "commit": None, "source": "command line (--registration)"}
         return None
 
     def _registration_file(self, rel: str) -> Path:
@@ -298,11 +301,13 @@ class TestDir:
         return p if p.is_file() else None
 
 
-def open_testdir(path: str | Path, *, repo: Any = None) -> TestDir:
-    """The test directory at `path` (it must exist; every record in it may be absent)."""
+def open_testdir(path: str | Path, *, repo: Any = None, registration: str | Path | None = None) -> TestDir:
+    """The test directory at `path` (it must exist; every record in it may be absent).
+    `registration` names the registration file of a test not yet submitted (the manifest and the
+    runs' bindings, once they exist, name it themselves)."""
     p = Path(path)
     if not p.is_dir():
         from harness.config import ConfigError
 
         raise ConfigError(f"{p}: not a test directory (no such folder); expected the folder a test's runs, manifest and verdict are under")
-    return TestDir(p.resolve(), repo)
+    return TestDir(p.resolve(), repo, Path(registration).resolve() if registration is not None else None)

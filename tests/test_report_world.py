@@ -274,3 +274,20 @@ def test_a_page_of_absent_records_renders_and_says_so(tmp_path: Path, record_pro
     absent = [a for s in res.probe["sections"] for a in s["absent"]]
     assert any("Not scored yet" in a for a in absent) and any("No predictions were frozen" in a for a in absent)
     assert any("No registration" in a for a in absent) and any("No run directory yet" in a for a in absent)
+
+
+def test_before_submission_the_label_is_what_jobs_submitted_now_would_get(world: dict[str, Any], tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import shutil
+
+    td_path = tmp_path / "td"
+    shutil.copytree(world["testdir"] / "provenance" / "freezes", td_path / "provenance" / "freezes")
+    st = collect_status(open_testdir(td_path, repo=Repo(world["work"]), registration=world["reg_file"]), ask_scheduler=False)
+    r = st["registration"]
+    assert (r["state"], r["status"], r["sha256"]) == ("present", "FILLED", world["binding"]["sha256"])
+    assert r["label"] == "pre-registered" and r["label_basis"].startswith("jobs submitted now"), r
+    assert r["git"]["on_remote"] is True and st["predictions"]["frozen"] and st["jobs"]["state"] == "absent" and st["runs"]["found"] == 0
+    assert st["runs"]["bound"] == 0 and len(st["runs"]["missing"]) == 4  # every registered run still to come
+    assert main(["status", str(td_path), "--registration", str(world["reg_file"]), "--repo", str(world["work"]), "--no-scheduler"]) == 0
+    out = capsys.readouterr().out
+    assert "[jobs submitted now (prereg.labels.label_now)]" in out and "0 bound of 4 registered" in out

@@ -160,7 +160,7 @@ def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
                 cells.append("<td class='cell-missing'>missing</td>")
                 continue
             cls = {"good": "cell-good", "bad": "cell-bad"}.get(_state_class(r), "")
-            cells.append(f"<td class='{cls}'><a href='#cond-{run_key(r)}'>{esc(run_state(r))}</a></td>")
+            cells.append(f"<td class='{cls}'><a class='state {_state_class(r)}' href='#cond-{run_key(r)}'>{esc(run_state(r))}</a></td>")
         rows.append(f"<tr><th>{esc(arm.upper())}</th>{''.join(cells)}</tr>")
     details = "".join(run_details(verdict, runs[(a.upper(), s)]) for a in arms for s in seeds if (a.upper(), s) in runs)
     return (f"<div class='rate'><h3>{esc(num(rate, 6))} × λref: {badge(rv.get('verdict'))}</h3><p>{esc(rv.get('reason'))}</p>"
