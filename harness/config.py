@@ -302,7 +302,9 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: Literal["e2"] = "e2"
+    rule: str = Field(
+        "e2", description="'e2' (the registered E2 rule) or a rule spec file: a name under configs/rules or a path"
+    )
     cell: str
     workload: str
     protocol: str
@@ -311,6 +313,19 @@ class TestConfig(_Strict):
     seeds: list[int] = Field(..., min_length=1)
     cap: int | None = Field(None, ge=1, description="n_cap for arms whose gate cap is not fixed")
     registration: str | None = None
+    top_rate: float = Field(
+        2.0,
+        gt=0,
+        description="sessions/s of the CRN base stream every rate is thinned from (part of each plan's "
+        "identity); the paper's 2.0 unless the cell is faster. Every rate x lambda_ref must be at most this",
+    )
+    start_lateness_p99: float = Field(
+        0.1,
+        gt=0,
+        description="plan seconds: the largest 99th percentile of the base stream's session-start lateness "
+        "(client behind its plan) at which a run still counts as open-loop; a run above it is flagged in its "
+        "record and verdict (analysis/openloop.py)",
+    )
 
     @model_validator(mode="after")
     def _positive(self) -> "TestConfig":
@@ -481,8 +496,10 @@ class TestBundle:
     cell: CellConfig
     workload: WorkloadConfig
     protocol: ProtocolConfig
-    arms: dict[str, ArmConfig]
+    arms: dict[str, ArmConfig]  # keyed by each arm's own name (`name:` in its file)
     path: Path | None = None
+    arm_refs: dict[str, str] | None = None  # arm name -> the reference the test gave (a name or a file)
+    rule_path: Path | None = None  # the rule spec file the test names; None: the built-in E2 rule
 
 
 def load_test(path: Path | str) -> TestBundle:
@@ -494,14 +511,45 @@ def load_test(path: Path | str) -> TestBundle:
     workload = load_config(config_ref(test.workload, "workloads"), WorkloadConfig, base)
     protocol = load_config(config_ref(test.protocol, "protocols"), ProtocolConfig, base)
     arms: dict[str, ArmConfig] = {}
-    for name in test.arms:
-        arm = load_config(config_ref(name, "arms"), ArmConfig, base)
+    refs: dict[str, str] = {}
+    for i, ref in enumerate(test.arms):
+        arm = load_config(config_ref(ref, "arms"), ArmConfig, base)
         try:
             arm.gate_cap(test.cap)
         except ConfigError as exc:
             raise ConfigError(f"{resolved}: cap: {exc}") from None
-        arms[name] = arm
-    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved)
+        # An arm is recorded and judged by its own name, whether the test names it or gives its file.
+        if arm.name in arms:
+            raise ConfigError(
+                f"{resolved}: arms[{i}]: {ref!r} is an arm named {arm.name!r}, like {refs[arm.name]!r}; "
+                "expected arms with distinct names"
+            )
+        arms[arm.name] = arm
+        refs[arm.name] = ref
+    _check_top_rate(resolved, test, cell, arms)
+    rule_path = None if test.rule == "e2" else resolve_path(config_ref(test.rule, "rules"), base)
+    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs,
+                      rule_path=rule_path)  # fmt: skip
+
+
+def _check_top_rate(path: Path, test: TestConfig, cell: CellConfig, arms: dict[str, ArmConfig]) -> None:
+    """Every rate the test will plan must fit under its base stream's top rate, and every CUT arm
+    must thin (its rate at most each of the test's rates): refused here, when the test loads, rather
+    than in each run's worker once the runs have started."""
+    for name, a in arms.items():
+        if a.cut is not None and a.cut.rate > min(test.rates):
+            raise ConfigError(
+                f"{path}: arm {name!r}: cut.rate {a.cut.rate:g} x lambda_ref is above the test's rate "
+                f"{min(test.rates):g}; expected at most every rate of the test (a cut thins the base stream)"
+            )
+    if cell.lambda_ref is None:
+        return  # no plan can be made without lambda_ref; the runner says so before any run starts
+    from harness.workload.plans import rate_above_top  # the plan generator's own check
+
+    for i, r in enumerate(test.rates):
+        problem = rate_above_top(r, cell.lambda_ref, test.top_rate)
+        if problem:
+            raise ConfigError(f"{path}: rates[{i}]: {problem} (cell {cell.name!r}; top_rate {test.top_rate:g} in the test)")
 
 
 def config_ref(name: str, folder: str) -> str:

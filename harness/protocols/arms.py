@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 from analysis.metrics import is_hit
+from analysis.openloop import open_loop_summary, warning_text
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
 from harness.client.protocol import Command, TurnResponse
@@ -161,9 +162,10 @@ class _Observed:
 # one run
 # ---------------------------------------------------------------------------------------------
 def find_arm(bundle: TestBundle, name: str) -> tuple[str, ArmConfig]:
-    """An arm of the test by its key or its name, case-insensitively."""
+    """An arm of the test by its name, or the reference the test gave for it, case-insensitively."""
+    refs = bundle.arm_refs or {}
     for key, arm in bundle.arms.items():
-        if name.lower() in (key.lower(), arm.name.lower()):
+        if name.lower() in (key.lower(), arm.name.lower(), refs.get(key, key).lower()):
             return key, arm
     raise ConfigError(f"arm {name!r} is not in test {bundle.test.name!r}; its arms are {list(bundle.arms)}")
 
@@ -182,6 +184,9 @@ class RunResult:
     reason: str | None
     wall_s: float
     plan_time: float
+    detail: str | None = None  # the traceback of a run that raised (shown with --debug only)
+    open_loop: dict[str, Any] | None = None  # start-lateness summary, as in meta.json
+    warnings: list[str] = field(default_factory=list)
 
 
 def references(bundle: TestBundle) -> dict[str, float]:
@@ -202,8 +207,13 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
+    registration: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet)."""
+    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
+
+    `registration` ({name, path, sha256, commit}) binds the run: it goes into meta.json as is
+    (a job script that checked the registration passes it); without it the test config's
+    `registration` field is recorded."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -213,7 +223,8 @@ def execute_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     refs = references(bundle)
     plan_path = run_dir / PLAN_FILE
-    sha = write_plan(make_plan(bundle.workload, bundle.protocol, arm, rate, refs["lambda_ref"], seed), plan_path)
+    plan_made = make_plan(bundle.workload, bundle.protocol, arm, rate, refs["lambda_ref"], seed, bundle.test.top_rate)
+    sha = write_plan(plan_made, plan_path)
     plan = read_plan(plan_path)
     if plan.sha256 != sha:
         raise RuntimeError(f"{plan_path}: hash changed between write and read")
@@ -221,7 +232,7 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": bundle.test.registration,
+        "registration": dict(registration) if registration is not None else bundle.test.registration,
         "rule": bundle.test.rule,
         "arm": key,
         "arm_config": arm,
@@ -233,7 +244,7 @@ def execute_run(
         "cell": bundle.cell,
         "workload": bundle.workload,
         "protocol": bundle.protocol,
-        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts")},
+        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate},
         "engine_backend": engine,
         "provenance": capture(include_gpu=engine != "sim"),
     }
@@ -249,9 +260,14 @@ def execute_run(
         ctx = RunContext(bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {}))
         res = backend(ctx)
         client.close(res.end_time)
-        rec.update_meta({**res.meta, "client": client.counters(), "end_time": res.end_time, "wall_s": time.monotonic() - t0})
+        open_loop = open_loop_summary(client.start_lateness("base"), client.start_lateness("burst"), bundle.test.start_lateness_p99)
+        warn = warning_text(open_loop)
+        warnings = [warn] if warn else []
+        rec.update_meta({**res.meta, "client": client.counters(), "open_loop": open_loop, "warnings": warnings,
+                         "end_time": res.end_time, "wall_s": time.monotonic() - t0})  # fmt: skip
         rec.close(res.status, res.reason)
-    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time)
+    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time,
+                     open_loop=open_loop, warnings=warnings)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,7 +297,7 @@ def _worker(test_path: str, arm: str, rate: float, seed: int, engine: str, run_d
     except Exception as exc:
         _post({"key": key, "done": True, "status": "FAILED"})
         tb = traceback.format_exc(limit=8)
-        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}\n{tb}", 0.0, float("nan"))
+        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb)
     _post({"key": key, "done": True, "status": res.status, "wall": res.wall_s})
     return res
 
@@ -298,6 +314,34 @@ def planned_runs(bundle: TestBundle) -> list[tuple[str, float, int]]:
     return sorted(runs, key=cost)
 
 
+def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None:
+    """What would otherwise fail in every run, or only in the verdict once every run is done:
+    the engine backend, the references the plans need, and an expectation in the rule for every
+    arm. Raises ConfigError before anything is started."""
+    from analysis.rules import RuleError, arm_expectation, load_rule
+
+    _backend(engine)
+    references(bundle)
+    rule = rule if rule is not None else bundle.rule_path
+    where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
+    try:
+        spec = load_rule(rule)
+        for name in bundle.arms:
+            arm_expectation(spec, name)
+    except (RuleError, OSError) as exc:
+        raise ConfigError(f"{bundle.path or bundle.test.name}: arms {list(bundle.arms)}: {where}: {exc}") from None
+    # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
+    # with a rule scaled alike, or every run would be judged on the paper's clock (state X).
+    p = bundle.protocol
+    clash = [f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})" for k in ("min_window", "backlog_bin", "recovered_span")
+             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]  # fmt: skip
+    if clash:
+        raise ConfigError(
+            f"{bundle.path or bundle.test.name}: {where} does not match protocol {p.name!r}: {', '.join(clash)}; "
+            "expected a rule whose time parameters are the protocol's (name it in the test's 'rule:' or pass --rule)"
+        )
+
+
 def run_test(
     test_path: str | Path,
     engine: str,
@@ -307,12 +351,15 @@ def run_test(
     display: Any = None,
     every: float = 50.0,
     options: dict[str, Any] | None = None,
+    rule: Any = None,
 ) -> list[RunResult]:
     """Run every arm x rate x seed of a test into out_dir/<arm>-r<rate>-s<seed>/ in `jobs` processes.
 
-    `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings."""
+    `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings;
+    `rule` is the rule the verdict will use (a spec file, a dict, or None for the registered E2
+    rule): every arm must have an expectation in it before any run starts."""
     bundle = load_test(test_path)
-    _backend(engine)
+    check_before_runs(bundle, engine, rule)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     todo = planned_runs(bundle)

@@ -44,6 +44,18 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
+def one_line(text: str | None) -> str:
+    """A reason on one line: a multi-line message (a config error lists its fields) joined by '; '."""
+    return "; ".join(x.strip() for x in (text or "").strip().splitlines() if x.strip()) or "no reason recorded"
+
+
+def _lateness(res: Any) -> str:
+    ol = res.open_loop or {}
+    if not ol.get("n"):
+        return ""
+    return f"; session starts late p50 {1e3 * ol['p50_s']:.1f} ms, p99 {1e3 * ol['p99_s']:.1f} ms, max {1e3 * ol['max_s']:.1f} ms"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from harness.config import load_test
     from harness.protocols.arms import execute_run, run_name
@@ -51,9 +63,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     bundle = load_test(args.config)
     out = Path(args.out) if args.out else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
     res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle))
-    print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time)")
+    print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
+    for w in res.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if res.status != "COMPLETED":
-        print(res.reason or "", file=sys.stderr)
+        print(res.reason if args.debug else one_line(res.reason), file=sys.stderr)
         return 1
     return 0
 
@@ -71,14 +85,30 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
           f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
     t0 = time.monotonic()
     display = TestDisplay(live=None if not args.plain else False)
-    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle))
+    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle), rule=args.rule)
     wall = time.monotonic() - t0
     failed = [r for r in results if r.status != "COMPLETED"]
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
-    for r in failed:
-        print(f"  {Path(r.run_dir).name}: {r.status}: {(r.reason or '').strip()}", file=sys.stderr)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
-    return report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args))
+    if len(failed) < len(results):
+        code = report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args))
+    else:
+        print("no run completed: no verdict", flush=True)
+        code = 1
+    # The end of the output is what needs reading: what went wrong, one line per run.
+    warned = [r for r in results if r.warnings]
+    if warned:
+        print(f"{len(warned)} run(s) with warnings:", file=sys.stderr)
+        for r in warned:
+            print(f"  {Path(r.run_dir).name}: {'; '.join(r.warnings)}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} run(s) not completed{'' if args.debug else ' (tracebacks with --debug)'}:", file=sys.stderr)
+        for r in failed:
+            print(f"  {Path(r.run_dir).name}: {r.status}: {one_line(r.reason)}", file=sys.stderr)
+            if args.debug and r.detail:
+                print(r.detail.rstrip(), file=sys.stderr)
+    sys.stderr.flush()
+    return code
 
 
 def register(cli: Any) -> None:
@@ -90,6 +120,7 @@ def register(cli: Any) -> None:
     p.add_argument("--seed", required=True, type=int)
     p.add_argument("--engine", default="sim", help="engine backend (default: sim)")
     p.add_argument("--out", help="run directory (default: results/runs/<test>-<time>/<arm>-r<rate>-s<seed>)")
+    p.add_argument("--debug", action="store_true", help="show a failed run's whole reason")
     _add_engine_options(p)
     p.set_defaults(func=_cmd_run)
 
@@ -102,6 +133,7 @@ def register(cli: Any) -> None:
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
     tr.add_argument("--out", help="output folder (default: results/<test>-<engine>-<time>)")
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)
     _add_engine_options(tr)
     tr.set_defaults(func=_cmd_test_run)

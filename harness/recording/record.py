@@ -73,6 +73,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("outcome", _str, False),
         ("n_turns", _i32, True),
         ("turns_done", _i32, True),
+        ("start_lateness", _f64, True),
         ("gate_wait", _f64, True),
         ("paused_time", _f64, True),
     ),
@@ -229,6 +230,7 @@ class RunRecorder:
         end: float | None = None,
         n_turns: int | None = None,
         turns_done: int | None = None,
+        start_lateness: float | None = None,
         gate_wait: float | None = None,
         paused_time: float | None = None,
     ) -> None:
@@ -239,7 +241,8 @@ class RunRecorder:
         self._row("sessions", {
             "session": session, "kind": kind, "stream": stream, "index": index, "arrival": arrival,
             "admission": admission, "end": end, "outcome": outcome, "n_turns": n_turns,
-            "turns_done": turns_done, "gate_wait": gate_wait, "paused_time": paused_time,
+            "turns_done": turns_done, "start_lateness": start_lateness, "gate_wait": gate_wait,
+            "paused_time": paused_time,
         })  # fmt: skip
 
     def gate_event(
