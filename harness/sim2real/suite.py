@@ -56,7 +56,7 @@ def _init_fields(engine: str, spec: TraceSpec, model: str) -> dict[str, Any]:
                 "prefix_caching": spec.prefix_caching}
     return {"model": model, "pool_tokens": e.pool_tokens, "page_size": 1, "chunked_prefill": e.max_num_batched_tokens,
             "max_running": e.max_num_seqs, "context_length": e.max_model_len, "prefix_caching": spec.prefix_caching,
-            "schedule_policy": "fcfs"}
+            "schedule_policy": spec.schedule_policy}
 
 
 def _our_engine(engine: str, spec: TraceSpec, seed: int) -> Any:
@@ -64,7 +64,7 @@ def _our_engine(engine: str, spec: TraceSpec, seed: int) -> Any:
 
     if engine == "vllm":
         return OurEngine(vllm_cell(spec.engine, prefix_cache=spec.prefix_caching), seed=seed)
-    return OurRadixEngine(sglang_cell(spec.engine, prefix_cache=spec.prefix_caching), seed=seed)
+    return OurRadixEngine(sglang_cell(spec.engine, prefix_cache=spec.prefix_caching, policy=spec.schedule_policy), seed=seed)
 
 
 def run_suite(engine: str, specs: list[TraceSpec] | None = None, *, python: str | None = None, model_dir: str | None = None, seed: int = 0) -> dict[str, Any]:
@@ -75,6 +75,8 @@ def run_suite(engine: str, specs: list[TraceSpec] | None = None, *, python: str 
     from harness.sim2real.models import fake_model_dir
 
     specs = default_suite() if specs is None else specs
+    if engine == "vllm":
+        specs = [s for s in specs if s.schedule_policy == "fcfs"]  # vLLM has no cache-aware policy
     model = model_dir or fake_model_dir()
     results: list[TraceResult] = []
     t0 = time.monotonic()

@@ -62,6 +62,7 @@ class TraceSpec:
     flush_every: int = 0  # attempt a cache flush every this many steps (0: never)
     max_steps: int = 4000
     prefix_caching: bool = True
+    schedule_policy: str = "fcfs"  # "lpm": SGLang only (vLLM schedules FCFS)
     engine: EngineShape = field(default_factory=EngineShape)
 
     def with_seed(self, seed: int) -> "TraceSpec":
@@ -162,6 +163,9 @@ def default_suite(seeds: int = 3) -> list[TraceSpec]:
                   engine=EngineShape(num_blocks=160, block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048)),
         TraceSpec("seqlimit", sessions=20, arrival_span=10, max_tokens=(8, 48), engine=EngineShape(num_blocks=400, max_num_seqs=4)),
         TraceSpec("nocache", sessions=16, arrival_span=20, prefix_caching=False, engine=EngineShape(num_blocks=96)),
+        # SGLang's LPM: the queue sorted by cached prefix while few wait, FCFS past the fallback
+        TraceSpec("lpm", sessions=24, arrival_span=15, first_prompt=(60, 400), max_tokens=(4, 40), think=(0, 3),
+                  schedule_policy="lpm", engine=EngineShape(num_blocks=120, max_num_seqs=12)),
         # cache off with chunked prompts (E0a's regime: SGLang's ignore_eos admission, chunk budgets)
         TraceSpec("nocache-chunked", sessions=24, arrival_span=10, turns=(2, 6), first_prompt=(200, 900), tool_tokens=(100, 300),
                   max_tokens=(16, 40), prefix_caching=False,
