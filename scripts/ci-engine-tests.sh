@@ -7,7 +7,8 @@
 #                everything lives under the gitignored .engine-venv/, so CI never reuses it)
 #   --print-env  only set things up, then print `export ...` lines for AGENTLOAD_VLLM_PYTHON,
 #                AGENTLOAD_TINY_MODEL and AGENTLOAD_ENGINE_CACHE (for: eval "$(... --print-env)")
-#   PYTEST_ARGS  appended to `pytest -m vllm tests/integration` (e.g. -s to see the measurements)
+#   PYTEST_ARGS  appended to `pytest -m vllm tests/integration` (e.g. -s to see the measurements);
+#                with AGENTLOAD_SGLANG_PYTHON set the marker is `vllm or sglang`
 # Env: AGENTLOAD_VLLM_VENV (default .engine-venv/vllm), AGENTLOAD_TINY_MODEL (default
 #      .engine-venv/tiny-model), AGENTLOAD_ENGINE_CACHE (default .engine-venv/cache: vLLM's private
 #      compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
@@ -56,4 +57,10 @@ if [[ $print_env -eq 1 ]]; then
   exit 0
 fi
 
-exec "$harness_py" -m pytest -q -ra -p no:cacheprovider -m vllm tests/integration "${pytest_args[@]}"
+# The SGLang differential test (tests/integration/test_sim2real_engines.py, marker sglang) runs too
+# when an SGLang engine venv is given (scripts/setup-sglang-cpu.sh makes one).
+markers="vllm"
+if [[ -n "${AGENTLOAD_SGLANG_PYTHON:-}" ]]; then
+  markers="vllm or sglang"
+fi
+exec "$harness_py" -m pytest -q -ra -p no:cacheprovider -m "$markers" tests/integration "${pytest_args[@]}"
