@@ -487,14 +487,15 @@ def load_config(path: Path | str, model: type[M] | None = None, base: Path | Non
 
 
 def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
-    """Read a cost file: `kind: cost`, optional name/description, and CostConfig's parameters."""
+    """Read a cost file: `kind: cost`, optional name/description/fit, and CostConfig's parameters."""
     resolved = resolve_path(ref, base)
     data = load_yaml(resolved)
     if not isinstance(data, dict):
         raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
     if data.get("kind") != "cost":
         raise ConfigError(f"{resolved}: kind: got {data.get('kind')!r}; expected 'cost'")
-    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description")}
+    # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter
+    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description", "fit")}
     return parse_config(params, CostConfig, resolved)
 
 

@@ -81,6 +81,8 @@ if [[ $print_env -eq 1 ]]; then
   exit 0
 fi
 
+# Besides the cases on live servers, this runs the SGLang and vLLM differential tests
+# (tests/integration/test_sim2real_engines.py, markers sglang and vllm).
 if [[ ${#markers[@]} -eq 0 ]]; then
   echo "[ci-engine-tests] AGENTLOAD_SKIP_VLLM=1 and AGENTLOAD_SKIP_SGLANG=1: no real engine to test" >&2
   exit 0

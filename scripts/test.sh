@@ -9,6 +9,9 @@
 #   AGENTLOAD_SKIP_VLLM=1 scripts/test.sh     skip installing/running the real vLLM
 #   AGENTLOAD_SKIP_SGLANG=1 scripts/test.sh   skip installing/running the real SGLang
 #   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh    skip the SLURM cluster tests
+#   AGENTLOAD_SKIP_BROWSER=1 scripts/test.sh  skip installing Chromium and the browser check of the HTML report
+#
+# The browser tests save their screenshots under results/browser/ (or $AGENTLOAD_ARTIFACTS): CI keeps that folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +28,12 @@ if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != 
   # model, and exports AGENTLOAD_VLLM_PYTHON, AGENTLOAD_SGLANG_PYTHON, AGENTLOAD_TINY_MODEL and
   # AGENTLOAD_ENGINE_CACHE for the integration tests (each AGENTLOAD_SKIP_* leaves its engine out).
   eval "$(scripts/ci-engine-tests.sh --print-env)"
+fi
+
+if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
+  # Headless Chromium from the Debian packages for tests/test_report_world.py's browser tests;
+  # exports AGENTLOAD_CHROMIUM.
+  eval "$(scripts/setup-chromium.sh --print-env)"
 fi
 
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -211,6 +211,8 @@ class PlanClient:
             completion_tokens=response.completion_tokens,
             n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
             queue_time=response.extra.get("queue_time") if response.extra else None,
+            engine_ttft=response.extra.get("engine_ttft") if response.extra else None,
+            engine_decode=response.extra.get("engine_decode") if response.extra else None,
             status=response.status,
             http_status=response.http_status,
             error=response.error,

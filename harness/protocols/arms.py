@@ -207,8 +207,13 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
+    registration: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet)."""
+    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
+
+    `registration` ({name, path, sha256, commit}) binds the run: it goes into meta.json as is
+    (a job script that checked the registration passes it); without it the test config's
+    `registration` field is recorded."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -227,7 +232,7 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": bundle.test.registration,
+        "registration": dict(registration) if registration is not None else bundle.test.registration,
         "rule": bundle.test.rule,
         "arm": key,
         "arm_config": arm,

@@ -373,6 +373,7 @@ class EngineAdapter(abc.ABC):
         pids = choice.get("prompt_token_ids")
         if isinstance(pids, list):
             extra["server_prompt_len"] = len(pids)
+        extra.update(_engine_timings(data.get("metrics")))
         return ParsedTurn(
             output_ids=np.asarray(ids, dtype=np.int32),
             prompt_tokens=prompt_tokens,
@@ -439,3 +440,20 @@ def get_adapter(name: str, **kwargs: Any) -> EngineAdapter:
     from harness.servers import get_adapter as _get
 
     return _get(name, **kwargs)
+
+
+def _engine_timings(metrics: Any) -> dict[str, float]:
+    """The engine's own per-request timings, in seconds, where the response carries them.
+
+    vLLM (--enable-per-request-metrics) answers `metrics` with queue_time_ms (queued to first
+    scheduled), time_to_first_token_ms (scheduled to first token) and generation_time_ms (first to
+    last token), from its engine-core timestamps: what a cost model is fitted to (App. E.9).
+    """
+    if not isinstance(metrics, dict):
+        return {}
+    out: dict[str, float] = {}
+    for key, name in (("queue_time_ms", "queue_time"), ("time_to_first_token_ms", "engine_ttft"), ("generation_time_ms", "engine_decode")):
+        v = metrics.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            out[name] = float(v) / 1000.0
+    return out

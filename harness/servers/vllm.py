@@ -96,6 +96,7 @@ class VLLMAdapter(EngineAdapter):
             "--scheduling-policy", "fcfs",
             "--enable-prefix-caching" if cell.prefix_cache else "--no-enable-prefix-caching",
             "--enable-prompt-tokens-details",
+            "--enable-per-request-metrics",  # queue / first-token / decode times in each response (cost fits)
         ]  # fmt: skip
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
