@@ -42,6 +42,7 @@ REGISTRARS: list[str] = [
     "harness.workload.plans:register",
     "harness.protocols.calibration:register",
     "prereg.cli:register",
+    "slurm.cli:register",
     "harness.emulator.cli:register",
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",
