@@ -36,6 +36,15 @@ import orjson
 import yaml
 
 CODE_DIRS = ("harness/", "analysis/", "prereg/", "slurm/")
+#: Data that lives under a code folder and changes no run or verdict: registrations, their inputs
+#: and templates are added as tests are registered (the paper's native E2 runs counted after the
+#: checkout moved to a78ce07, a commit that added grid-cell registrations and no code).
+DATA_DIRS = ("prereg/registrations/", "prereg/inputs/", "prereg/templates/")
+
+
+def is_code_path(path: str) -> bool:
+    """A repository path whose change can change a run or a verdict (Decision 19)."""
+    return path.startswith(CODE_DIRS) and not path.startswith(DATA_DIRS)
 
 
 class RegisteredAnalysisError(ValueError):
@@ -106,7 +115,7 @@ def bind_run(run_dir: str | Path, reg: Any, repo: Any = None, reg_commit: str | 
             elif not repo.is_ancestor(reg_commit, commit):
                 reasons.append(f"code commit {commit[:12]} does not descend from the registration's commit {reg_commit[:12]}")
             else:
-                changed = [p for p in repo.changed_paths(reg_commit, commit) if p.startswith(CODE_DIRS)]
+                changed = [p for p in repo.changed_paths(reg_commit, commit) if is_code_path(p)]
                 if changed:
                     reasons.append(f"code commit {commit[:12]} changes code since the registration's commit: {changed[:3]}")
     status = m.get("status")
@@ -129,11 +138,11 @@ def _expand(paths: Sequence[str | Path]) -> list[Path]:
 def _code_moved(repo: Any, reg_commit: str) -> list[str]:
     """Code paths that differ between the registration's commit and the checkout (committed or not)."""
     head = repo.head()
-    changed = set(p for p in repo.changed_paths(reg_commit, head) if p.startswith(CODE_DIRS)) if head != reg_commit else set()
-    dirty = repo.git("status", "--porcelain", "--untracked-files=no", "--", *[d.rstrip("/") for d in CODE_DIRS])
-    for line in dirty.splitlines():
-        if line.strip():
-            changed.add(line[3:])
+    changed = set(p for p in repo.changed_paths(reg_commit, head) if is_code_path(p)) if head != reg_commit else set()
+    # `git diff --name-only HEAD`: staged and unstaged changes, one path a line (porcelain status
+    # lines lose their leading column when the output is stripped)
+    dirty = repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS])
+    changed.update(p for p in dirty.splitlines() if p.strip() and is_code_path(p))
     return sorted(changed)
 
 

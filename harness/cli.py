@@ -43,6 +43,7 @@ REGISTRARS: list[str] = [
     "harness.protocols.calibration:register",
     "harness.sim2real.cli:register",
     "prereg.cli:register",
+    "slurm.cli:register",
     "harness.emulator.cli:register",
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",

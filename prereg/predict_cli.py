@@ -123,7 +123,7 @@ def register(cli: Any) -> None:
     msub = mk.add_subparsers(dest="maker", metavar="SOURCE")
 
     s = msub.add_parser("sim", help="the simulator over N fresh seeds: per-run state / stuck probabilities, values, rule probability")
-    s.add_argument("test", help="test YAML")
+    s.add_argument("test", help="test YAML, or a registration file (its registered test; --registration defaults to it)")
     s.add_argument("--out", required=True, help="prediction file to write (YAML)")
     s.add_argument("--seeds", type=int, default=3, help="number of fresh seeds (default 3)")
     s.add_argument("--first-seed", type=int, default=1000, help="first fresh seed (default 1000; must avoid the test's seeds)")
@@ -140,7 +140,7 @@ def register(cli: Any) -> None:
     s.set_defaults(func=_cmd_make_sim)
 
     f = msub.add_parser("model-f", help="model F driven by each seed's exact frozen plan: slopes, completions, backlog, stuck calls")
-    f.add_argument("test", help="test YAML")
+    f.add_argument("test", help="test YAML, or a registration file (its registered test; --registration defaults to it)")
     f.add_argument("--out", required=True)
     f.add_argument("--arms")
     f.add_argument("--rates")

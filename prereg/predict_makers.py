@@ -43,6 +43,44 @@ DEFAULT_TOLERANCE_FLOOR = {"hit": 0.01, "followup_hit": 0.01, "slope": 0.002, "t
                            "completions_ref": 0.05, "backlog_end": 5.0}  # fmt: skip
 
 
+def is_registration_file(path: str | Path) -> bool:
+    """Does `path` hold a registration (format agentload-registration) rather than a test config?"""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        doc = yaml.safe_load(p.read_bytes())
+    except yaml.YAMLError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == "agentload-registration"
+
+
+def load_bundle(path: str | Path) -> TestBundle:
+    """The test the predictions are about: a test config, or a registration file read as its
+    registered test (`Registration.bundle()`: the registered cell with the references the
+    calibration gave, the registered arms, rates and seeds). Predictions made after a fill are
+    about the registered rates and plans, which a test config written before calibration cannot
+    name."""
+    if is_registration_file(path):
+        from prereg.registration import load_registration
+
+        return load_registration(path).bundle()
+    return load_test(path)
+
+
+def _rule_of(test_path: str | Path, bundle: TestBundle) -> dict[str, Any]:
+    """The rule the predictions are judged by: a registration's own rule, else the test's."""
+    from analysis.rules import load_rule
+
+    if is_registration_file(test_path):
+        from prereg.registration import load_registration
+
+        return dict(load_registration(test_path).rule)
+    return load_rule(bundle.rule_path)
+
+
 def registration_ref(path: str | Path | None) -> dict[str, Any] | None:
     """{name, path, sha256} of a registration file (its identity is the SHA-256 of its bytes)."""
     if path is None:
@@ -73,7 +111,7 @@ def _arms(bundle: TestBundle, arms: Sequence[str] | None) -> list[str]:
 def _sim_one(test_path: str, arm: str, rate: float, seed: int, run_dir: str) -> str:
     from harness.protocols.arms import execute_run
 
-    res = execute_run(load_test(test_path), arm, rate, seed, "sim", run_dir)
+    res = execute_run(load_bundle(test_path), arm, rate, seed, "sim", run_dir)
     if res.status != "COMPLETED":
         raise RuntimeError(f"simulated run {arm} r{rate} s{seed} ended {res.status}: {res.reason}")
     return res.run_dir
@@ -120,9 +158,10 @@ def simulator_predictions(
     band: a value's tolerance is the band the fresh seeds spanned, [min, max] (the paper's
     "inside its 20-seed band" for release times), instead of mean +- tolerance_sd sd."""
     from analysis.report import analyze_run
-    from analysis.rules import load_rule
 
-    bundle = load_test(test_path)
+    bundle = load_bundle(test_path)
+    if registration is None and is_registration_file(test_path):
+        registration = test_path  # predictions about a registered test are bound to it
     test_path = str(bundle.path or test_path)
     arm_keys = _arms(bundle, arms)
     rate_list = [float(r) for r in (rates or bundle.test.rates)]
@@ -136,7 +175,7 @@ def simulator_predictions(
     if bad:
         raise ConfigError(f"layers {sorted(bad)}: expected 'fresh' and/or 'exact'")
     floors = {**DEFAULT_TOLERANCE_FLOOR, **(tolerance_floor or {})}
-    spec = load_rule(bundle.rule_path)  # the rule the test names (the built-in E2 rule by default)
+    spec = _rule_of(test_path, bundle)  # the rule the test names (the built-in E2 rule by default), or the registration's
     tmp = None
     if work_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="agentload-sim-pred-")
@@ -275,7 +314,9 @@ def model_f_predictions(
     from harness.protocols.arms import references
     from harness.workload.plans import make_plan, plan_bytes
 
-    bundle = load_test(test_path)
+    bundle = load_bundle(test_path)
+    if registration is None and is_registration_file(test_path):
+        registration = test_path  # predictions about a registered test are bound to it
     refs = references(bundle)
     lam_ref = refs["lambda_ref"]
     cell = bundle.cell

@@ -56,12 +56,14 @@ __all__ = [
     "AccountingDisabled",
     "AccountingRow",
     "CommandResult",
+    "JobFacts",
     "JobNotFound",
     "Runner",
     "SchedulerError",
     "SchedulerUnavailable",
     "accounting",
     "is_terminal",
+    "job_facts",
     "job_states",
     "local_timezone",
     "normalise_state",
@@ -532,6 +534,44 @@ def time_left_s(job_id: int | str | None = None, *, runner: Runner | None = None
     if len(lines) > 1:
         raise SchedulerError(f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv)
     return parse_time_left(lines[0])
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the controller says about a running job: its time left and limit (seconds; `math.inf`
+    unlimited, None not set), with Slurm's own text, its partition and node list."""
+
+    job_id: str
+    time_left_s: float | None
+    time_left: str
+    time_limit_s: float | None
+    time_limit: str
+    partition: str
+    nodes: str
+
+
+def job_facts(job_id: int | str | None = None, *, runner: Runner | None = None) -> JobFacts:
+    """Time left (`%L`, as `time_left_s`), time limit (`%l`), partition and nodes of a job, from one
+    `squeue -h -j ID -o %L|%l|%P|%N` call ($SLURM_JOB_ID by default). Raises `JobNotFound` like
+    `time_left_s`."""
+    if job_id is None:
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if not job_id:
+            raise SchedulerError("job_facts() needs a job id outside a SLURM job (SLURM_JOB_ID is not set)")
+    (jid,) = _ids([job_id])
+    argv = ["squeue", "--noheader", f"--jobs={jid}", "--format=%L|%l|%P|%N"]
+    result = _call(argv, runner)
+    if result.returncode != 0:
+        if "invalid job id" in result.stderr.lower():
+            raise JobNotFound(f"the controller does not know job {jid}", argv=argv, returncode=result.returncode, stderr=result.stderr)
+        _raise_for(result, argv, "squeue")
+    lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise JobNotFound(f"job {jid} is not in the queue (finished?)", argv=argv, returncode=0)
+    if len(lines) > 1:
+        raise SchedulerError(f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv)
+    left, limit, partition, nodes = (lines[0].split("|") + ["", "", "", ""])[:4]
+    return JobFacts(jid, parse_time_left(left), left.strip(), parse_duration(limit), limit.strip(), partition.strip(), nodes.strip())
 
 
 def parse_squeue_states(stdout: str) -> dict[str, str]:

@@ -208,12 +208,17 @@ def execute_run(
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
     registration: dict[str, Any] | None = None,
+    expect_plan_sha256: str | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> RunResult:
     """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
 
     `registration` ({name, path, sha256, commit}) binds the run: it goes into meta.json as is
     (a job script that checked the registration passes it); without it the test config's
-    `registration` field is recorded."""
+    `registration` field is recorded. `expect_plan_sha256`: the frozen plan must have this hash (a
+    registration's), or nothing is driven and the run is recorded REFUSED with both hashes.
+    `extra_meta` is merged into meta.json before the run starts (a job's registration binding and
+    scheduler facts)."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -248,6 +253,17 @@ def execute_run(
         "engine_backend": engine,
         "provenance": capture(include_gpu=engine != "sim"),
     }
+    if extra_meta:
+        meta.update(extra_meta)
+    if expect_plan_sha256 is not None and sha != expect_plan_sha256.lower():
+        reason = (f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
+                  "the configs no longer generate the registered plan")  # fmt: skip
+        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
+        with RunRecorder(run_dir, meta) as rec:
+            rec.close("REFUSED", reason)
+        return RunResult(str(run_dir), key, float(rate), int(seed), "REFUSED", reason, time.monotonic() - t0, 0.0)
+    if expect_plan_sha256 is not None:
+        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": True}
     ts = arm.toolslow
     with RunRecorder(run_dir, meta) as rec:
         client = PlanClient(
@@ -352,12 +368,16 @@ def run_test(
     every: float = 50.0,
     options: dict[str, Any] | None = None,
     rule: Any = None,
+    executor: Any = None,
 ) -> list[RunResult]:
     """Run every arm x rate x seed of a test into out_dir/<arm>-r<rate>-s<seed>/ in `jobs` processes.
 
     `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings;
     `rule` is the rule the verdict will use (a spec file, a dict, or None for the registered E2
-    rule): every arm must have an expectation in it before any run starts."""
+    rule): every arm must have an expectation in it before any run starts. `executor`, when
+    given, runs the runs elsewhere instead of the local process pool: an object whose
+    `map(fn, calls, labels)` returns outcomes with `ok`, `value`, `error` (slurm.sweep.SlurmSweep:
+    one SLURM job array)."""
     bundle = load_test(test_path)
     check_before_runs(bundle, engine, rule)
     out = Path(out_dir)
@@ -366,6 +386,8 @@ def run_test(
     for arm, rate, seed in todo:
         if (out / run_name(arm, rate, seed) / "meta.json").exists():
             raise ConfigError(f"{out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+    if executor is not None:
+        return _run_elsewhere(bundle, engine, out, todo, every, options, executor)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
     q = ctx.Queue()
@@ -396,6 +418,23 @@ def run_test(
     _drain(q, display)
     if display is not None:
         display.stop()
+    return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
+
+
+def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[str, float, int]], every: float,
+                   options: dict[str, Any] | None, executor: Any) -> list[RunResult]:  # fmt: skip
+    """The runs of a test through an executor (each call is `_worker`, as in the local pool)."""
+    test_path = str(Path(bundle.path).resolve()) if bundle.path else None
+    if test_path is None:
+        raise ConfigError(f"test {bundle.test.name!r}: running it through an executor needs its test file")
+    calls = [(test_path, a, r, s, engine, str((out / run_name(a, r, s)).resolve()), every, options) for a, r, s in todo]
+    outcomes = executor.map(_worker, calls, labels=[run_name(a, r, s) for a, r, s in todo])
+    results = []
+    for (a, r, s), o in zip(todo, outcomes):
+        if o.ok:
+            results.append(o.value)
+        else:
+            results.append(RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"job failed: {o.error}", 0.0, float("nan")))
     return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
 
 

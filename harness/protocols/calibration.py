@@ -25,7 +25,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -182,15 +182,27 @@ def stage_c(
     warmup: float = WARMUP,
     window: float = WINDOW,
     engine: Any = None,
+    mapper: Mapper | None = None,
 ) -> list[WindowStats]:
-    """μ(n) and hit fraction for each population n (and seed)."""
-    out: list[WindowStats] = []
-    for n in ns:
-        for s in seeds:
-            rd = None if out_dir is None else Path(out_dir) / f"stage-c-n{n}-s{s}"
-            out.append(run_closed(cell, workload, n, seed=s, warmup=warmup, window=window, run_dir=rd,
-                                  meta={"stage": "C"}, engine=engine).stats)  # fmt: skip
-    return out
+    """μ(n) and hit fraction for each population n (and seed). `mapper` runs the runs elsewhere
+    (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order."""
+    calls = [(cell, workload, n, s, warmup, window, None if out_dir is None else str(Path(out_dir) / f"stage-c-n{n}-s{s}"),
+              {"stage": "C"}, engine) for n in ns for s in seeds]  # fmt: skip
+    return list((mapper or serial)(closed_stats, calls))
+
+
+Mapper = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], Sequence[Any]]
+
+
+def serial(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The default mapper: each call here, in order."""
+    return [fn(*c) for c in calls]
+
+
+def closed_stats(cell: CellConfig, workload: WorkloadConfig, n: int, seed: int, warmup: float, window: float,
+                 run_dir: str | None, meta: dict[str, Any], engine: Any) -> WindowStats:  # fmt: skip
+    """One closed run's window statistics (a module-level function, so a job array can run it)."""
+    return run_closed(cell, workload, n, seed=seed, warmup=warmup, window=window, run_dir=run_dir, meta=meta, engine=engine).stats
 
 
 def cache_off(cell: CellConfig) -> CellConfig:
@@ -209,18 +221,20 @@ def e0a(
     window: float = WINDOW,
     engine: Any = None,
     runs: list[WindowStats] | None = None,
+    mapper: Mapper | None = None,
 ) -> E0aSummary:
     """λ_ref (turns-based all-miss session rate) and the all-miss uncached token rate. Pass a list
     as `runs` to receive the per-seed statistics too."""
     off = cache_off(cell)
 
-    def one(pop: int, s: int) -> WindowStats:
-        rd = None if out_dir is None else Path(out_dir) / f"e0a-n{pop}-s{s}"
-        return run_closed(off, workload, pop, seed=s, warmup=warmup, window=window, run_dir=rd,
-                          meta={"stage": "E0a"}, engine=engine).stats  # fmt: skip
+    def call(pop: int, s: int) -> tuple[Any, ...]:
+        rd = None if out_dir is None else str(Path(out_dir) / f"e0a-n{pop}-s{s}")
+        return (off, workload, pop, s, warmup, window, rd, {"stage": "E0a"}, engine)
 
-    per_seed = [one(n, s) for s in seeds]
-    check = one(check_n, seeds[0]) if check_n else None
+    calls = [call(n, s) for s in seeds] + ([call(check_n, seeds[0])] if check_n else [])
+    stats = list((mapper or serial)(closed_stats, calls))
+    per_seed = stats[: len(seeds)]
+    check = stats[len(seeds)] if check_n else None
     summary = e0a_summary(per_seed, check)
     if runs is not None:
         runs.extend(per_seed)
@@ -320,16 +334,20 @@ def e0b(
     rise_max: float = E0B_RISE_MAX,
     out_dir: Path | str | None = None,
     engine: Any = None,
+    mapper: Mapper | None = None,
 ) -> list[E0bStats]:
     """Every (multiple, seed) of the grid from empty; the same seed's arrivals nest across multiples."""
     prot = e0b_protocol(duration, rise_span)
-    out: list[E0bStats] = []
-    for m in grid:
-        for s in seeds:
-            rd = None if out_dir is None else Path(out_dir) / f"e0b-m{m:g}-s{s}"
-            out.append(run_from_empty(cell, workload, m, lambda_ref, seed=s, protocol=prot, rise_span=rise_span,
-                                      final_max=final_max, rise_max=rise_max, run_dir=rd, engine=engine))  # fmt: skip
-    return out
+    calls = [(cell, workload, m, lambda_ref, s, prot, rise_span, final_max, rise_max,
+              None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"), engine) for m in grid for s in seeds]  # fmt: skip
+    return list((mapper or serial)(from_empty_stats, calls))
+
+
+def from_empty_stats(cell: CellConfig, workload: WorkloadConfig, multiple: float, lambda_ref: float, seed: int, protocol: ProtocolConfig,
+                     rise_span: float, final_max: float, rise_max: float, run_dir: str | None, engine: Any) -> E0bStats:  # fmt: skip
+    """`run_from_empty` with positional arguments (a module-level function for job arrays)."""
+    return run_from_empty(cell, workload, multiple, lambda_ref, seed=seed, protocol=protocol, rise_span=rise_span,
+                          final_max=final_max, rise_max=rise_max, run_dir=run_dir, engine=engine)  # fmt: skip
 
 
 # -- the bundle ------------------------------------------------------------------------------
@@ -365,6 +383,7 @@ def calibrate_all(
     engine: Any = None,
     engine_name: str = "sim",
     log: Any = None,
+    mapper: Mapper | None = None,
 ) -> Bundle:
     """Stage C, E0a, then E0b at multiples of the λ_ref E0a just measured; writes stage-c.yaml,
     e0a.yaml and e0b.yaml into `out` (run directories under `runs_dir`, default out/runs)."""
@@ -377,17 +396,17 @@ def calibrate_all(
            f"({warmup:g} s + {window:g} s); E0a n={e0a_n} seeds {list(e0a_seeds)} check n={check_n}; "
            f"E0b grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s")  # fmt: skip
     say(f"Stage C: n = {list(ns)}")
-    sc = stage_c(cell, workload, ns, seeds=stage_c_seeds, out_dir=runs, warmup=warmup, window=window, engine=engine)
+    sc = stage_c(cell, workload, ns, seeds=stage_c_seeds, out_dir=runs, warmup=warmup, window=window, engine=engine, mapper=mapper)
     sc_dirs = [runs / f"stage-c-n{n}-s{s}" for n in ns for s in stage_c_seeds]
     say(f"E0a: n = {e0a_n}, seeds {list(e0a_seeds)}")
     per_seed: list[WindowStats] = []
     ea = e0a(cell, workload, seeds=e0a_seeds, n=e0a_n, check_n=check_n, out_dir=runs, warmup=warmup, window=window,
-             engine=engine, runs=per_seed)  # fmt: skip
+             engine=engine, runs=per_seed, mapper=mapper)  # fmt: skip
     ea_dirs = [runs / f"e0a-n{e0a_n}-s{s}" for s in e0a_seeds] + ([runs / f"e0a-n{check_n}-s{e0a_seeds[0]}"] if check_n else [])
     lam = ea.lambda_ref
     say(f"E0b: grid {list(grid)} x lambda_ref = {lam:.5f} sessions/s")
     eb = e0b(cell, workload, lam, grid=grid, seeds=e0b_seeds, duration=e0b_duration, rise_span=rise_span,
-             final_max=final_max, rise_max=rise_max, out_dir=runs, engine=engine)  # fmt: skip
+             final_max=final_max, rise_max=rise_max, out_dir=runs, engine=engine, mapper=mapper)  # fmt: skip
     eb_dirs = [runs / f"e0b-m{m:g}-s{s}" for m in grid for s in e0b_seeds]
     files: dict[str, tuple[Path, str]] = {}
     docs = {
@@ -456,6 +475,13 @@ def _cmd(args: Any) -> int:
         if out is None:
             raise CLIError(f"--engine {args.engine}: a real-engine calibration needs --out for its server logs and run records")
         engine = options_from_args(args, cell_ref=args.cell)
+    mapper = None
+    if args.executor == "slurm":
+        from harness.protocols.cli import sweep_executor
+
+        if out is None:
+            raise CLIError("--executor slurm: give --out (the tasks' logs and the accounting export are written there)")
+        mapper = sweep_executor(args, out, f"calibrate-{args.stage}-{cell.name}")
     if args.stage == "all":
         if out is None:
             raise CLIError("calibrate all: --out DIR is required (the three summaries are written there)")
@@ -465,7 +491,7 @@ def _cmd(args: Any) -> int:
             check_n=args.check_n or None, warmup=args.warmup, window=args.window,
             grid=_floats(args.grid) if args.grid else E0B_GRID, e0b_seeds=_ints(args.e0b_seeds),
             e0b_duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-            engine=engine, engine_name=args.engine, log=lambda m: print(m, file=sys.stderr),
+            engine=engine, engine_name=args.engine, log=lambda m: print(m, file=sys.stderr), mapper=mapper,
         )  # fmt: skip
         print(_fmt_curve(bundle.stage_c))
         print()
@@ -474,16 +500,18 @@ def _cmd(args: Any) -> int:
         print(_fmt_e0b(bundle.e0b))
         for stage, (path, sha) in bundle.files.items():
             print(f"wrote {path}  sha256 {sha}", file=sys.stderr)
+        if mapper is not None:
+            print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
         return 0
     if args.stage == "stage-c":
         stats = stage_c(cell, workload, _ints(args.n) if args.n else STAGE_C_NS, seeds=_ints(args.seeds or "0"),
-                        out_dir=out, warmup=args.warmup, window=args.window, engine=engine)  # fmt: skip
+                        out_dir=out, warmup=args.warmup, window=args.window, engine=engine, mapper=mapper)  # fmt: skip
         print(_fmt_curve(stats))
         result: Any = [s.as_dict() for s in stats]
     elif args.stage == "e0a":
         summary = e0a(cell, workload, seeds=_ints(args.seeds or "0,1,2"), n=int(args.n or E0A_N),
                       check_n=args.check_n or None, out_dir=out, warmup=args.warmup, window=args.window,
-                      engine=engine)  # fmt: skip
+                      engine=engine, mapper=mapper)  # fmt: skip
         print(_fmt_e0a(summary))
         result = summary.as_dict()
     else:
@@ -492,9 +520,11 @@ def _cmd(args: Any) -> int:
             raise CLIError(f"calibrate e0b: cell {cell.name!r} has no lambda_ref; give --lambda-ref (E0a's turns-based rate)")
         stats_b = e0b(cell, workload, float(lam), grid=_floats(args.grid) if args.grid else E0B_GRID, seeds=_ints(args.seeds or "0"),
                       duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-                      out_dir=out, engine=engine)  # fmt: skip
+                      out_dir=out, engine=engine, mapper=mapper)  # fmt: skip
         print(_fmt_e0b(stats_b))
         result = [s.as_dict() for s in stats_b]
+    if mapper is not None and out is not None:
+        print(f"SLURM accounting of the array(s): {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{args.stage}.json").write_text(json.dumps({"cell": cell.name, "stage": args.stage, "result": result}, indent=2))
@@ -547,9 +577,11 @@ def register(cli: Any) -> None:
         q.add_argument("--warmup", type=float, default=WARMUP, help="closed runs: seconds before the window (900)")
         q.add_argument("--window", type=float, default=WINDOW, help="closed runs: window length, seconds (1800)")
         q.add_argument("--out", required=name == "all", help="directory for run records and summaries")
+        from harness.protocols.cli import add_executor_options
         from harness.protocols.realrun import add_engine_arguments
 
         add_engine_arguments(q)
+        add_executor_options(q)
         q.set_defaults(func=_cmd)
     from harness.sim2real.cli import add_costs_stage
 

@@ -44,6 +44,26 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
+def add_executor_options(p: argparse.ArgumentParser) -> None:
+    """Where the runs run: this machine's processes, or one SLURM job array (slurm/sweep.py)."""
+    g = p.add_argument_group("executor")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local worker processes (default), or one SLURM job array through submitit (the same records)")  # fmt: skip
+    g.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's default)")
+    g.add_argument("--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)")
+    g.add_argument("--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)")
+
+
+def sweep_executor(args: argparse.Namespace, out: Path, name: str) -> Any:
+    """The SLURM sweep of `--executor slurm` (None for local); its job logs go under out/slurm/."""
+    if getattr(args, "executor", "local") != "slurm":
+        return None
+    from slurm.sweep import sweep_from_args
+
+    args.sweep_name = name
+    return sweep_from_args(args, Path(out) / "slurm")
+
+
 def one_line(text: str | None) -> str:
     """A reason on one line: a multi-line message (a config error lists its fields) joined by '; '."""
     return "; ".join(x.strip() for x in (text or "").strip().splitlines() if x.strip()) or "no reason recorded"
@@ -84,9 +104,13 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     print(f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
           f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
     t0 = time.monotonic()
-    display = TestDisplay(live=None if not args.plain else False)
-    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle), rule=args.rule)
+    sweep = sweep_executor(args, out, bundle.test.name)
+    display = TestDisplay(live=None if not args.plain else False) if sweep is None else None
+    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle), rule=args.rule,
+                       executor=sweep)  # fmt: skip
     wall = time.monotonic() - t0
+    if sweep is not None:
+        print(f"SLURM accounting of the array: {sweep.export_accounting(out / 'provenance')}", flush=True)
     failed = [r for r in results if r.status != "COMPLETED"]
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
@@ -136,4 +160,5 @@ def register(cli: Any) -> None:
     tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)
     _add_engine_options(tr)
+    add_executor_options(tr)
     tr.set_defaults(func=_cmd_test_run)

@@ -26,7 +26,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 FORMAT_VERSION = 1
-RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "INTERRUPTED")
+RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "INTERRUPTED", "REFUSED")  # REFUSED: a job's checks stopped it before any run
 TURN_STATUSES = ("ok", "error", "timeout", "unfinished")  # unfinished: still in flight when the run ended
 OUTCOMES = ("completed", "refused", "unfinished", "failed")
 RESERVED_META = ("format", "format_version", "status", "status_reason", "created_at", "finished_at", "tables")

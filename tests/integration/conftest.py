@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+# The shared test helpers (gitfixture, slurm_fixture, ...) live one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from live_engines import EnginePool
 from slurm.local import ClusterError, ClusterStatus, down, ensure_up, status
