@@ -198,6 +198,8 @@ class PlanClient:
                     tool_time += extra
                     st.n_slowed += 1
                     self.tool_calls_slowed += 1
+                    # the trigger sessions of a TOOLSLOW run are those with a slowed call (App. D)
+                    self.sink.gate_event(time=now, event="slow", session=fl.sid)
         self.sink.turn(
             session=fl.sid,
             kind=st.spec.kind,
