@@ -88,7 +88,7 @@ def report_runs(
         arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
         arm_names = [a.name for a in b.arms.values()]
         cell = b.cell.name
-        rule = rule or b.test.rule
+        rule = rule or (str(b.rule_path) if b.rule_path else b.test.rule)  # the test's own rule unless overridden
         rule_params = b.test.rule_params
         pred_value = pred_value or b.test.predictions
     if not test_path:  # no test given: the rule and overrides the runs themselves recorded
@@ -125,6 +125,10 @@ def report_runs(
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    if getattr(args, "registration", None):
+        from analysis.registered import cmd
+
+        return cmd(args)
     dirs: list[str] = []
     for d in args.runs:
         p = Path(d)
@@ -145,6 +149,11 @@ def register(cli: Any) -> None:
     a.add_argument("runs", nargs="+", help="run directories, or folders holding them")
     a.add_argument("--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)")
     a.add_argument("--out", help="report folder (default: <common parent>/analysis)")
+    a.add_argument("--registration", help="judge as registered: the registration's rule and references, only its bound runs, "
+                                          "the analysis code of its commit (see analysis/registered.py)")  # fmt: skip
     a.add_argument("--predictions", help="frozen prediction file (default: the test's; 'freeze' tests: predictions.json beside the runs)")
     add_ref_options(a)
     a.set_defaults(func=_cmd_analyze)
+    from analysis.registered import RegisteredAnalysisError
+
+    cli.user_errors(RegisteredAnalysisError)

@@ -97,9 +97,11 @@ def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gated_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Held at the gate: from arrival to admission (never admitted = held to the end)."""
+    """Held at the gate: from the moment the client saw the arrival (planned arrival + start
+    lateness, which a wall-clock client may add without any gate) to admission (never admitted =
+    held to the end)."""
     s = present_sessions(sessions)
-    arr = _col(s, "arrival")
+    arr = _col(s, "arrival") + np.nan_to_num(_col(s, "start_lateness", 0.0))
     adm = _col(s, "admission")
     end = _col(s, "end")
     # A session that ended without admission cannot exist; guard anyway by closing at its end.

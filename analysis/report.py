@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from analysis.metrics import MetricSpec, run_series, run_statistics
+from analysis.openloop import report_lines, run_open_loop, verdict_block
 from analysis.rules import STATE_LETTER, RunVerdict, judge_run, judge_test, load_rule
 from harness.recording.record import RunFormatError, load_run
 
@@ -27,6 +28,7 @@ ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
 class AnalyzedRun:
     verdict: RunVerdict
     series: dict[str, np.ndarray] | None
+    open_loop: dict[str, Any] | None = None  # start-lateness summary (analysis/openloop.py)
 
 
 def _refs_from_meta(meta: Mapping[str, Any], override: Mapping[str, float] | None) -> dict[str, float]:
@@ -72,7 +74,7 @@ def analyze_run(run_dir: Path | str, spec: Mapping[str, Any], refs_override: Map
     ser = None
     if series:
         ser = run_series(run.turns, run.sessions, run.gate_events, mspec.duration, float(p.get("hit_bin", 100.0)), mspec.backlog_bin, mspec.hit_threshold)
-    return AnalyzedRun(v, ser)
+    return AnalyzedRun(v, ser, run_open_loop(meta, run.sessions))
 
 
 def analyze(
@@ -105,6 +107,7 @@ def analyze(
         "references": {**(ref_block or {}), **(refs_override or {})},
         "rule_spec": spec,
         "runs": [r.to_json() for r in runs],
+        "open_loop": verdict_block([(Path(a.verdict.run_dir).name, a.verdict.arm, a.verdict.rate, a.verdict.seed, a.open_loop) for a in analyzed]),
     }
     return out, analyzed
 
@@ -179,8 +182,9 @@ def markdown_table(verdict: Mapping[str, Any]) -> str:
 
 def runs_table(verdict: Mapping[str, Any]) -> str:
     """One row per run, with every input of the rule and the failing conditions named."""
+    span = f"{float((verdict.get('rule_spec') or {}).get('params', {}).get('recovered_span', 300.0)):g}"  # the rule's last span
     lines = [
-        "| λ/λref | arm | seed | state | stuck | hit | follow-up hit | tokens × all-miss | backlog | slope | hit last 300 s | outstanding last 300 s | completions × λref | base arrivals × λref | gate waited | wall s |",
+        f"| λ/λref | arm | seed | state | stuck | hit | follow-up hit | tokens × all-miss | backlog | slope | hit last {span} s | outstanding last {span} s | completions × λref | base arrivals × λref | gate waited | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     key = {a.upper(): i for i, a in enumerate(verdict["arms"])}
@@ -205,6 +209,7 @@ def runs_table(verdict: Mapping[str, Any]) -> str:
             notes.append(f"- {r['arm'].upper()} {r['rate']:g} seed {r['seed']}: {r['state']}. {why} {r['reason']}".rstrip())
     if notes:
         lines += ["", "Runs whose arm condition does not hold:", *notes]
+    lines += report_lines(verdict.get("open_loop"))
     return "\n".join(lines)
 
 
@@ -256,7 +261,8 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[AnalyzedRun], path: Pa
                 if proto["burst"]["size"]:
                     ax.axvline(proto["burst"]["time"], color="0.3", ls="--", lw=0.8)
     handles = [plt.Line2D([], [], color=ARM_COLORS[a], ls=ARM_STYLES.get(a, "-"), label=a) for a in ARM_ORDER if any(x.verdict.arm.upper() == a for x in runs)]
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False)
+    if handles:  # no run with data (all failed): an empty figure, not a crash
+        fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False)
     fig.text(0.5, 0.005, "one line per seed; shaded: evaluation window; dashed: burst", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
     path = Path(path)

@@ -107,6 +107,19 @@ class CellConfig(_Strict):
     model_revision: str | None = Field(None, description="model repository revision the weights came from")
     gpu: str
     attention_backend: str | None = Field(None, description="e.g. flashinfer (A100) or fa3 (H200); provenance")
+    device: str | None = Field(
+        None,
+        description="SGLang's --device; absent = the engine's own default (its GPU). 'cpu' also selects "
+        "SGLang's CPU engine. vLLM picks its platform from the installed build and takes no flag",
+    )
+    mem_fraction_static: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="SGLang's --mem-fraction-static; absent = derived by SGLang from free device memory "
+        "(right on a GPU). A CPU cell must give it: there the derived value can be negative and the "
+        "server does not start",
+    )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
@@ -312,7 +325,7 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: str = Field("e2", pattern=r"^[A-Za-z0-9_./-]+$", description="rule spec: a name under analysis/rulespecs, or a YAML path")
+    rule: str = Field("e2", pattern=r"^[A-Za-z0-9_./-]+$", description="rule spec: a name under analysis/rulespecs or configs/rules, or a YAML path")
     rule_params: dict[str, float | int | str] | None = Field(None, description="registered overrides of the rule's parameters")
     predictions: str | None = Field(
         None, description="frozen prediction file the rule reads; 'freeze' = freeze model F's from the plans before the runs"
@@ -326,6 +339,19 @@ class TestConfig(_Strict):
     seeds: list[int] = Field(..., min_length=1)
     cap: int | None = Field(None, ge=1, description="n_cap for arms whose gate cap is not fixed")
     registration: str | None = None
+    top_rate: float = Field(
+        2.0,
+        gt=0,
+        description="sessions/s of the CRN base stream every rate is thinned from (part of each plan's "
+        "identity); the paper's 2.0 unless the cell is faster. Every rate x lambda_ref must be at most this",
+    )
+    start_lateness_p99: float = Field(
+        0.1,
+        gt=0,
+        description="plan seconds: the largest 99th percentile of the base stream's session-start lateness "
+        "(client behind its plan) at which a run still counts as open-loop; a run above it is flagged in its "
+        "record and verdict (analysis/openloop.py)",
+    )
 
     @model_validator(mode="after")
     def _positive(self) -> "TestConfig":
@@ -403,6 +429,17 @@ def parse_config(data: Any, model: type[M], source: Path | str = "<memory>") -> 
         raise ConfigError(_format_errors(source, err)) from None
 
 
+def _rule_file(rule: str, base: Path | None) -> Path | None:
+    """The rule spec file a test names under configs/rules (or by path); None for a rule the
+    analysis ships by name (analysis/rulespecs, loaded by `analysis.rules.load_rule`)."""
+    if rule == "e2":
+        return None
+    try:
+        return resolve_path(config_ref(rule, "rules"), base)
+    except ConfigError:
+        return None
+
+
 def resolve_path(ref: str | Path, base: Path | None = None) -> Path:
     """Find a referenced config: absolute, relative to `base`, to the cwd, or under configs/."""
     p = Path(ref)
@@ -474,14 +511,15 @@ def load_config(path: Path | str, model: type[M] | None = None, base: Path | Non
 
 
 def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
-    """Read a cost file: `kind: cost`, optional name/description, and CostConfig's parameters."""
+    """Read a cost file: `kind: cost`, optional name/description/fit, and CostConfig's parameters."""
     resolved = resolve_path(ref, base)
     data = load_yaml(resolved)
     if not isinstance(data, dict):
         raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
     if data.get("kind") != "cost":
         raise ConfigError(f"{resolved}: kind: got {data.get('kind')!r}; expected 'cost'")
-    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description")}
+    # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter
+    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description", "fit")}
     return parse_config(params, CostConfig, resolved)
 
 
@@ -495,8 +533,10 @@ class TestBundle:
     cell: CellConfig
     workload: WorkloadConfig
     protocol: ProtocolConfig
-    arms: dict[str, ArmConfig]
+    arms: dict[str, ArmConfig]  # keyed by each arm's own name (`name:` in its file)
     path: Path | None = None
+    arm_refs: dict[str, str] | None = None  # arm name -> the reference the test gave (a name or a file)
+    rule_path: Path | None = None  # the rule spec file the test names; None: the built-in E2 rule
 
 
 def load_test(path: Path | str) -> TestBundle:
@@ -508,14 +548,45 @@ def load_test(path: Path | str) -> TestBundle:
     workload = load_config(config_ref(test.workload, "workloads"), WorkloadConfig, base)
     protocol = load_config(config_ref(test.protocol, "protocols"), ProtocolConfig, base)
     arms: dict[str, ArmConfig] = {}
-    for name in test.arms:
-        arm = load_config(config_ref(name, "arms"), ArmConfig, base)
+    refs: dict[str, str] = {}
+    for i, ref in enumerate(test.arms):
+        arm = load_config(config_ref(ref, "arms"), ArmConfig, base)
         try:
             arm.gate_cap(test.cap)
         except ConfigError as exc:
             raise ConfigError(f"{resolved}: cap: {exc}") from None
-        arms[name] = arm
-    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved)
+        # An arm is recorded and judged by its own name, whether the test names it or gives its file.
+        if arm.name in arms:
+            raise ConfigError(
+                f"{resolved}: arms[{i}]: {ref!r} is an arm named {arm.name!r}, like {refs[arm.name]!r}; "
+                "expected arms with distinct names"
+            )
+        arms[arm.name] = arm
+        refs[arm.name] = ref
+    _check_top_rate(resolved, test, cell, arms)
+    rule_path = _rule_file(test.rule, base)
+    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs,
+                      rule_path=rule_path)  # fmt: skip
+
+
+def _check_top_rate(path: Path, test: TestConfig, cell: CellConfig, arms: dict[str, ArmConfig]) -> None:
+    """Every rate the test will plan must fit under its base stream's top rate, and every CUT arm
+    must thin (its rate at most each of the test's rates): refused here, when the test loads, rather
+    than in each run's worker once the runs have started."""
+    for name, a in arms.items():
+        if a.cut is not None and a.cut.rate > min(test.rates):
+            raise ConfigError(
+                f"{path}: arm {name!r}: cut.rate {a.cut.rate:g} x lambda_ref is above the test's rate "
+                f"{min(test.rates):g}; expected at most every rate of the test (a cut thins the base stream)"
+            )
+    if cell.lambda_ref is None:
+        return  # no plan can be made without lambda_ref; the runner says so before any run starts
+    from harness.workload.plans import rate_above_top  # the plan generator's own check
+
+    for i, r in enumerate(test.rates):
+        problem = rate_above_top(r, cell.lambda_ref, test.top_rate)
+        if problem:
+            raise ConfigError(f"{path}: rates[{i}]: {problem} (cell {cell.name!r}; top_rate {test.top_rate:g} in the test)")
 
 
 def config_ref(name: str, folder: str) -> str:

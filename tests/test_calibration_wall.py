@@ -60,3 +60,16 @@ def test_cache_off_run_refuses_a_server_whose_cache_is_on(tmp_path: Path) -> Non
     reason = asyncio.run(go())
     assert "FAILED" in reason and "prefix cache is not off" in reason
     assert load_run(tmp_path / "r").meta["status"] == "FAILED"
+
+
+def test_e0b_on_a_launched_emulator(tmp_path: Path) -> None:
+    """E0b on a real server: a fresh emulator per run, the frozen plan played in wall time."""
+    from harness.protocols.calibration import e0b
+
+    opts = EngineOptions(engine="emulator", time_scale=40.0, health_timeout=60.0)
+    stats = e0b(tiny_cell(), WL, 0.2, grid=(0.5,), duration=200.0, rise_span=100.0, out_dir=tmp_path, engine=opts)
+    assert len(stats) == 1 and stats[0].sessions > 0 and stats[0].stable
+    run = load_run(tmp_path / "e0b-m0.5-s0")
+    assert run.meta["status"] == "COMPLETED" and run.meta["run_kind"] == "from_empty"
+    assert run.meta["plan"]["sha256"] and (tmp_path / "e0b-m0.5-s0" / "plan.parquet").is_file()
+    assert len(run.sessions) == stats[0].sessions

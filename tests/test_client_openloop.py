@@ -26,9 +26,10 @@ class MiniDriver:
     """Virtual time; each request is answered `service` s after it is sent (infinite servers),
     with `decode_tokens` output ids and a perfect cache (everything but the new tool ids)."""
 
-    def __init__(self, client: PlanClient, service: float = 0.5, fail: set[int] | None = None) -> None:
+    def __init__(self, client: PlanClient, service: float = 0.5, fail: set[int] | None = None, late: float = 0.0) -> None:
         self.client = client
         self.service = service
+        self.late = late  # arrival timers fire this late, as a wall-clock driver's may under load
         self.fail = fail or set()
         self.heap: list = []
         self.seq = itertools.count()
@@ -38,7 +39,8 @@ class MiniDriver:
     def _push(self, now: float, cmds) -> None:
         for c in cmds:
             if isinstance(c, Timer):
-                heapq.heappush(self.heap, (c.at, next(self.seq), "timer", c.key))
+                late = self.late if c.key[0] == "arrive" else 0.0
+                heapq.heappush(self.heap, (c.at + late, next(self.seq), "timer", c.key))
             else:
                 assert isinstance(c, Send)
                 self.sends.append((now, c))
@@ -203,3 +205,30 @@ def test_rescue_gate_pauses_and_resumes_through_the_client() -> None:
     assert ev[0] == "engage" and ev[-1] == "release"
     assert ev.count("pause") == ev.count("resume") == c.counters()["pauses"]
     assert gate.release_time is not None and gate.release_time >= 11.0
+
+
+def test_start_lateness_and_gate_wait_are_recorded_apart() -> None:
+    # Arrival timers fire 0.25 s late (a wall-clock client sharing the CPU with its engine). Without
+    # a gate nothing waits at a gate: the lateness is the client's, recorded as such.
+    plan = [spec(i, 1.0 * i, 2) for i in range(5)]
+    sink = ListSink()
+    c = PlanClient(plan, WL, sink=sink)
+    MiniDriver(c, service=0.5, late=0.25).run()
+    rows = sorted(sink.sessions, key=lambda r: r["session"])
+    assert [r["gate_wait"] for r in rows] == [0.0] * 5
+    assert [r["start_lateness"] for r in rows] == pytest.approx([0.25] * 5)
+    assert c.start_lateness() == pytest.approx([0.25] * 5)
+    # With a gate the two add up to the delay before admission, each in its own column.
+    sink2 = ListSink()
+    c2 = PlanClient([spec(i, 0.0, 2, tool=5.0) for i in range(3)], WL, sink=sink2, gate=FifoCapGate(1))
+    MiniDriver(c2, service=1.0, late=0.25).run()
+    rows2 = sorted(sink2.sessions, key=lambda r: r["session"])
+    for r in rows2:
+        assert r["start_lateness"] == pytest.approx(0.25)
+        assert r["admission"] == pytest.approx(r["arrival"] + r["start_lateness"] + r["gate_wait"])
+    assert rows2[0]["gate_wait"] == 0.0 and rows2[1]["gate_wait"] == pytest.approx(rows2[0]["end"] - 0.25)
+    # and on time (virtual time) the lateness is exactly zero
+    sink3 = ListSink()
+    c3 = PlanClient(plan, WL, sink=sink3)
+    MiniDriver(c3, service=0.5).run()
+    assert all(r["start_lateness"] == 0.0 and r["gate_wait"] == 0.0 for r in sink3.sessions)

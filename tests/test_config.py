@@ -20,7 +20,7 @@ from harness.config import (
     parse_config,
 )
 
-SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name != "costs")
+SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name not in ("costs", "rules"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(CONFIG_ROOT)))
@@ -78,7 +78,10 @@ def test_cell_values() -> None:
     assert c["sglang-h200-300k"].cost.speed == 2.742 and c["sglang-h200-300k"].lambda_ref == 0.194
     assert c["sglang-h200-600k"].kv_pool_tokens == 600000 and c["sglang-h200-600k"].cost.speed == 2.742
     assert c["llama-a100-300k"].lambda_ref == 0.0596 and "Llama-3.1-8B" in c["llama-a100-300k"].model
-    for cell in c.values():
+    cpu = c.pop("vllm-cpu-tiny-131k")  # the scaled CPU cell: its own settings (the notes)
+    assert (cpu.kv_pool_tokens, cpu.page_size, cpu.max_running, cpu.context_length) == (131072, 32, 64, 8192)
+    assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (9.45, 86903.0, "0.32.0")
+    for cell in c.values():  # the paper's cells
         assert (cell.chunked_prefill, cell.max_running, cell.schedule_policy) == (8192, 256, "fcfs")
         assert cell.cost.model().a == pytest.approx(9.24e-3)
 
@@ -199,3 +202,73 @@ def test_a_dumped_cell_parses_again_anywhere() -> None:
     assert parse_config(dumped, CellConfig) == cell  # file readable: inline values match it
     dumped["cost_file"] = "costs/not-on-this-machine.yaml"
     assert parse_config(dumped, CellConfig).cost == cell.cost  # file absent: the record stands alone
+
+
+_FAST_TEST = "kind: test\nname: fast\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\narms: [burst]\nseeds: [0]\n"
+
+
+def test_rates_above_the_top_rate_are_refused_when_the_test_loads(tmp_path: Path) -> None:
+    # sglang-a100-300k: lambda_ref 0.071534, so 30 x lambda_ref = 2.15 sessions/s > the default 2.0
+    _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\n", "t.yaml")
+    with pytest.raises(ConfigError, match=r"t\.yaml: rates\[1\]: 30 x lambda_ref .* exceeds the plan's top rate of 2 sessions/s"):
+        load_test(tmp_path / "t.yaml")
+    # a registered top rate lifts the ceiling; the default stays the paper's 2.0
+    _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\ntop_rate: 4.0\n", "t2.yaml")
+    assert load_test(tmp_path / "t2.yaml").test.top_rate == 4.0
+    assert load_test("tests/e2-sglang-300k").test.top_rate == 2.0
+    # a CUT arm that would raise the rate is refused at load too, not in its runs
+    _write(tmp_path, "kind: arm\nname: cut-hi\nburst: true\ncut: {start: 100.0, rate: 1.5}\n", "cut-hi.yaml")
+    _write(tmp_path, _FAST_TEST.replace("[burst]", "[cut-hi.yaml]") + "rates: [1.35, 1.65]\n", "t3.yaml")
+    with pytest.raises(ConfigError, match=r"arm 'cut-hi': cut\.rate 1\.5 x lambda_ref is above the test's rate 1\.35"):
+        load_test(tmp_path / "t3.yaml")
+
+
+def test_arms_given_by_file_are_keyed_by_their_own_name(tmp_path: Path) -> None:
+    arms = CONFIG_ROOT / "arms"
+    _write(tmp_path, (arms / "capped.yaml").read_text(), "capped.yaml")  # beside the test, as a user keeps them
+    _write(tmp_path, _FAST_TEST.replace("[burst]", f"[{arms / 'burst.yaml'}, noburst, capped.yaml]") + "rates: [1.35]\ncap: 20\n", "t.yaml")
+    b = load_test(tmp_path / "t.yaml")
+    assert list(b.arms) == ["burst", "noburst", "capped"]
+    assert b.arm_refs == {"burst": str(arms / "burst.yaml"), "noburst": "noburst", "capped": "capped.yaml"}
+    # two references to arms of one name cannot both be recorded under it
+    _write(tmp_path, _FAST_TEST.replace("[burst]", f"[burst, {arms / 'burst.yaml'}]") + "rates: [1.35]\n", "t2.yaml")
+    with pytest.raises(ConfigError, match=r"arms\[1\]: .* is an arm named 'burst', like 'burst'"):
+        load_test(tmp_path / "t2.yaml")
+
+
+
+# -------------------------------------------------------------------------------------------------
+# the scaled CPU cell: its protocol and rule are the paper's, scaled together
+# -------------------------------------------------------------------------------------------------
+K_TIME, K_POP = 50.0, 64 / 20  # times divided by k; the burst and population threshold times the cap ratio
+
+
+def test_the_cpu_protocol_is_e2_with_every_time_scaled_by_one_factor() -> None:
+    e2, cpu = load_config("protocols/e2", ProtocolConfig), load_config("protocols/e2-cpu", ProtocolConfig)
+    times = lambda p: [p.duration, p.burst.time, p.burst.width, p.window.start, p.window.end,  # noqa: E731
+                       p.min_window, p.backlog_bin, p.hit_bin, p.recovered_span]  # fmt: skip
+    assert times(cpu) == pytest.approx([t / K_TIME for t in times(e2)], rel=1e-12)
+    assert cpu.burst.size == round(e2.burst.size * K_POP)
+
+
+def test_the_cpu_rule_is_e2_with_its_time_and_population_parameters_scaled() -> None:
+    from analysis.rules import E2_RULE, load_rule
+
+    cpu = load_rule(CONFIG_ROOT / "rules" / "e2-cpu.yaml")
+    e2 = load_rule(None)
+    for k in ("states", "flags", "arms", "pass", "version"):
+        assert cpu[k] == e2[k] == E2_RULE[k], k
+    scaled = {"recovered_span": 1 / K_TIME, "backlog_bin": 1 / K_TIME, "min_window": 1 / K_TIME, "recovered_outstanding": K_POP}
+    assert set(cpu["params"]) == set(e2["params"])
+    for k, v in e2["params"].items():
+        assert cpu["params"][k] == (pytest.approx(v * scaled[k]) if k in scaled else v), k
+    proto = load_config("protocols/e2-cpu", ProtocolConfig)
+    assert (proto.min_window, proto.backlog_bin, proto.recovered_span) == tuple(cpu["params"][k] for k in ("min_window", "backlog_bin", "recovered_span"))
+
+
+def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:
+    b = load_test("tests/e2-vllm-cpu")
+    assert b.rule_path == CONFIG_ROOT / "rules" / "e2-cpu.yaml" and load_test("tests/e2-sglang-300k").rule_path is None
+    assert max(b.test.rates) * b.cell.lambda_ref > 2.0  # this cell could not be planned before top_rate
+    assert max(b.test.rates) * b.cell.lambda_ref <= b.test.top_rate
+    assert b.arms["capped"].gate_cap(b.test.cap) == 64

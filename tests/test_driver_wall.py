@@ -292,3 +292,32 @@ def test_5xx_with_healthy_server_is_a_per_turn_error() -> None:
     client = _Chain(3)
     res = _drive_against(200, client, duration=20.0)
     assert res.status == "COMPLETED" and res.errors == 3 and res.flagged
+
+
+def test_wall_clock_lateness_is_not_a_gate_wait() -> None:
+    # On the wall clock every arrival timer fires a little late; without a gate that lateness must
+    # land in start_lateness, and "gate waited" (analysis.metrics) must count no session.
+    import pandas as pd
+
+    from analysis.metrics import gated_intervals
+
+    plan = sessions(8, gap=0.5, max_turns=2)
+    sink = ListSink()
+    client = PlanClient(plan, WL, sink=sink)
+
+    async def go() -> Any:
+        async with emulator("vllm") as (emu, url):
+            ad = get_adapter("emulator", flavor="vllm", cell=emu.cell)
+            return await drive(client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False)
+
+    res = asyncio.run(go())
+    assert res.status == COMPLETED
+    rows = sink.sessions
+    assert len(rows) == 8 and all(r["outcome"] == "completed" for r in rows)
+    assert all(r["gate_wait"] == 0.0 for r in rows)
+    late = np.array([r["start_lateness"] for r in rows])
+    assert (late >= 0).all() and late.max() > 0  # a real clock is not exactly on time ...
+    assert np.allclose([r["admission"] - r["arrival"] for r in rows], late)  # ... and that is all of the delay
+    assert sorted(client.start_lateness()) == pytest.approx(sorted(late))
+    s, e = gated_intervals(pd.DataFrame(rows))
+    assert np.all(e - s <= 1e-9)

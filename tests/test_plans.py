@@ -186,13 +186,45 @@ def test_mirror_is_a_transform_of_the_same_draw() -> None:
 
 
 def test_rate_above_top_rate_is_refused_clearly() -> None:
-    with pytest.raises(PlanError, match=r"exceeds the plan generator's top rate of 2\.0"):
+    with pytest.raises(PlanError, match=r"exceeds the plan's top rate of 2 sessions/s"):
         make_plan(W, E2, ARMS["burst"], 30.0, LREF, 0)
     with pytest.raises(PlanError, match="seed"):
         make_plan(W, E2, ARMS["burst"], 1.35, LREF, -1)
     with pytest.raises(PlanError, match="lambda_ref"):
         make_plan(W, E2, ARMS["burst"], 1.35, 0.0, 0)
 
+
+
+def test_top_rate_is_part_of_the_plan_and_lifts_the_ceiling(tmp_path: Path) -> None:
+    # A CPU cell serves ~14 sessions/s: above the paper's 2.0 base stream it cannot be planned ...
+    lam = 9.45
+    with pytest.raises(PlanError, match=r"top_rate' of at least 12\.76"):
+        make_plan(W, SHORT, ARMS["burst"], 1.35, lam, 0)
+    # ... and with a registered top rate it can, nested across rates at that top rate.
+    lo = make_plan(W, SHORT, ARMS["noburst"], 1.35, lam, 0, top_rate=40.0)
+    hi = make_plan(W, SHORT, ARMS["noburst"], 2.85, lam, 0, top_rate=40.0)
+    assert lo.meta["top_rate"] == 40.0 and lo.top_rate == 40.0
+    assert {s.arrival for s in _base(lo)} <= {s.arrival for s in _base(hi)}
+    assert len(_base(lo)) == pytest.approx(1.35 * lam * SHORT.duration, rel=0.05)
+    # the top rate is identity: regenerate() rebuilds it from the file alone
+    write_plan(lo, tmp_path / "p.parquet")
+    assert plan_bytes(regenerate(read_plan(tmp_path / "p.parquet"))) == (tmp_path / "p.parquet").read_bytes()
+    # another top rate is another base stream: same rate, different arrivals
+    other = make_plan(W, SHORT, ARMS["noburst"], 1.35, lam, 0, top_rate=20.0)
+    assert [s.arrival for s in _base(other)] != [s.arrival for s in _base(lo)]
+    with pytest.raises(PlanError, match="top_rate"):
+        make_plan(W, SHORT, ARMS["noburst"], 1.35, LREF, 0, top_rate=0.0)
+
+
+def test_default_top_rate_keeps_plans_byte_identical() -> None:
+    # The top rate was a constant (2.0) before it was a parameter, already written into each plan's
+    # metadata: the default must give the same bytes, and a plan at 2.0 the same base stream.
+    explicit = make_plan(W, E2, ARMS["burst"], 1.35, LREF, 0, top_rate=2.0)
+    assert plan_bytes(explicit) == plan_bytes(make_plan(W, E2, ARMS["burst"], 1.35, LREF, 0))
+    assert explicit.meta["top_rate"] == 2.0 and TOP_RATE == 2.0
+    t, m = top_process(0, E2.duration)
+    keep = t[m < 1.35 * LREF / 2.0]
+    assert np.array_equal(keep, np.array([s.arrival for s in _base(explicit)]))
 
 # -------------------------------------------------------------------------------------------------
 # files and hashes

@@ -135,3 +135,143 @@ def test_cli_commands_are_registered() -> None:
     assert args.jobs == 2 and args.engine == "sim" and callable(args.func)
     args = parser.parse_args(["run", "--config", "x.yaml", "--arm", "BURST", "--rate", "1.65", "--seed", "0"])
     assert args.rate == 1.65 and args.engine == "sim"
+
+
+# -------------------------------------------------------------------------------------------------
+# what a real fast cell exposed (issue: the trap on a real engine with no GPU)
+# -------------------------------------------------------------------------------------------------
+def _boom_backend(ctx: RunContext) -> BackendResult:
+    raise RuntimeError("engine exploded on purpose")
+
+
+def _late_backend(ctx: RunContext) -> BackendResult:
+    """The stub engine, with every arrival timer fired 0.3 s late (a client short of CPU)."""
+    client, heap, seq, prev = ctx.client, [], itertools.count(), {}
+
+    def push(now: float, cmds) -> None:
+        for c in cmds:
+            if isinstance(c, Timer):
+                heapq.heappush(heap, (c.at + (0.3 if c.key[0] == "arrive" else 0.0), next(seq), "t", c.key))
+            else:
+                heapq.heappush(heap, (now + 2.0, next(seq), "r", (now, c)))
+
+    push(0.0, client.start(0.0))
+    while heap and heap[0][0] < ctx.duration:
+        now, _, kind, x = heapq.heappop(heap)
+        if kind == "t":
+            push(now, client.on_timer(now, x))
+            continue
+        sent, c = x
+        n = len(c.prompt)
+        r = TurnResponse(c.request_id, "ok", sent, now, now - 1.0, np.zeros(c.max_tokens, np.int32), n, prev.get(c.session, 0), c.max_tokens, 200)
+        prev[c.session] = n + c.max_tokens
+        push(now, client.on_response(now, r))
+    return BackendResult("COMPLETED", None, ctx.duration, {"engine": {"backend": "late"}})
+
+
+register_backend("boom", _boom_backend)
+register_backend("late", _late_backend)
+
+
+def test_a_test_whose_runs_all_fail_ends_with_one_line_per_run(tiny_test: Path, tmp_path: Path, capsys) -> None:
+    from harness import cli
+
+    code = cli.main(["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert "Traceback" not in out + err
+    assert "no run completed: no verdict" in out
+    tail = err.strip().splitlines()
+    failed = [x for x in tail if ": FAILED: " in x]
+    assert len(failed) == 9 and tail[-9:] == failed  # the output ends with them, one per run
+    assert all(x.strip().endswith("RuntimeError: engine exploded on purpose") for x in failed)
+    # asked for, the tracebacks come back
+    code = cli.main(["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o2"), "--debug"])
+    assert code != 0 and "Traceback" in capsys.readouterr().err
+
+
+def test_a_report_over_failed_runs_only_is_written_not_crashed(tiny_test: Path, tmp_path: Path) -> None:
+    bundle = load_test(tiny_test)
+    dirs = []
+    for arm in ("burst", "noburst", "capped"):
+        try:
+            execute_run(bundle, arm, 1.35, 0, "boom", tmp_path / arm)
+        except RuntimeError:
+            pass
+        dirs.append(tmp_path / arm)
+    verdict, analyzed = analyze(dirs, arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    assert {r["state"] for r in verdict["runs"]} == {"FAILED"}
+    paths = write_report(verdict, analyzed, tmp_path / "analysis")  # the figure once crashed here (no legend entries)
+    assert paths["figure"].stat().st_size > 0 and "| 1.35 | BURST | F-- |" in paths["report"].read_text()
+
+
+def test_arms_given_by_file_are_recorded_and_judged_by_name(tiny_test: Path, tmp_path: Path) -> None:
+    from analysis.cli import report_runs
+
+    arms = Path(__file__).resolve().parents[1] / "configs" / "arms"
+    t = tmp_path / "by-file.yaml"
+    t.write_text(tiny_test.read_text().replace("arms: [burst, noburst, capped]", f"arms: [{arms / 'burst.yaml'}, {arms / 'noburst.yaml'}, capped]"))
+    results = run_test(t, "stub", tmp_path / "out", jobs=2)
+    assert all(r.status == "COMPLETED" for r in results)
+    assert {json.loads((Path(r.run_dir) / "meta.json").read_text())["arm"] for r in results} == {"burst", "noburst", "capped"}
+    assert {Path(r.run_dir).name.split("-")[0] for r in results} == {"burst", "noburst", "capped"}
+    # the verdict now finds an expectation for every arm (it used to raise RuleError after the runs)
+    assert report_runs([r.run_dir for r in results], tmp_path / "out" / "analysis", test_path=str(t), rule=None, refs=None) == 1
+    assert json.loads((tmp_path / "out" / "analysis" / "verdict.json").read_text())["arms"] == ["burst", "noburst", "capped"]
+
+
+def test_an_arm_the_rule_does_not_know_is_refused_before_any_run(tiny_test: Path, tmp_path: Path) -> None:
+    from harness.config import ConfigError
+
+    t = tmp_path / "unknown-arm.yaml"
+    t.write_text(tiny_test.read_text().replace("arms: [burst, noburst, capped]", "arms: [burst, toolslow-d30]"))
+    with pytest.raises(ConfigError, match=r"no expectation for arm 'toolslow-d30'"):
+        run_test(t, "stub", tmp_path / "out", jobs=1)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    # and a cell without lambda_ref is refused once, not once per run
+    (tmp_path / "cell.yaml").write_text(
+        "kind: cell\nname: nolam\nengine: {name: sglang, version: x}\nmodel: m\ngpu: g\nkv_pool_tokens: 1000\n")
+    t2 = tmp_path / "nolam.yaml"
+    t2.write_text(tiny_test.read_text().replace("cell: sglang-a100-300k", f"cell: {tmp_path / 'cell.yaml'}"))
+    with pytest.raises(ConfigError, match="lambda_ref and all_miss_token_rate are needed"):
+        run_test(t2, "stub", tmp_path / "out2", jobs=1)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: Path, tmp_path: Path) -> None:
+    from harness.protocols.cli import _lateness
+
+    bundle = load_test(tiny_test)
+    res = execute_run(bundle, "NOBURST", 1.35, 0, "late", tmp_path / "late")
+    meta = load_run(res.run_dir).meta
+    ol = meta["open_loop"]
+    assert ol["p50_s"] == pytest.approx(0.3) and ol["p99_s"] == pytest.approx(0.3) and ol["max_s"] == pytest.approx(0.3)
+    assert ol["bound_p99_s"] == bundle.test.start_lateness_p99 == 0.1 and ol["within_bound"] is False
+    assert ol["n"] == meta["client"]["arrived"] and len(meta["warnings"]) == 1 and "not open-loop" in meta["warnings"][0]
+    assert res.warnings == meta["warnings"] and "p99 300.0 ms" in _lateness(res)
+    assert ol["judged"] == "base" and ol["burst"]["n"] == 0
+    burst = execute_run(bundle, "BURST", 1.35, 0, "late", tmp_path / "late-burst").open_loop
+    assert burst["burst"]["n"] == 20 and burst["burst"]["p99_s"] == pytest.approx(0.3) and burst["n"] == ol["n"]
+    on_time = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "on-time")
+    assert on_time.open_loop["max_s"] == 0.0 and on_time.open_loop["within_bound"] is True and not on_time.warnings
+    verdict, _ = analyze([res.run_dir, on_time.run_dir], arms=["noburst"], rates=[1.35], seeds=[0])
+    by_dir = {Path(r["run_dir"]).name: r for r in verdict["runs"]}
+    # no gate: nothing waited at one, however late the client was
+    assert by_dir["late"]["stats"]["gate_waited"] == 0 and by_dir["on-time"]["stats"]["gate_waited"] == 0
+    assert verdict["open_loop"]["not_within"] == ["late"]
+    assert "not open-loop within the registered bound" in runs_table(verdict) and "p99 300 ms > 100 ms" in runs_table(verdict)
+
+
+def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Path) -> None:
+    from harness.config import ConfigError
+
+    shipped = (Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml").read_text()
+    t = tmp_path / "paper-rule.yaml"
+    t.write_text(shipped.replace("rule: e2-cpu", "rule: e2"))
+    with pytest.raises(ConfigError, match=r"rule 'e2' does not match protocol 'e2-cpu': min_window 600 \(protocol 12\)"):
+        run_test(t, "stub", tmp_path / "out", jobs=1)
+    assert not (tmp_path / "out").exists()
+    # the shipped test names its scaled rule and passes the check
+    from harness.protocols.arms import check_before_runs
+
+    check_before_runs(load_test(Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml"), "stub")

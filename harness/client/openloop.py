@@ -9,6 +9,13 @@ not about the plan's draws; SHED refusals are already flagged in the plan and ar
 
 The client writes one row per turn and one per session to a sink (the run recorder, or a list in
 tests) and keeps the requests in flight, so the analysis can rebuild the outstanding backlog.
+
+Two delays sit between a session's planned arrival and its first turn, and they are recorded apart
+because they mean different things. *Start lateness* is the client's own: a wall-clock driver may
+run an arrival timer late when the client and the engine share the CPU, which is a departure from
+open loop (the run's validity question). *Gate wait* is the experiment's: the time a gate (CAPPED,
+rescue) held the session once the client had it. Without a gate the gate wait is exactly zero,
+however late the client was.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class _SessionState:
     spec: SessionSpec
     machine: SessionMachine | None = None
     arrived: bool = False
+    seen: float = NAN  # when the client played the arrival (planned arrival + start lateness)
     admission: float = NAN
     end: float = NAN
     outcome: str = ""
@@ -140,6 +148,7 @@ class PlanClient:
         self._closed = False
         self.tool_calls_slowed = 0
         self.prompt_mismatches = 0  # client prompt length != server-reported prompt tokens
+        self._lateness: list[tuple[str, float]] = []  # (kind, start lateness) of every arrival played
 
     # ------------------------------------------------------------------ Client protocol
     def start(self, now: float) -> Sequence[Command]:
@@ -204,6 +213,8 @@ class PlanClient:
             completion_tokens=response.completion_tokens,
             n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
             queue_time=response.extra.get("queue_time") if response.extra else None,
+            engine_ttft=response.extra.get("engine_ttft") if response.extra else None,
+            engine_decode=response.extra.get("engine_decode") if response.extra else None,
             status=response.status,
             http_status=response.http_status,
             error=response.error,
@@ -266,6 +277,11 @@ class PlanClient:
             "prompt_mismatches": self.prompt_mismatches,
         }
 
+    def start_lateness(self, kind: str | None = None) -> list[float]:
+        """Seconds each arrival played so far (of `kind`, 'base' or 'burst'; None: all) was behind
+        its planned time, in play order; 0 in virtual time."""
+        return [x for k, x in self._lateness if kind is None or k == kind]
+
     # ------------------------------------------------------------------ internals
     def _schedule_arrival(self, cmds: list[Command]) -> None:
         if self._next_arrival < len(self._order):
@@ -277,6 +293,8 @@ class PlanClient:
             st = self._order[self._next_arrival]
             self._next_arrival += 1
             st.arrived = True
+            st.seen = max(now, st.spec.arrival)
+            self._lateness.append((st.spec.kind, st.seen - st.spec.arrival))
             if st.spec.refused:
                 st.end = st.spec.arrival
                 self._write_session(st, "refused")
@@ -332,6 +350,7 @@ class PlanClient:
             st.outcome = outcome
         p = st.spec
         adm = None if math.isnan(st.admission) else st.admission
+        late = None if math.isnan(st.seen) else st.seen - p.arrival
         pause = st.pause_time
         self.sink.session(
             session=st.sid,
@@ -344,7 +363,8 @@ class PlanClient:
             outcome=outcome,
             n_turns=p.n_turns,
             turns_done=st.turns_done,
-            gate_wait=None if adm is None else adm - p.arrival,
+            start_lateness=late,
+            gate_wait=None if adm is None else adm - st.seen,
             paused_time=pause if st.n_pauses else None,
         )
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 from analysis.metrics import is_hit
+from analysis.openloop import open_loop_summary, warning_text
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
 from harness.client.protocol import Command, TurnResponse
@@ -161,9 +162,10 @@ class _Observed:
 # one run
 # ---------------------------------------------------------------------------------------------
 def find_arm(bundle: TestBundle, name: str) -> tuple[str, ArmConfig]:
-    """An arm of the test by its key or its name, case-insensitively."""
+    """An arm of the test by its name, or the reference the test gave for it, case-insensitively."""
+    refs = bundle.arm_refs or {}
     for key, arm in bundle.arms.items():
-        if name.lower() in (key.lower(), arm.name.lower()):
+        if name.lower() in (key.lower(), arm.name.lower(), refs.get(key, key).lower()):
             return key, arm
     raise ConfigError(f"arm {name!r} is not in test {bundle.test.name!r}; its arms are {list(bundle.arms)}")
 
@@ -182,6 +184,9 @@ class RunResult:
     reason: str | None
     wall_s: float
     plan_time: float
+    detail: str | None = None  # the traceback of a run that raised (shown with --debug only)
+    open_loop: dict[str, Any] | None = None  # start-lateness summary, as in meta.json
+    warnings: list[str] = field(default_factory=list)
 
 
 def references(bundle: TestBundle) -> dict[str, float]:
@@ -206,8 +211,18 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
+    registration: dict[str, Any] | None = None,
+    expect_plan_sha256: str | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet)."""
+    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
+
+    `registration` ({name, path, sha256, commit}) binds the run: it goes into meta.json as is
+    (a job script that checked the registration passes it); without it the test config's
+    `registration` field is recorded. `expect_plan_sha256`: the frozen plan must have this hash (a
+    registration's), or nothing is driven and the run is recorded REFUSED with both hashes.
+    `extra_meta` is merged into meta.json before the run starts (a job's registration binding and
+    scheduler facts)."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -217,7 +232,8 @@ def execute_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     refs = references(bundle)
     plan_path = run_dir / PLAN_FILE
-    sha = write_plan(make_plan(bundle.workload, bundle.protocol, arm, rate, refs["lambda_ref"], seed), plan_path)
+    plan_made = make_plan(bundle.workload, bundle.protocol, arm, rate, refs["lambda_ref"], seed, bundle.test.top_rate)
+    sha = write_plan(plan_made, plan_path)
     plan = read_plan(plan_path)
     if plan.sha256 != sha:
         raise RuntimeError(f"{plan_path}: hash changed between write and read")
@@ -225,7 +241,7 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": bundle.test.registration,
+        "registration": dict(registration) if registration is not None else bundle.test.registration,
         "rule": bundle.test.rule,
         **({"rule_params": bundle.test.rule_params} if bundle.test.rule_params else {}),
         **({"reference_source": bundle.test.references.source} if bundle.test.references else {}),
@@ -239,10 +255,21 @@ def execute_run(
         "cell": bundle.cell,
         "workload": bundle.workload,
         "protocol": bundle.protocol,
-        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts")},
+        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate},
         "engine_backend": engine,
         "provenance": capture(include_gpu=engine != "sim"),
     }
+    if extra_meta:
+        meta.update(extra_meta)
+    if expect_plan_sha256 is not None and sha != expect_plan_sha256.lower():
+        reason = (f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
+                  "the configs no longer generate the registered plan")  # fmt: skip
+        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
+        with RunRecorder(run_dir, meta) as rec:
+            rec.close("REFUSED", reason)
+        return RunResult(str(run_dir), key, float(rate), int(seed), "REFUSED", reason, time.monotonic() - t0, 0.0)
+    if expect_plan_sha256 is not None:
+        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": True}
     ts = arm.toolslow
     with RunRecorder(run_dir, meta) as rec:
         client = PlanClient(
@@ -255,9 +282,14 @@ def execute_run(
         ctx = RunContext(bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {}))
         res = backend(ctx)
         client.close(res.end_time)
-        rec.update_meta({**res.meta, "client": client.counters(), "end_time": res.end_time, "wall_s": time.monotonic() - t0})
+        open_loop = open_loop_summary(client.start_lateness("base"), client.start_lateness("burst"), bundle.test.start_lateness_p99)
+        warn = warning_text(open_loop)
+        warnings = [warn] if warn else []
+        rec.update_meta({**res.meta, "client": client.counters(), "open_loop": open_loop, "warnings": warnings,
+                         "end_time": res.end_time, "wall_s": time.monotonic() - t0})  # fmt: skip
         rec.close(res.status, res.reason)
-    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time)
+    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time,
+                     open_loop=open_loop, warnings=warnings)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +319,7 @@ def _worker(test_path: str, arm: str, rate: float, seed: int, engine: str, run_d
     except Exception as exc:
         _post({"key": key, "done": True, "status": "FAILED"})
         tb = traceback.format_exc(limit=8)
-        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}\n{tb}", 0.0, float("nan"))
+        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb)
     _post({"key": key, "done": True, "status": res.status, "wall": res.wall_s})
     return res
 
@@ -304,6 +336,34 @@ def planned_runs(bundle: TestBundle) -> list[tuple[str, float, int]]:
     return sorted(runs, key=cost)
 
 
+def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None:
+    """What would otherwise fail in every run, or only in the verdict once every run is done:
+    the engine backend, the references the plans need, and an expectation in the rule for every
+    arm. Raises ConfigError before anything is started."""
+    from analysis.rules import RuleError, arm_expectation, load_rule
+
+    _backend(engine)
+    references(bundle)
+    rule = rule if rule is not None else bundle.rule_path
+    where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
+    try:
+        spec = load_rule(rule)
+        for name in bundle.arms:
+            arm_expectation(spec, name)
+    except (RuleError, OSError) as exc:
+        raise ConfigError(f"{bundle.path or bundle.test.name}: arms {list(bundle.arms)}: {where}: {exc}") from None
+    # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
+    # with a rule scaled alike, or every run would be judged on the paper's clock (state X).
+    p = bundle.protocol
+    clash = [f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})" for k in ("min_window", "backlog_bin", "recovered_span")
+             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]  # fmt: skip
+    if clash:
+        raise ConfigError(
+            f"{bundle.path or bundle.test.name}: {where} does not match protocol {p.name!r}: {', '.join(clash)}; "
+            "expected a rule whose time parameters are the protocol's (name it in the test's 'rule:' or pass --rule)"
+        )
+
+
 def run_test(
     test_path: str | Path,
     engine: str,
@@ -313,18 +373,27 @@ def run_test(
     display: Any = None,
     every: float = 50.0,
     options: dict[str, Any] | None = None,
+    rule: Any = None,
+    executor: Any = None,
 ) -> list[RunResult]:
     """Run every arm x rate x seed of a test into out_dir/<arm>-r<rate>-s<seed>/ in `jobs` processes.
 
-    `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings."""
+    `options` reach the engine backend (RunContext.options), e.g. real-engine launch settings;
+    `rule` is the rule the verdict will use (a spec file, a dict, or None for the registered E2
+    rule): every arm must have an expectation in it before any run starts. `executor`, when
+    given, runs the runs elsewhere instead of the local process pool: an object whose
+    `map(fn, calls, labels)` returns outcomes with `ok`, `value`, `error` (slurm.sweep.SlurmSweep:
+    one SLURM job array)."""
     bundle = load_test(test_path)
-    _backend(engine)
+    check_before_runs(bundle, engine, rule)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     todo = planned_runs(bundle)
     for arm, rate, seed in todo:
         if (out / run_name(arm, rate, seed) / "meta.json").exists():
             raise ConfigError(f"{out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+    if executor is not None:
+        return _run_elsewhere(bundle, engine, out, todo, every, options, executor)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
     q = ctx.Queue()
@@ -355,6 +424,23 @@ def run_test(
     _drain(q, display)
     if display is not None:
         display.stop()
+    return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
+
+
+def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[str, float, int]], every: float,
+                   options: dict[str, Any] | None, executor: Any) -> list[RunResult]:  # fmt: skip
+    """The runs of a test through an executor (each call is `_worker`, as in the local pool)."""
+    test_path = str(Path(bundle.path).resolve()) if bundle.path else None
+    if test_path is None:
+        raise ConfigError(f"test {bundle.test.name!r}: running it through an executor needs its test file")
+    calls = [(test_path, a, r, s, engine, str((out / run_name(a, r, s)).resolve()), every, options) for a, r, s in todo]
+    outcomes = executor.map(_worker, calls, labels=[run_name(a, r, s) for a, r, s in todo])
+    results = []
+    for (a, r, s), o in zip(todo, outcomes):
+        if o.ok:
+            results.append(o.value)
+        else:
+            results.append(RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"job failed: {o.error}", 0.0, float("nan")))
     return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
 
 

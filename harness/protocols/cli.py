@@ -44,6 +44,38 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
+def add_executor_options(p: argparse.ArgumentParser) -> None:
+    """Where the runs run: this machine's processes, or one SLURM job array (slurm/sweep.py)."""
+    g = p.add_argument_group("executor")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local worker processes (default), or one SLURM job array through submitit (the same records)")  # fmt: skip
+    g.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's default)")
+    g.add_argument("--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)")
+    g.add_argument("--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)")
+
+
+def sweep_executor(args: argparse.Namespace, out: Path, name: str) -> Any:
+    """The SLURM sweep of `--executor slurm` (None for local); its job logs go under out/slurm/."""
+    if getattr(args, "executor", "local") != "slurm":
+        return None
+    from slurm.sweep import sweep_from_args
+
+    args.sweep_name = name
+    return sweep_from_args(args, Path(out) / "slurm")
+
+
+def one_line(text: str | None) -> str:
+    """A reason on one line: a multi-line message (a config error lists its fields) joined by '; '."""
+    return "; ".join(x.strip() for x in (text or "").strip().splitlines() if x.strip()) or "no reason recorded"
+
+
+def _lateness(res: Any) -> str:
+    ol = res.open_loop or {}
+    if not ol.get("n"):
+        return ""
+    return f"; session starts late p50 {1e3 * ol['p50_s']:.1f} ms, p99 {1e3 * ol['p99_s']:.1f} ms, max {1e3 * ol['max_s']:.1f} ms"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from harness.config import load_test
     from harness.protocols.arms import execute_run, run_name
@@ -51,9 +83,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     bundle = load_test(args.config)
     out = Path(args.out) if args.out else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
     res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle))
-    print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time)")
+    print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
+    for w in res.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if res.status != "COMPLETED":
-        print(res.reason or "", file=sys.stderr)
+        print(res.reason if args.debug else one_line(res.reason), file=sys.stderr)
         return 1
     return 0
 
@@ -75,16 +109,36 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     if bundle.test.predictions == "freeze":
         freeze_test_predictions(bundle, spec, out)
     t0 = time.monotonic()
-    display = TestDisplay(live=None if not args.plain else False)
-    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle))
+    sweep = sweep_executor(args, out, bundle.test.name)
+    display = TestDisplay(live=None if not args.plain else False) if sweep is None else None
+    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle), rule=args.rule,
+                       executor=sweep)  # fmt: skip
     wall = time.monotonic() - t0
+    if sweep is not None:
+        print(f"SLURM accounting of the array: {sweep.export_accounting(out / 'provenance')}", flush=True)
     failed = [r for r in results if r.status != "COMPLETED"]
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
-    for r in failed:
-        print(f"  {Path(r.run_dir).name}: {r.status}: {(r.reason or '').strip()}", file=sys.stderr)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
-    return report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args),
-                       predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None)
+    if len(failed) < len(results):
+        code = report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args),
+                           predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None)
+    else:
+        print("no run completed: no verdict", flush=True)
+        code = 1
+    # The end of the output is what needs reading: what went wrong, one line per run.
+    warned = [r for r in results if r.warnings]
+    if warned:
+        print(f"{len(warned)} run(s) with warnings:", file=sys.stderr)
+        for r in warned:
+            print(f"  {Path(r.run_dir).name}: {'; '.join(r.warnings)}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} run(s) not completed{'' if args.debug else ' (tracebacks with --debug)'}:", file=sys.stderr)
+        for r in failed:
+            print(f"  {Path(r.run_dir).name}: {r.status}: {one_line(r.reason)}", file=sys.stderr)
+            if args.debug and r.detail:
+                print(r.detail.rstrip(), file=sys.stderr)
+    sys.stderr.flush()
+    return code
 
 
 def freeze_test_predictions(bundle: Any, spec: Any, out: Path) -> Path:
@@ -116,6 +170,7 @@ def register(cli: Any) -> None:
     p.add_argument("--seed", required=True, type=int)
     p.add_argument("--engine", default="sim", help="engine backend (default: sim)")
     p.add_argument("--out", help="run directory (default: results/runs/<test>-<time>/<arm>-r<rate>-s<seed>)")
+    p.add_argument("--debug", action="store_true", help="show a failed run's whole reason")
     _add_engine_options(p)
     p.set_defaults(func=_cmd_run)
 
@@ -128,6 +183,8 @@ def register(cli: Any) -> None:
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
     tr.add_argument("--out", help="output folder (default: results/<test>-<engine>-<time>)")
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)
     _add_engine_options(tr)
+    add_executor_options(tr)
     tr.set_defaults(func=_cmd_test_run)

@@ -123,6 +123,12 @@ def _signals_interrupt() -> Iterator[None]:
                 signal.signal(s, h)
 
 
+def _utc_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
 def _failed(status: str, reason: str, t0: float) -> DriveResult:
     return DriveResult(status=status, reason=reason, plan_time=0.0, wall_seconds=time.monotonic() - t0, cpu_seconds=0.0)
 
@@ -164,7 +170,10 @@ def run_real(
                 argv, env = adapter.launch_command(cell, model=options.model or cell.model, host=options.host, port=port, extra_args=options.extra_args)
                 _meta(recorder, {"engine_launch": {"argv": argv, "env": env, "port": port}})
                 log.info("starting %s: %s", options.engine, shlex.join(argv))
+                launched_at, t_launch = _utc_now(), time.monotonic()
                 handle = adapter.start(argv, env, run_dir, host=options.host, port=port, health_timeout=options.health_timeout)
+                # When the server answered /health: a job's start allowance is judged against this.
+                _meta(recorder, {"engine_start": {"launched_at": launched_at, "healthy_at": _utc_now(), "seconds": time.monotonic() - t_launch}})
                 base_url = handle.base_url
             else:
                 base_url = options.base_url.rstrip("/")

@@ -246,8 +246,10 @@ class TestDisplay:
         row = self.rows.setdefault(key, {})
         row.update({"status": res.status, "t": res.plan_time if res.plan_time == res.plan_time else row.get("t", 0.0), "wall": res.wall_s})
         if not self.live:
-            extra = f" ({res.reason.splitlines()[0]})" if res.status != "COMPLETED" and res.reason else ""
-            self._print(f"{key}: {res.status} in {res.wall_s:.0f} s{extra}")
+            reason = (res.reason or "").strip()
+            extra = f" ({reason.splitlines()[0]})" if res.status != "COMPLETED" and reason else ""
+            warn = "".join(f"; warning: {w}" for w in getattr(res, "warnings", None) or ())
+            self._print(f"{key}: {res.status} in {res.wall_s:.0f} s{extra}{warn}")
         self._refresh(force=True)
 
     def stop(self) -> None:

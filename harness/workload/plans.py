@@ -6,18 +6,24 @@ written to Parquet and identified by the SHA-256 of the file's bytes; runs are d
 
 Common random numbers, and how they are obtained:
 
-* Base arrivals. One Poisson process per seed at the fixed absolute rate TOP_RATE, each point
-  carrying a uniform mark. A run at absolute rate lam keeps the points with mark < lam / TOP_RATE
+* Base arrivals. One Poisson process per seed at an absolute top rate R (sessions/s), each point
+  carrying a uniform mark. A run at absolute rate lam keeps the points with mark < lam / R
   (independent thinning), so a lower rate's arrival times are a subset of a higher rate's, in every
   cell, since thinning works on absolute rates. The process is drawn in fixed blocks, each from its
   own counter-based stream, so its first part does not depend on the run's duration.
+* The top rate. R is part of the plan's identity (recorded in its metadata, so `regenerate` needs
+  nothing else): plans are nested across rates, arms and cells only when they share R. The test
+  sets it (TestConfig.top_rate); its default DEFAULT_TOP_RATE = 2.0 sessions/s is the paper's, far
+  above any A100 or H200 rate it registered, and keeps every plan made before R was a parameter
+  byte-identical. A cell faster than that (a CPU cell at ~14 sessions/s, a large H200 pool, a
+  data-parallel deployment) registers a higher R; a rate above R cannot be planned.
 * Session identity. The i-th *kept* arrival plays spec ``draw_session(workload, seed, STREAM_BASE,
   i)``, so the i-th arriving session has the same turn count, tool times and tokens at every rate.
 * Burst. Offsets uniform in [0, width) from their own per-seed stream, in draw order; a burst of n
   takes the first n offsets and the specs ``STREAM_BURST`` 0..n-1 (the draw of BURST_DRAW = 200 is
   the same everywhere). Rows are then ordered by time.
 * Perturbations are transforms of the same draw. CUT keeps, after its start, only the points with
-  mark < lam' / TOP_RATE (a further thinning with the same marks). SHED keeps its arrivals in the
+  mark < lam' / R (a further thinning with the same marks). SHED keeps its arrivals in the
   plan, flagged ``refused``, so later sessions keep their identity. MIRROR is a different workload
   file: the same uniforms go through a different turn law.
 * Client policies are not plan content: gates (CAPPED, rescue) and TOOLSLOW (which depends on when
@@ -48,7 +54,8 @@ import pyarrow.parquet as pq
 from harness.config import ArmConfig, Cut, ProtocolConfig, Shed, WorkloadConfig, parse_config
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec, _generator, draw_session
 
-TOP_RATE = 2.0  # sessions/s: the base process every rate is thinned from; the largest rate a plan takes
+DEFAULT_TOP_RATE = 2.0  # sessions/s: the paper's base process; a test may register another (TestConfig.top_rate)
+TOP_RATE = DEFAULT_TOP_RATE  # the name older callers import
 BURST_DRAW = 200  # the burst draw every burst size takes a prefix of
 GENERATOR_VERSION = 1  # bump on any change that alters a plan's bytes for the same inputs
 META_KEY = b"agentload.plan"
@@ -99,6 +106,10 @@ class Plan:
     def lambda_ref(self) -> float:
         return float(self.meta["lambda_ref"])
 
+    @property
+    def top_rate(self) -> float:
+        return float(self.meta.get("top_rate", DEFAULT_TOP_RATE))
+
     def of_kind(self, kind: str) -> list[SessionSpec]:
         return [s for s in self.sessions if s.kind == kind]
 
@@ -121,15 +132,15 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 # generation
 # ---------------------------------------------------------------------------------------------
-def top_process(seed: int, horizon: float) -> tuple[np.ndarray, np.ndarray]:
-    """Points of the per-seed TOP_RATE Poisson process in [0, horizon) and their uniform marks."""
+def top_process(seed: int, horizon: float, top_rate: float = DEFAULT_TOP_RATE) -> tuple[np.ndarray, np.ndarray]:
+    """Points of the per-seed Poisson process at `top_rate` in [0, horizon) and their uniform marks."""
     times: list[np.ndarray] = []
     marks: list[np.ndarray] = []
     start = 0.0
     block = 0
     while start < horizon:
         g = _generator(_ARRIVAL_DOMAIN, seed, block)
-        gaps = g.exponential(1.0 / TOP_RATE, _BLOCK)
+        gaps = g.exponential(1.0 / top_rate, _BLOCK)
         m = g.random(_BLOCK)
         t = start + np.cumsum(gaps)
         times.append(t)
@@ -140,6 +151,20 @@ def top_process(seed: int, horizon: float) -> tuple[np.ndarray, np.ndarray]:
     all_m = np.concatenate(marks) if marks else np.empty(0)
     keep = all_t < horizon
     return all_t[keep], all_m[keep]
+
+
+def rate_above_top(multiple: float, lambda_ref: float, top_rate: float) -> str | None:
+    """Why `multiple` x lambda_ref cannot be thinned from a base stream at `top_rate`, or None.
+
+    One check for the test loader (before any run) and the plan generator (the last line of defence)."""
+    lam = multiple * lambda_ref
+    if lam <= top_rate:
+        return None
+    return (
+        f"{multiple:g} x lambda_ref {lambda_ref:g} = {lam:.4g} sessions/s exceeds the plan's top rate of "
+        f"{top_rate:g} sessions/s; expected at most {top_rate / lambda_ref:.4g} x lambda_ref, or a test "
+        f"'top_rate' of at least {lam:.4g} (a different top rate makes different plans, nested only among themselves)"
+    )
 
 
 def burst_offsets(seed: int, n: int, width: float) -> np.ndarray:
@@ -172,9 +197,11 @@ def make_plan(
     rate: float,
     lambda_ref: float,
     seed: int,
+    top_rate: float = DEFAULT_TOP_RATE,
 ) -> Plan:
-    """Build the plan of one (workload, protocol, arm, rate x lambda_ref, seed)."""
-    return _build(_config_json(workload), _config_json(protocol), plan_arm(arm, protocol), rate, lambda_ref, seed)
+    """Build the plan of one (workload, protocol, arm, rate x lambda_ref, seed) from the base
+    stream at `top_rate` sessions/s (the test's registered top rate)."""
+    return _build(_config_json(workload), _config_json(protocol), plan_arm(arm, protocol), rate, lambda_ref, seed, top_rate)
 
 
 def regenerate(plan: Plan) -> Plan:
@@ -185,7 +212,7 @@ def regenerate(plan: Plan) -> Plan:
             f"plan was made by generator version {m.get('generator_version')}; this code is version "
             f"{GENERATOR_VERSION}: check out the commit that made it to regenerate it"
         )
-    return _build(m["workload"], m["protocol"], m["arm"], m["rate"], m["lambda_ref"], m["seed"])
+    return _build(m["workload"], m["protocol"], m["arm"], m["rate"], m["lambda_ref"], m["seed"], m.get("top_rate", DEFAULT_TOP_RATE))
 
 
 def _build(
@@ -195,24 +222,23 @@ def _build(
     rate: float,
     lambda_ref: float,
     seed: int,
+    top_rate: float = DEFAULT_TOP_RATE,
 ) -> Plan:
     workload = parse_config(workload_json, WorkloadConfig, "plan workload")
     protocol = parse_config(protocol_json, ProtocolConfig, "plan protocol")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise PlanError(f"seed: got {seed!r}; expected a non-negative integer")
-    for name, value in (("rate", rate), ("lambda_ref", lambda_ref)):
+    for name, value in (("rate", rate), ("lambda_ref", lambda_ref), ("top_rate", top_rate)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise PlanError(f"{name}: got {value!r}; expected a positive number")
     rate_abs = float(rate) * float(lambda_ref)
     cut = Cut(**arm_part["cut"]) if arm_part["cut"] else None
     shed = Shed(**arm_part["shed"]) if arm_part["shed"] else None
+    top_rate = float(top_rate)
     for label, mult in (("rate", float(rate)), ("cut.rate", cut.rate if cut else 0.0)):
-        if mult * lambda_ref > TOP_RATE:
-            raise PlanError(
-                f"{label}: {mult} x lambda_ref {lambda_ref} = {mult * lambda_ref:.4g} sessions/s exceeds the "
-                f"plan generator's top rate of {TOP_RATE} sessions/s; expected at most "
-                f"{TOP_RATE / lambda_ref:.4g} x lambda_ref (raising TOP_RATE changes every plan)"
-            )
+        problem = rate_above_top(mult, float(lambda_ref), top_rate)
+        if problem:
+            raise PlanError(f"{label}: {problem}")
 
     if cut is not None and cut.rate > float(rate):
         # The cut keeps the points already kept whose marks pass a second threshold, so it can
@@ -223,11 +249,11 @@ def _build(
             "(a cut thins the base stream, it cannot raise it)"
         )
     duration = protocol.duration
-    t, marks = top_process(int(seed), duration)
-    keep = marks < rate_abs / TOP_RATE
+    t, marks = top_process(int(seed), duration, top_rate)
+    keep = marks < rate_abs / top_rate
     if cut is not None:
         after = t >= cut.start
-        keep &= ~after | (marks < cut.rate * lambda_ref / TOP_RATE)
+        keep &= ~after | (marks < cut.rate * lambda_ref / top_rate)
     base_t = t[keep]
 
     rows: list[SessionSpec] = [
@@ -250,7 +276,7 @@ def _build(
         "rate": float(rate),
         "lambda_ref": float(lambda_ref),
         "rate_abs": rate_abs,
-        "top_rate": TOP_RATE,
+        "top_rate": top_rate,
         "workload": workload_json,
         "protocol": protocol_json,
         "arm": arm_part,
@@ -452,6 +478,9 @@ def register(cli: Any) -> None:
     ref.add_argument("--lambda-ref", type=float, help="reference rate lambda_ref, sessions/s")
     ref.add_argument("--cell", help="take lambda_ref from this cell config")
     mk.add_argument("--seed", required=True, type=int)
+    mk.add_argument("--top-rate", type=float, default=DEFAULT_TOP_RATE,
+                    help=f"sessions/s of the base stream rates are thinned from (default {DEFAULT_TOP_RATE:g}, the paper's; "
+                    "a test registers its own as top_rate)")
     mk.add_argument("--out", help="output file (default: plan-<arm>-r<rate>-s<seed>.parquet)")
     mk.set_defaults(func=_cmd_make)
     sh = sub.add_parser("show", help="sessions, turns and realized arrival rates against nominal",
@@ -484,7 +513,7 @@ def _cmd_make(args: Any) -> int:
         if cell.lambda_ref is None:
             raise PlanError(f"cell {cell.name!r} has no lambda_ref (run E0a and record it, or pass --lambda-ref)")
         lam = cell.lambda_ref
-    plan = make_plan(workload, protocol, arm, args.rate, lam, args.seed)
+    plan = make_plan(workload, protocol, arm, args.rate, lam, args.seed, args.top_rate)
     out = Path(args.out or f"plan-{arm.name}-r{args.rate:g}-s{args.seed}.parquet")
     digest = write_plan(plan, out)
     c = plan.meta["counts"]

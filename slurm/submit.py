@@ -1,0 +1,280 @@
+"""`agentload submit REG.yaml`: every arm x rate x seed of a registered test, one job each.
+
+What the submission does, and why each step (paper App. E.5, E.11, E.12; rules digest §2, §5.2):
+
+1. Checks the registration exactly as `prereg check` does (prereg/check.py): its hash and status,
+   its inputs, that it and the tree are committed, the plans the configs generate now. A refusal
+   stops the submission, naming every problem. `--exploratory` accepts an EXPLORATORY registration
+   and an uncommitted one or a dirty tree (its runs are exploratory, never decisive); a changed
+   input or plan is refused all the same.
+2. Asks the remote itself whether its branch holds the registration's commit, and records the
+   answer with the remote head and the time it was asked: "pre-registered" needs that answer
+   before the scheduler's first submit time.
+3. Computes one time limit for the jobs from the protocol (slurm/budget.py), or takes `--time`;
+   a limit too short for the need is submitted anyway (with a warning), and the jobs refuse it.
+4. Submits one job per registered arm x rate x seed, in the registration's order, as one job
+   array through submitit (or local processes with `--executor local`), the comment carrying the
+   registration's name and SHA-256, and writes the manifest (slurm/manifest.py) with the job ids in
+   order, the registration path, SHA-256 and commit, the remote's answer, the plan hashes, the
+   arguments, the limit and the submit times, the scheduler's as soon as its accounting has them.
+5. Computes the label from that record (prereg.labels.label_for), never from anyone's word.
+
+`--dry-run` does steps 1-3 and prints what would be submitted, submitting nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
+
+#: Refusals of `prereg check` that an exploratory submission may go past (its runs carry the
+#: exploratory label, which is what these facts decide).
+EXPLORATORY_WAIVES = ("commit:", "tree:", "remote:", "git:")
+
+
+class SubmitRefused(RuntimeError):
+    """The submission is refused; the message lists every reason."""
+
+
+@dataclass
+class SubmitOptions:
+    """The command line of `agentload submit`, as data (recorded in the manifest)."""
+
+    executor: str = "slurm"  # slurm | local
+    engine: str | None = None  # default: the registered cell's engine
+    time_scale: float | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    partition: str | None = None
+    time: str | None = None  # --time as sbatch reads it
+    dry_run: bool = False
+    exploratory: bool = False
+    out: str | None = None
+    remote: str | None = None
+    branch: str | None = None
+    parallel: int | None = None  # array parallelism (slurm) / concurrent processes (local)
+    cpus_per_task: int = 1
+    mem: str | None = None
+    gres: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    python: str | None = None
+    job_env: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _stamp() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _check(reg_path: Path, opts: SubmitOptions) -> tuple[Any, list[str]]:
+    """`prereg check`, with what --exploratory waives split off; raises SubmitRefused otherwise."""
+    from prereg.check import check_registration
+
+    res = check_registration(reg_path, remote=opts.remote, branch=opts.branch, allow_exploratory=opts.exploratory)
+    waived = [r for r in res.refusals if opts.exploratory and r.startswith(EXPLORATORY_WAIVES)]
+    left = [r for r in res.refusals if r not in waived]
+    if left:
+        hint = "" if opts.exploratory else " (--exploratory submits an uncommitted registration or a dirty tree as exploratory runs)"
+        raise SubmitRefused(f"submission refused: {reg_path} ({res.name}, SHA-256 {res.sha256}):\n" + "\n".join(f"  - {r}" for r in left) + hint)
+    return res, waived
+
+
+def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
+    """The code checkout the jobs run in (the registration's repository) and the registration's
+    path inside it."""
+    from provenance.git import GitError, Repo
+    from slurm.job import CODE_ROOT
+
+    try:
+        repo = Repo.containing(reg_path)
+        root = repo.path.resolve()
+        rel = repo.relpath(reg_path)
+    except GitError:
+        if not exploratory:
+            raise SubmitRefused(f"submission refused: {reg_path} is not in a git working tree") from None
+        return CODE_ROOT, str(reg_path.resolve())
+    if not (root / "slurm" / "job.py").is_file():
+        raise SubmitRefused(f"submission refused: the registration's repository {root} holds no agentload code (slurm/job.py); "
+                            "jobs run the code of the checkout that holds the registration")  # fmt: skip
+    return root, rel
+
+
+def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Steps 1-3: the manifest as it will be written, with every job's spec, nothing submitted."""
+    from harness.protocols.arms import run_name
+    from prereg.registration import load_registration
+    from slurm.budget import job_time_limit, parse_time_minutes, run_budget
+    from slurm.job import JobSpec
+
+    say = echo or (lambda m: None)
+    p = Path(reg_path).resolve()
+    reg = load_registration(p)
+    res, waived = _check(p, opts)
+    for w in waived:
+        say(f"exploratory: {w}")
+    root, rel = _checkout(p, opts.exploratory)
+    g = res.git or {}
+    committed = g.get("state") == "committed"
+    engine = opts.engine or reg.cell.engine.name
+    try:
+        budget = run_budget(reg.protocol.duration, reg.allowances, engine, opts.time_scale)
+        limit = job_time_limit(budget, parse_time_minutes(opts.time) if opts.time else None)
+    except ValueError as exc:
+        raise SubmitRefused(f"submission refused: {exc}") from None
+    if not limit.fits:
+        say(f"warning: --time {opts.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
+            f"{limit.warning_lead_s} s warning lead); every job will refuse to run")  # fmt: skip
+    out = Path(opts.out) if opts.out else Path("results") / "submissions" / f"{reg.name}-{_stamp()}"
+    out = out.resolve()
+    if (out / MANIFEST).exists() and not opts.dry_run:
+        raise SubmitRefused(f"submission refused: {out / MANIFEST} exists; give a fresh --out")
+    specs = []
+    for i, pl in enumerate(reg.plans):
+        specs.append(JobSpec(registration=rel, sha256=reg.sha256, arm=pl.arm, rate=float(pl.rate), seed=int(pl.seed),
+                             run_dir=str(out / RUNS / run_name(pl.arm, pl.rate, pl.seed)), engine=engine, time_scale=budget.time_scale,
+                             engine_options=dict(opts.engine_options), commit=g.get("commit") if committed else None,
+                             exploratory=opts.exploratory, warning_lead_s=float(limit.warning_lead_s), index=i))  # fmt: skip
+    comment = f"agentload registration {reg.name} sha256={reg.sha256}"
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_at": _utc(),
+        "executor": opts.executor,
+        "dry_run": opts.dry_run,
+        "exploratory": opts.exploratory,
+        "registration": {
+            "name": reg.name, "path": rel, "abs_path": str(p), "sha256": reg.sha256, "status": reg.status, "test": reg.test,
+            "commit": g.get("commit") if committed else None, "commit_time": g.get("commit_time") if committed else None,
+            "committed": committed, "clean": bool(g.get("clean")), "git_state": g.get("state"),
+        },  # fmt: skip
+        "check": {"refusals_waived": waived, "inputs": [i.__dict__ for i in res.inputs], "plans": res.plans, "label_if_submitted_now": res.label},
+        "remote": {"remote": g.get("remote"), "branch": g.get("branch"), "url": g.get("remote_url"), "head": g.get("remote_head"),
+                   "contains": bool(g.get("on_remote")), "checked_at": g.get("checked_at"), "error": g.get("remote_error")},  # fmt: skip
+        "checkout": {"path": str(root), "head": g.get("head")},
+        "arguments": {"argv": list(sys.argv), **opts.to_json(), "engine": engine},
+        "budget": budget.to_json(),
+        "time_limit": limit.to_json(),
+        "comment": comment,
+        "job_name": f"agentload-{reg.name}",
+        "plans": [{"arm": pl.arm, "rate": pl.rate, "seed": pl.seed, "sha256": pl.sha256} for pl in reg.plans],
+        "jobs": [{"index": s.index, "job_id": None, "arm": s.arm, "rate": s.rate, "seed": s.seed, "plan_sha256": reg.plan_sha256(s.arm, s.rate, s.seed),
+                  "run_dir": str(Path(s.run_dir).relative_to(out)), "spec": s.to_json()} for s in specs],  # fmt: skip
+        "_path": str(out / MANIFEST),
+    }
+    return doc
+
+
+def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
+    """The scheduler's submit time of each job, as soon as accounting lists them.
+
+    The tasks of one array are one submission with one submit time; accounting lists tasks that
+    have not started as one pending range (`5_[1-2]`), so a task takes the submit time of any row
+    of its array."""
+    from slurm.scheduler import SchedulerError, accounting
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found: dict[str, str] = {}
+        try:
+            for r in accounting(sorted({i.split("_")[0] for i in ids})):
+                if r.submit is not None:
+                    found[r.job_id] = found.get(r.job_id) or r.submit.isoformat()
+                    found.setdefault("array:" + r.job_id.split("_")[0], r.submit.isoformat())
+        except SchedulerError:
+            pass
+        out = {i: found.get(i) or found.get("array:" + i.split("_")[0]) for i in ids}
+        if all(out.values()) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Check, submit and record (steps 1-5); returns the manifest as written."""
+    from slurm.job import JobSpec
+
+    say = echo or (lambda m: None)
+    if opts.executor not in ("slurm", "local"):
+        raise SubmitRefused(f"--executor {opts.executor!r}: expected slurm or local")
+    doc = plan_submission(reg_path, opts, echo=say)
+    if opts.dry_run:
+        return doc
+    out = Path(doc["_path"]).parent
+    specs = [JobSpec.from_json(j["spec"]) for j in doc["jobs"]]
+    root = Path(doc["checkout"]["path"])
+    folder = out / JOBS
+    manifest_path = out / MANIFEST
+
+    def save() -> None:
+        write_manifest({k: v for k, v in doc.items() if k != "_path"}, manifest_path)
+
+    if opts.executor == "slurm":
+        from slurm.executors import slurm_executor, submit_slurm
+
+        tl = doc["time_limit"]
+        ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
+                            job_name=doc["job_name"], partition=opts.partition, cpus_per_task=opts.cpus_per_task, mem=opts.mem,
+                            gres=opts.gres, account=opts.account, qos=opts.qos, parallelism=opts.parallel, python=opts.python,
+                            env=opts.job_env)  # fmt: skip
+        records = submit_slurm(specs, ex)
+        for job, rec in zip(doc["jobs"], records):
+            job.update(rec)
+        doc["submitted_at_client"] = records[-1]["submitted_at_client"] if records else None
+        save()  # the ids are on disk before anything else can fail
+        times = _scheduler_submit_times([r["job_id"] for r in records])
+        for job in doc["jobs"]:
+            job["submit_utc"] = times.get(job["job_id"])
+        doc["submit_time_source"] = "sacct (the scheduler's accounting, Submit)"
+        say(f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> {manifest_path}" if records else "nothing to submit")
+    else:
+        from slurm.executors import run_local
+
+        doc["submit_time_source"] = "local clock (no scheduler: --executor local)"
+
+        def changed(recs: list[dict[str, Any]]) -> None:
+            for job, rec in zip(doc["jobs"], recs):
+                job.update({k: v for k, v in rec.items()})
+                job["submit_utc"] = rec.get("submitted_at_client")
+            save()
+
+        save()
+        records = run_local(specs, folder, checkout=root, python=opts.python, env=opts.job_env, parallel=opts.parallel or 1,
+                            on_change=changed, echo=say)  # fmt: skip
+        changed(records)
+    lab = label_from_record(doc, [j.get("submit_utc") for j in doc["jobs"]])
+    doc["label_at_submission"] = lab.to_json()
+    save()
+    return doc
+
+
+def format_plan(doc: dict[str, Any]) -> str:
+    """The submission as a person reads it."""
+    reg, tl, rem = doc["registration"], doc["time_limit"], doc["remote"]
+    lines = [
+        f"registration {reg['name']} ({reg['status']}): {reg['path']}",
+        f"  sha256   {reg['sha256']}",
+        f"  commit   {reg['commit'] or 'not committed'}; tree {'clean' if reg['clean'] else 'DIRTY'}; "
+        f"{rem['remote'] or '?'}/{rem['branch'] or '?'} {'contains it' if rem['contains'] else 'does NOT contain it'} (asked {rem['checked_at']})",
+        f"  engine   {doc['arguments']['engine']}" + (f" at time scale {doc['budget']['time_scale']:g}" if doc["budget"]["time_scale"] not in (None, 1.0) else ""),
+        f"  limit    {tl['slurm']} per job ({tl['source']}; needs {tl['needed_s']:.0f} s + {tl['warning_lead_s']} s warning lead"
+        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
+        f"  jobs     {len(doc['jobs'])} via {doc['executor']}" + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
+    ]  # fmt: skip
+    for j in doc["jobs"]:
+        lines.append(f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}")
+    lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]
+    lines.append(f"  label    {lab['label']}: {lab['reason']}")
+    return "\n".join(lines)
