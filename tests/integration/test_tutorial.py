@@ -53,9 +53,9 @@ TAG = "pred-tutorial"
 # ---------------------------------------------------------------------------------------------
 # the page's commands
 # ---------------------------------------------------------------------------------------------
-def tutorial_blocks(text: str) -> list[tuple[str, str]]:
-    """(section title, code) of every ```bash block, in order. Only `bash` blocks are commands;
-    other fences (output shown as text) are not run."""
+def tutorial_blocks(text: str, lang: str = "bash") -> list[tuple[str, str]]:
+    """(section title, code) of every ```bash block (or ```<lang>), in order. Only those blocks are
+    commands; other fences (output shown as text, the optional real-engine step's `sh`) are not run."""
     blocks: list[tuple[str, str]] = []
     section, lines, fence = "preamble", [], None
     for line in text.splitlines():
@@ -67,7 +67,7 @@ def tutorial_blocks(text: str) -> list[tuple[str, str]]:
                 fence, lines = m.group(1), []
             continue
         if line.strip() == "```":
-            if fence == "bash":
+            if fence == lang:
                 blocks.append((section, "\n".join(lines)))
             fence = None
             continue
