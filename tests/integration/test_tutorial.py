@@ -233,7 +233,13 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
     page = td / "report.html"
     assert page.is_file() and page.stat().st_size > 50_000
     if browser:
-        assert (td / "report.png").is_file()
+        from browser_check import artifact_dir
+
+        assert (td / "report.png").is_file() and (td / "report.png").stat().st_size > 10_000
+        shot = artifact_dir() / "tutorial-report.png"
+        shutil.copy2(td / "report.png", shot)
+        record_property("screenshot", str(shot))
+        print(f"screenshot: {shot}")
     assert (td / "predictions" / f"{TAG}.score.json").is_file()
     agree_with_the_simulator(work, env, verdict)
     print(f"total {time.monotonic() - t_start:.0f} s")
@@ -277,5 +283,9 @@ def agree_with_the_simulator(work: Path, env: dict[str, str], verdict: dict[str,
     v_here, v_there = _verification(work, TESTDIR, venv_env), _verification(work, SIMDIR, venv_env)
     breaks = [[c for c in v["checks"] if not c["ok"]] for v in (v_here, v_there)]
     assert v_here["ok"] and v_there["ok"] and breaks == [[], []], breaks
-    assert v_here["label"] == v_there["label"] == "pre-registered", (v_here["label"], v_there["label"])
-    print(f"provenance: SLURM/emulator holds ({len(v_here['checks'])} checks), simulator holds ({len(v_there['checks'])} checks)")
+    # The label is computed from each directory's own records: the SLURM submission asked the remote
+    # before its first job; the oracle's runs have no submission (no question to the remote recorded),
+    # so their label is at most "registered". Only the submitted test's label is the tutorial's.
+    assert v_here["label"] == "pre-registered", v_here["label"]
+    print(f"provenance: SLURM/emulator holds ({len(v_here['checks'])} checks, label {v_here['label']}), "
+          f"simulator holds ({len(v_there['checks'])} checks, label {v_there['label']}: no submission recorded)")
