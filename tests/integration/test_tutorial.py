@@ -237,6 +237,7 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
 
         assert (td / "report.png").is_file() and (td / "report.png").stat().st_size > 10_000
         shot = artifact_dir() / "tutorial-report.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(td / "report.png", shot)
         record_property("screenshot", str(shot))
         print(f"screenshot: {shot}")
