@@ -135,3 +135,12 @@ def test_missing_run_leaves_the_group_incomplete(tiny: Path, tmp_path: Path) -> 
     v = json.loads((out / "a" / "verdict.json").read_text())
     assert v["groups"][0]["seeds"]["1"]["roles"]["n60"]["status"] == "MISSING"
     assert (v["verdict"] == "INCOMPLETE") == (rc == 1)
+
+
+def test_a_family_refuses_before_any_run_a_test_without_its_required_arms(tiny: Path, tmp_path: Path) -> None:
+    from harness.config import ConfigError
+
+    test = _write_test(tiny, "tiny-basin-40", "rule: basin-2\narms: [basin-n40]\nrates: [1.65]\nseeds: [0]\n")
+    with pytest.raises(ConfigError, match="role 'n60' needs an arm in \\['basin-n60'\\]"):
+        run_test(test, "stub-families", tmp_path / "x", jobs=1)
+    assert not (tmp_path / "x").exists()

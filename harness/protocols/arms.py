@@ -340,16 +340,24 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
     """What would otherwise fail in every run, or only in the verdict once every run is done:
     the engine backend, the references the plans need, and an expectation in the rule for every
     arm. Raises ConfigError before anything is started."""
-    from analysis.rules import RuleError, arm_expectation, load_rule
+    from analysis.rules import RuleError, arm_expectation, is_staged, load_rule
 
     _backend(engine)
     references(bundle)
     rule = rule if rule is not None else bundle.rule_path
     where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
     try:
-        spec = load_rule(rule)
-        for name in bundle.arms:
-            arm_expectation(spec, name)
+        # the rule the verdict will use: the one given, else the test's file, else the test's rule by name
+        spec = load_rule(rule if rule is not None else bundle.test.rule, bundle.test.rule_params)
+        if is_staged(spec):  # a family's roles name the arms it judges; each required one must run
+            names = {a.lower() for a in bundle.arms}
+            for role, r in spec["roles"].items():
+                want = [r["arm"]] if isinstance(r["arm"], str) else list(r["arm"])
+                if r.get("required", True) is True and not any(a.lower() in names for a in want):
+                    raise RuleError(f"role {role!r} needs an arm in {want}, which the test does not run")
+        else:
+            for name in bundle.arms:
+                arm_expectation(spec, name)
     except (RuleError, OSError) as exc:
         raise ConfigError(f"{bundle.path or bundle.test.name}: arms {list(bundle.arms)}: {where}: {exc}") from None
     # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
