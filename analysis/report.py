@@ -18,7 +18,7 @@ import orjson
 
 from analysis.metrics import MetricSpec, run_series, run_statistics
 from analysis.openloop import report_lines, run_open_loop, verdict_block
-from analysis.rules import STATE_LETTER, RunVerdict, judge_run, judge_test, load_rule
+from analysis.rules import STATE_LETTER, RuleError, RunVerdict, is_staged, judge_run, judge_test, load_rule
 from harness.recording.record import RunFormatError, load_run
 
 ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
@@ -90,6 +90,9 @@ def analyze(
     """The test verdict over `run_dirs`. Arms, rates and seeds default to those the runs name;
     pass the registered ones so a missing run is counted as missing, not silently absent."""
     spec = load_rule(rule)
+    if is_staged(spec):
+        raise RuleError(f"rule {spec['name']!r} is a staged family: judge it with analysis.staged_analysis.analyze_staged "
+                        "(analysis.cli.report_runs dispatches on analysis.rules.is_staged)")  # fmt: skip
     analyzed = [analyze_run(d, spec, refs_override) for d in run_dirs]
     runs = [a.verdict for a in analyzed]
     metas = [_meta(d) for d in run_dirs]

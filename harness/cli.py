@@ -41,13 +41,17 @@ GROUPS: list[tuple[str, str]] = [
 REGISTRARS: list[str] = [
     "harness.workload.plans:register",
     "harness.protocols.calibration:register",
+    "harness.sim2real.cli:register",
     "prereg.cli:register",
     "slurm.cli:register",
     "harness.emulator.cli:register",
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",
     "analysis.theory.cli:register",
+    "prereg.predict_cli:register",
     "analysis.cli:register",
+    "provenance.cli:register",
+    "analysis.report_cli:register",
 ]
 
 

@@ -166,3 +166,61 @@ class Repo:
         remote = remote or self.default_remote()[0]
         line = self.git("ls-remote", remote, f"refs/tags/{tag}")
         return line.split()[0] if line else None
+
+    # -- objects, tags and history (freezes and proofs) -------------------------------------
+    def rev(self, rev: str) -> str:
+        """The object id `rev` names, without peeling (a tag name gives the tag object's id)."""
+        return self.git("rev-parse", "--verify", rev)
+
+    def object_type(self, oid: str) -> str:
+        """'blob', 'tree', 'commit' or 'tag'."""
+        return self.git("cat-file", "-t", oid)
+
+    def object_bytes(self, oid: str) -> tuple[str, bytes]:
+        """(type, content) of a stored object: the exact bytes its id is the hash of (after the header)."""
+        kind = self.object_type(oid)
+        return kind, self.git_bytes("cat-file", kind, oid)
+
+    def tree_path_ids(self, commit: str, path: str) -> list[tuple[str, str]]:
+        """[(tree path, tree id)] from the root tree of `commit` down to the folder holding `path`."""
+        parts = path.split("/")
+        out = [("", self.git("rev-parse", f"{commit}^{{tree}}"))]
+        for i in range(1, len(parts)):
+            sub = "/".join(parts[:i])
+            out.append((sub, self.git("rev-parse", f"{commit}:{sub}")))
+        return out
+
+    def blob_id(self, rev: str, path: str) -> str:
+        return self.git("rev-parse", f"{rev}:{path}")
+
+    def local_tag(self, tag: str) -> str | None:
+        """The id of the local annotated tag object `refs/tags/<tag>` (None if there is none)."""
+        out = self.git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}", check=False)
+        return out or None
+
+    def tag_target(self, tag: str) -> str:
+        """The commit a tag points to."""
+        return self.git("rev-parse", "--verify", f"refs/tags/{tag}^{{commit}}")
+
+    def tag_message(self, tag: str) -> str:
+        """The annotated tag's message (git's own stored text, not a re-formatted one)."""
+        _, content = self.object_bytes(self.rev(f"refs/tags/{tag}"))
+        head, _, msg = content.partition(b"\n\n")
+        return msg.decode("utf-8", "replace")
+
+    def tag_time(self, tag: str) -> str:
+        """Tagger time in UTC ISO-8601 (like a commit time, a claim of the tagger's clock)."""
+        ts = self.git("for-each-ref", "--format=%(taggerdate:unix)", f"refs/tags/{tag}")
+        return datetime.fromtimestamp(int(ts), timezone.utc).isoformat(timespec="seconds")
+
+    def commits_touching(self, path: str, after: str, rev: str = "HEAD") -> list[tuple[str, str]]:
+        """[(commit, UTC committer time)] of commits in after..rev that changed `path`, oldest first."""
+        out = self.git("log", "--reverse", "--format=%H %ct", f"{after}..{rev}", "--", path)
+        rows = []
+        for line in out.splitlines():
+            oid, ts = line.split()
+            rows.append((oid, datetime.fromtimestamp(int(ts), timezone.utc).isoformat(timespec="seconds")))
+        return rows
+
+    def push(self, remote: str, *refspecs: str) -> None:
+        self.git("push", "--quiet", remote, *refspecs)

@@ -192,9 +192,13 @@ class RunResult:
 def references(bundle: TestBundle) -> dict[str, float]:
     """The registered reference inputs of the cell (the paper's E0a values unless re-measured)."""
     cell = bundle.cell
-    if cell.lambda_ref is None or cell.all_miss_token_rate is None:
-        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test")
-    return {"lambda_ref": float(cell.lambda_ref), "all_miss_token_rate": float(cell.all_miss_token_rate)}
+    own = bundle.test.references
+    lam = own.lambda_ref if own and own.lambda_ref is not None else cell.lambda_ref
+    amr = own.all_miss_token_rate if own and own.all_miss_token_rate is not None else cell.all_miss_token_rate
+    if lam is None or amr is None:
+        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test; "
+                          "record them in the cell or in the test's references")  # fmt: skip
+    return {"lambda_ref": float(lam), "all_miss_token_rate": float(amr)}
 
 
 def execute_run(
@@ -207,14 +211,18 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
+    registration: dict[str, Any] | None = None,
     expect_plan_sha256: str | None = None,
     extra_meta: dict[str, Any] | None = None,
 ) -> RunResult:
     """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
 
-    `expect_plan_sha256`: the frozen plan must have this hash (a registration's), or nothing is
-    driven and the run is recorded REFUSED with both hashes. `extra_meta` is merged into meta.json
-    before the run starts (a job's registration binding and scheduler facts)."""
+    `registration` ({name, path, sha256, commit}) binds the run: it goes into meta.json as is
+    (a job script that checked the registration passes it); without it the test config's
+    `registration` field is recorded. `expect_plan_sha256`: the frozen plan must have this hash (a
+    registration's), or nothing is driven and the run is recorded REFUSED with both hashes.
+    `extra_meta` is merged into meta.json before the run starts (a job's registration binding and
+    scheduler facts)."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -233,8 +241,10 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": bundle.test.registration,
+        "registration": dict(registration) if registration is not None else bundle.test.registration,
         "rule": bundle.test.rule,
+        **({"rule_params": bundle.test.rule_params} if bundle.test.rule_params else {}),
+        **({"reference_source": bundle.test.references.source} if bundle.test.references else {}),
         "arm": key,
         "arm_config": arm,
         "rate": float(rate),
@@ -330,16 +340,24 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
     """What would otherwise fail in every run, or only in the verdict once every run is done:
     the engine backend, the references the plans need, and an expectation in the rule for every
     arm. Raises ConfigError before anything is started."""
-    from analysis.rules import RuleError, arm_expectation, load_rule
+    from analysis.rules import RuleError, arm_expectation, is_staged, load_rule
 
     _backend(engine)
     references(bundle)
     rule = rule if rule is not None else bundle.rule_path
     where = f"rule {rule}" if rule is not None and not isinstance(rule, dict) else f"rule {bundle.test.rule!r}"
     try:
-        spec = load_rule(rule)
-        for name in bundle.arms:
-            arm_expectation(spec, name)
+        # the rule the verdict will use: the one given, else the test's file, else the test's rule by name
+        spec = load_rule(rule if rule is not None else bundle.test.rule, bundle.test.rule_params)
+        if is_staged(spec):  # a family's roles name the arms it judges; each required one must run
+            names = {a.lower() for a in bundle.arms}
+            for role, r in spec["roles"].items():
+                want = [r["arm"]] if isinstance(r["arm"], str) else list(r["arm"])
+                if r.get("required", True) is True and not any(a.lower() in names for a in want):
+                    raise RuleError(f"role {role!r} needs an arm in {want}, which the test does not run")
+        else:
+            for name in bundle.arms:
+                arm_expectation(spec, name)
     except (RuleError, OSError) as exc:
         raise ConfigError(f"{bundle.path or bundle.test.name}: arms {list(bundle.arms)}: {where}: {exc}") from None
     # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
