@@ -105,7 +105,8 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
           f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
     from analysis.rules import load_rule
 
-    spec = load_rule(args.rule or bundle.test.rule, bundle.test.rule_params)  # a bad rule fails before any run
+    # a bad rule fails before any run; a rule file the test names is found beside the test (rule_path)
+    spec = load_rule(args.rule or bundle.rule_path or bundle.test.rule, bundle.test.rule_params)
     if bundle.test.predictions == "freeze":
         freeze_test_predictions(bundle, spec, out)
     t0 = time.monotonic()
