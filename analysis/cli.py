@@ -26,37 +26,102 @@ def refs_override(args: argparse.Namespace) -> dict[str, float] | None:
 
 def add_ref_options(p: argparse.ArgumentParser) -> None:
     """The rule and reference options shared by `analyze` and `test run`."""
-    p.add_argument("--rule", help="rule spec YAML (default: the registered E2 rule)")
+    p.add_argument("--rule", help="rule: a name under analysis/rulespecs or a YAML file (default: the test's, else the runs')")
     p.add_argument("--lambda-ref", type=float, help="override the cell's lambda_ref in the rule (sessions/s)")
     p.add_argument("--all-miss-rate", type=float, help="override the cell's E0a all-miss token rate in the rule")
 
 
-def report_runs(run_dirs: Sequence[str], out_dir: Path, *, test_path: str | None, rule: str | None, refs: dict[str, float] | None) -> int:
+def _first_meta(run_dirs: Sequence[str]) -> dict[str, Any]:
+    import orjson
+
+    for d in run_dirs:
+        try:
+            return dict(orjson.loads((Path(d) / "meta.json").read_bytes()))
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def resolve_predictions(value: str | None, out_dir: Path, test_path: str | None) -> Path | None:
+    """The frozen prediction file a verdict reads: an explicit path, or for a test that freezes its
+    own ('freeze'), the predictions.json its `test run` wrote beside the runs."""
+    if not value:
+        return None
+    if value == "freeze":
+        for cand in (out_dir / "predictions.json", out_dir.parent / "predictions.json"):
+            if cand.is_file():
+                return cand
+        raise FileNotFoundError(f"the test freezes its predictions, but no predictions.json is in {out_dir} or its parent; "
+                                "pass --predictions FILE")  # fmt: skip
+    p = Path(value)
+    if not p.is_absolute() and test_path and not p.is_file():
+        p = Path(test_path).parent / value
+    return p
+
+
+def report_runs(
+    run_dirs: Sequence[str],
+    out_dir: Path,
+    *,
+    test_path: str | None,
+    rule: str | None,
+    refs: dict[str, float] | None,
+    predictions: str | None = None,
+) -> int:
     """Score run directories, write verdict JSON + Markdown + figure to `out_dir`, print the tables.
 
-    Returns the exit status: 0 when the test PASSES, 1 otherwise.
+    The rule is `rule` if given, else the test's, else the one the runs recorded. Returns the exit
+    status: for the paired E2 form 0 when the test PASSES; for the other families 0 when the
+    verdict is decided (any outcome but INCOMPLETE), since their outcomes are findings either way.
     """
     from analysis.report import analyze, markdown_table, runs_table, write_report
+    from analysis.rules import is_staged, load_rule
 
     arms = rates = seeds = None
-    name = None
+    name = cell = None
+    rule_params = None
+    pred_value = predictions
     if test_path:
         from harness.config import load_test
 
         b = load_test(test_path)
         arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
-        rule = rule or (str(b.rule_path) if b.rule_path else None)  # the test's own rule unless overridden
-    verdict, analyzed = analyze(run_dirs, rule=rule, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
-    paths = write_report(verdict, analyzed, out_dir)
-    print()
-    print(markdown_table(verdict))
-    print()
-    print(runs_table(verdict))
+        arm_names = [a.name for a in b.arms.values()]
+        cell = b.cell.name
+        rule = rule or (str(b.rule_path) if b.rule_path else b.test.rule)  # the test's own rule unless overridden
+        rule_params = b.test.rule_params
+        pred_value = pred_value or b.test.predictions
+    if not test_path:  # no test given: the rule and overrides the runs themselves recorded
+        m = _first_meta(run_dirs)
+        rule = rule or m.get("rule") or None
+        rule_params = m.get("rule_params") if rule == m.get("rule") else None
+    spec = load_rule(rule, rule_params)
+    if not is_staged(spec):
+        verdict, analyzed = analyze(run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
+        paths = write_report(verdict, analyzed, out_dir)
+        print()
+        print(markdown_table(verdict))
+        print()
+        print(runs_table(verdict))
+        status = 0 if verdict["verdict"] == "PASS" else 1
+    else:
+        from analysis.predictions import Predictions
+        from analysis.reports import write_staged_report
+        from analysis.staged_analysis import analyze_staged
+
+        pp = resolve_predictions(pred_value, Path(out_dir), test_path)
+        preds = Predictions.load(pp) if pp else None
+        verdict, analyzed = analyze_staged(run_dirs, spec, arms=arm_names if test_path else None, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
+                                           test_name=name, expect_cell=cell)  # fmt: skip
+        paths, md = write_staged_report(verdict, analyzed, out_dir)
+        print()
+        print(md)
+        status = 0 if verdict["verdict"] != "INCOMPLETE" else 1
     print()
     print(f"verdict: {paths['verdict']}")
     print(f"report:  {paths['report']}")
     print(f"figure:  {paths['figure']}")
-    return 0 if verdict["verdict"] == "PASS" else 1
+    return status
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -75,7 +140,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print("no run directories found", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(os.path.commonpath(dirs)) / "analysis"
-    return report_runs(dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args))
+    return report_runs(dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args), predictions=args.predictions)
 
 
 def register(cli: Any) -> None:
@@ -86,6 +151,7 @@ def register(cli: Any) -> None:
     a.add_argument("--out", help="report folder (default: <common parent>/analysis)")
     a.add_argument("--registration", help="judge as registered: the registration's rule and references, only its bound runs, "
                                           "the analysis code of its commit (see analysis/registered.py)")  # fmt: skip
+    a.add_argument("--predictions", help="frozen prediction file (default: the test's; 'freeze' tests: predictions.json beside the runs)")
     add_ref_options(a)
     a.set_defaults(func=_cmd_analyze)
     from analysis.registered import RegisteredAnalysisError

@@ -13,16 +13,15 @@ later rule (rescue, BASIN, TOOLSLOW) reuse the engine with its own spec.
 
 from __future__ import annotations
 
-import ast
 import copy
 import math
-import operator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+
+from analysis.expr import RuleError, evaluate, parse
 
 # The registered E2 rule (paper App. E.5, Table 6), restated as data.
 E2_RULE: dict[str, Any] = {
@@ -65,99 +64,113 @@ E2_RULE: dict[str, Any] = {
 STATE_LETTER = {"TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I", "FAILED": "F", "MISSING": "-", "INVALID": "X"}
 
 
-class RuleError(ValueError):
-    """A rule spec is malformed or refers to a quantity nobody provides."""
-
-
-# ---------------------------------------------------------------------------------------------
-# a tiny, safe expression evaluator
-# ---------------------------------------------------------------------------------------------
-_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_CMP = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Eq: operator.eq, ast.NotEq: operator.ne}
-_FUN = {"abs": abs, "min": min, "max": max}
-
-
-@lru_cache(maxsize=256)
-def _parse(expr: str) -> ast.Expression:
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise RuleError(f"condition {expr!r} is not a valid expression: {exc.msg}") from None
-    for node in ast.walk(tree):
-        ok = isinstance(
-            node,
-            (ast.Expression, ast.Compare, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Name, ast.Constant, ast.Call, ast.Load,
-             ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, *_BIN, *_CMP),
-        )
-        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float)):
-            ok = False
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUN and not node.keywords):
-            ok = False
-        if not ok:
-            raise RuleError(f"condition {expr!r}: {type(node).__name__} is not allowed in a rule")
-    return tree
-
-
-def evaluate(expr: str, env: Mapping[str, Any]) -> Any:
-    """Evaluate a rule condition. NaN operands make comparisons false, so missing data never passes."""
-
-    def ev(n: ast.AST) -> Any:
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.Name):
-            if n.id not in env:
-                raise RuleError(f"condition {expr!r}: unknown quantity {n.id!r}")
-            v = env[n.id]
-            return float("nan") if v is None else v
-        if isinstance(n, ast.BinOp):
-            a, b = ev(n.left), ev(n.right)
-            if isinstance(n.op, ast.Div) and b == 0:
-                return float("nan")
-            return _BIN[type(n.op)](a, b)
-        if isinstance(n, ast.UnaryOp):
-            v = ev(n.operand)
-            return -v if isinstance(n.op, ast.USub) else (+v if isinstance(n.op, ast.UAdd) else not v)
-        if isinstance(n, ast.BoolOp):
-            vals = [bool(ev(x)) for x in n.values]
-            return all(vals) if isinstance(n.op, ast.And) else any(vals)
-        if isinstance(n, ast.Compare):
-            left = ev(n.left)
-            for op, right_node in zip(n.ops, n.comparators):
-                right = ev(right_node)
-                if not _CMP[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(n, ast.Call):
-            return _FUN[n.func.id](*[ev(a) for a in n.args])  # type: ignore[union-attr]
-        raise RuleError(f"condition {expr!r}: cannot evaluate {type(n).__name__}")
-
-    return ev(_parse(expr))
+# The condition language (and RuleError) live in analysis.expr; re-exported here for callers.
+_parse = parse
 
 
 # ---------------------------------------------------------------------------------------------
 # specs
 # ---------------------------------------------------------------------------------------------
+RULESPEC_DIR = Path(__file__).resolve().parent / "rulespecs"
+BUILTIN_RULES: dict[str, dict[str, Any]] = {"e2": E2_RULE}
+
+
+def rule_names() -> list[str]:
+    """Every rule loadable by name: the built-in E2 rule and the specs under analysis/rulespecs/."""
+    return sorted({*BUILTIN_RULES, *(p.stem for p in RULESPEC_DIR.glob("*.yaml"))})
+
+
+def _read_spec(source: str | Path) -> dict[str, Any]:
+    p = Path(source)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        try:
+            data = yaml.safe_load(p.read_text())
+        except OSError as exc:
+            raise RuleError(f"rule spec {str(source)!r}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise RuleError(f"rule spec {p}: not valid YAML: {exc}") from None
+    elif str(source) in BUILTIN_RULES:
+        return copy.deepcopy(BUILTIN_RULES[str(source)])
+    elif (RULESPEC_DIR / f"{source}.yaml").is_file():
+        return _read_spec(RULESPEC_DIR / f"{source}.yaml")
+    elif (RULESPEC_DIR / "bases" / f"{source}.yaml").is_file():  # shared pieces, for `extends` only
+        return _read_spec(RULESPEC_DIR / "bases" / f"{source}.yaml")
+    else:
+        raise RuleError(f"rule {str(source)!r}: no such file and no such rule; known rules: {rule_names()}")
+    if not isinstance(data, dict):
+        raise RuleError(f"rule spec {p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge for `extends`: mappings merge key by key (the extending spec wins), anything else
+    (lists, strings, numbers) is replaced whole, so an extending spec can restate a list of outcomes."""
+    out = copy.deepcopy(dict(base))
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _resolve(spec: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    ext = spec.pop("extends", None)
+    if not ext:
+        return spec
+    bases = [ext] if isinstance(ext, str) else list(ext)
+    merged: dict[str, Any] = {}
+    for b in bases:
+        if b in seen:
+            raise RuleError(f"rule spec {spec.get('name')!r}: circular extends through {b!r}")
+        merged = _merge(merged, _resolve(_read_spec(b), (*seen, b)))
+    merged.pop("name", None)
+    merged.pop("description", None)
+    out = _merge(merged, spec)
+    out["based_on"] = [*merged.get("based_on", []), *bases]
+    return out
+
+
 def load_rule(source: str | Path | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The E2 rule, a YAML file or a dict, with optional parameter overrides; validated."""
+    """A rule spec, resolved and validated: the E2 rule (None or "e2"), a rule by name
+    (analysis/rulespecs/<name>.yaml), a YAML file, or a dict (e.g. the one a registration froze).
+
+    `extends` is resolved into a self-contained spec (what a registration should freeze), and
+    `overrides` replace parameters, which must already exist (a misspelt override is an error, not a
+    silently unused threshold)."""
     if source is None:
         spec = copy.deepcopy(E2_RULE)
     elif isinstance(source, Mapping):
         spec = copy.deepcopy(dict(source))
     else:
-        spec = yaml.safe_load(Path(source).read_text())
+        spec = _read_spec(source)
+    spec = _resolve(spec)
     if overrides:
+        unknown = sorted(set(overrides) - set(spec.get("params", {})))
+        if unknown:
+            raise RuleError(f"rule {spec.get('name')!r}: override(s) {unknown} name no parameter; parameters are {sorted(spec.get('params', {}))}")
         spec["params"] = {**spec["params"], **dict(overrides)}
     validate_rule(spec)
     return spec
 
 
+def is_staged(spec: Mapping[str, Any]) -> bool:
+    """True for the rule families judged by analysis.engine (roles, seeds, groups, test);
+    False for the paired-test form of the E2 rule (arms' expected states and a seed count)."""
+    return "roles" in spec
+
+
 def validate_rule(spec: Mapping[str, Any]) -> None:
+    if is_staged(spec):
+        from analysis.engine import validate_staged
+
+        validate_staged(spec)
+        return
+    if "group" in spec or "seed" in spec:
+        raise RuleError(f"rule spec {spec.get('name')!r}: has a group/seed stage but no 'roles' (which runs play which part)")
     for key in ("name", "params", "states", "arms", "pass"):
         if key not in spec:
-            raise RuleError(f"rule spec: missing {key!r}")
+            raise RuleError(f"rule spec {spec.get('name')!r}: missing {key!r} (a paired-test rule needs name, params, states, arms, pass)")
     names = [s["name"] for s in spec["states"]]
     if len(set(names)) != len(names):
         raise RuleError(f"rule spec: duplicate state names {names}")
@@ -315,3 +328,30 @@ def judge_test(
             for p in per
         ],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# staged families from tabulated quantities
+# ---------------------------------------------------------------------------------------------
+def judge_quantities(
+    spec: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    rates: Sequence[float],
+    seeds: Sequence[int],
+) -> tuple[dict[str, Any], list[Any]]:
+    """Judge a staged spec from per-run quantities instead of run directories: each row is
+    {arm, rate, seed, quantities, status?}. This is how a paper's printed per-run numbers are
+    scored (tests/data/paper/), and how a reviewer re-scores a table without the raw records; a
+    quantity the table lacks reads as NaN (so no condition on it holds).
+    Returns (verdict, staged runs)."""
+    from analysis.engine import judge_staged, judge_staged_run
+
+    runs = [
+        judge_staged_run(spec, str(r["arm"]), float(r["rate"]), int(r["seed"]), r.get("quantities"), status=r.get("status", "complete"),
+                         missing_as_nan=True)
+        for r in rows
+    ]
+    verdict = judge_staged(spec, runs, rates=rates, seeds=seeds, missing_as_nan=True)
+    verdict["runs"] = [r.to_json() for r in runs]
+    return verdict, runs

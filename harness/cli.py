@@ -41,6 +41,7 @@ GROUPS: list[tuple[str, str]] = [
 REGISTRARS: list[str] = [
     "harness.workload.plans:register",
     "harness.protocols.calibration:register",
+    "harness.sim2real.cli:register",
     "prereg.cli:register",
     "slurm.cli:register",
     "harness.emulator.cli:register",

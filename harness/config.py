@@ -107,6 +107,19 @@ class CellConfig(_Strict):
     model_revision: str | None = Field(None, description="model repository revision the weights came from")
     gpu: str
     attention_backend: str | None = Field(None, description="e.g. flashinfer (A100) or fa3 (H200); provenance")
+    device: str | None = Field(
+        None,
+        description="SGLang's --device; absent = the engine's own default (its GPU). 'cpu' also selects "
+        "SGLang's CPU engine. vLLM picks its platform from the installed build and takes no flag",
+    )
+    mem_fraction_static: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="SGLang's --mem-fraction-static; absent = derived by SGLang from free device memory "
+        "(right on a GPU). A CPU cell must give it: there the derived value can be negative and the "
+        "server does not start",
+    )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
@@ -294,6 +307,16 @@ class ArmConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # test
 # ---------------------------------------------------------------------------------------------
+class TestReferences(_Strict):
+    """Reference values the test registers in place of the cell's (a cell whose E0a the paper does
+    not print: the all-miss token rate is then measured, e.g. by a simulated E0a, and recorded
+    here with its source)."""
+
+    lambda_ref: float | None = Field(None, gt=0, description="turns-based all-miss rate, sessions/s")
+    all_miss_token_rate: float | None = Field(None, gt=0, description="E0a uncached prefill tokens/s")
+    source: str = Field(..., min_length=1, description="where the values come from")
+
+
 class TestConfig(_Strict):
     """Which arms x rates x seeds of a cell, workload and protocol make one registered test."""
 
@@ -302,9 +325,12 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: str = Field(
-        "e2", description="'e2' (the registered E2 rule) or a rule spec file: a name under configs/rules or a path"
+    rule: str = Field("e2", pattern=r"^[A-Za-z0-9_./-]+$", description="rule spec: a name under analysis/rulespecs or configs/rules, or a YAML path")
+    rule_params: dict[str, float | int | str] | None = Field(None, description="registered overrides of the rule's parameters")
+    predictions: str | None = Field(
+        None, description="frozen prediction file the rule reads; 'freeze' = freeze model F's from the plans before the runs"
     )
+    references: TestReferences | None = None
     cell: str
     workload: str
     protocol: str
@@ -403,6 +429,17 @@ def parse_config(data: Any, model: type[M], source: Path | str = "<memory>") -> 
         raise ConfigError(_format_errors(source, err)) from None
 
 
+def _rule_file(rule: str, base: Path | None) -> Path | None:
+    """The rule spec file a test names under configs/rules (or by path); None for a rule the
+    analysis ships by name (analysis/rulespecs, loaded by `analysis.rules.load_rule`)."""
+    if rule == "e2":
+        return None
+    try:
+        return resolve_path(config_ref(rule, "rules"), base)
+    except ConfigError:
+        return None
+
+
 def resolve_path(ref: str | Path, base: Path | None = None) -> Path:
     """Find a referenced config: absolute, relative to `base`, to the cwd, or under configs/."""
     p = Path(ref)
@@ -474,14 +511,15 @@ def load_config(path: Path | str, model: type[M] | None = None, base: Path | Non
 
 
 def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
-    """Read a cost file: `kind: cost`, optional name/description, and CostConfig's parameters."""
+    """Read a cost file: `kind: cost`, optional name/description/fit, and CostConfig's parameters."""
     resolved = resolve_path(ref, base)
     data = load_yaml(resolved)
     if not isinstance(data, dict):
         raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
     if data.get("kind") != "cost":
         raise ConfigError(f"{resolved}: kind: got {data.get('kind')!r}; expected 'cost'")
-    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description")}
+    # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter
+    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description", "fit")}
     return parse_config(params, CostConfig, resolved)
 
 
@@ -526,7 +564,7 @@ def load_test(path: Path | str) -> TestBundle:
         arms[arm.name] = arm
         refs[arm.name] = ref
     _check_top_rate(resolved, test, cell, arms)
-    rule_path = None if test.rule == "e2" else resolve_path(config_ref(test.rule, "rules"), base)
+    rule_path = _rule_file(test.rule, base)
     return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs,
                       rule_path=rule_path)  # fmt: skip
 

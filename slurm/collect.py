@@ -181,7 +181,7 @@ def _remote_now(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 def collect(manifest: str | Path, *, wait_s: float = 0.0, analysis: bool = True, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Collect a test directory (see the module docstring); writes collection.json and returns it."""
-    from slurm.scheduler import TERMINAL_STATES, accounting, wait_for_accounting, write_accounting_export
+    from slurm.scheduler import TERMINAL_STATES, SchedulerError, accounting, wait_for_accounting, write_accounting_export
 
     say = echo or (lambda m: None)
     doc = read_manifest(manifest)
@@ -198,16 +198,20 @@ def collect(manifest: str | Path, *, wait_s: float = 0.0, analysis: bool = True,
     prov = base / PROVENANCE
     if doc["executor"] == "slurm" and ids:
         try:
-            rows = accounting(ids) if pending else wait_for_accounting(ids, count=len(ids), timeout_s=60.0)
-        except TimeoutError:
-            rows = accounting(ids)
-            result["accounting_note"] = "some rows were not final after 60 s; exported as they stood"
+            try:
+                rows = accounting(ids) if pending else wait_for_accounting(ids, count=len(ids), timeout_s=60.0)
+            except TimeoutError:
+                rows = accounting(ids)
+                result["accounting_note"] = "some rows were not final after 60 s; exported as they stood"
+        except SchedulerError as exc:  # no accounting: say so, and collect what the runs hold
+            rows = []
+            result["accounting_note"] = f"no accounting: {str(exc).splitlines()[0]}"
         write_accounting_export(rows, prov / ACCOUNTING_JSON)
         write_accounting_export(rows, prov / ACCOUNTING_CSV)
         result["accounting"] = {"json": str(prov / ACCOUNTING_JSON), "csv": str(prov / ACCOUNTING_CSV), "rows": len(rows),
                                 "settled": all(r.settled for r in rows)}  # fmt: skip
         result["agreement"] = agreement(doc, rows)
-        submit_times = [r.submit for r in rows]
+        submit_times = [r.submit for r in rows] if rows else [j.get("submit_utc") for j in doc["jobs"]]
     else:
         write_manifest({"source": "local executor records (no scheduler)", "jobs": doc["jobs"]}, prov / "local-jobs.json")
         result["accounting"] = {"json": None, "csv": None, "rows": 0, "note": "local executor: no scheduler accounting; see provenance/local-jobs.json"}

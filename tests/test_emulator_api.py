@@ -33,8 +33,12 @@ def small_cell(flavor: str) -> CellConfig:
 
 
 @contextlib.asynccontextmanager
-async def emulator(flavor: str, *, time_scale: float = 100.0, faults: Faults | None = None) -> AsyncIterator[tuple[Emulator, str]]:
-    emu = Emulator(small_cell(flavor), flavor=flavor, time_scale=time_scale, model_name="tiny", faults=faults)
+async def emulator(
+    flavor: str, *, time_scale: float = 100.0, faults: Faults | None = None, cell: CellConfig | None = None, **kw: Any
+) -> AsyncIterator[tuple[Emulator, str]]:
+    """An in-process emulator; SGLang's 1 s health answers and warm-up are off unless asked for."""
+    kw = {"health_poll": 0.0, "warmup": 0.0, **kw}
+    emu = Emulator(cell or small_cell(flavor), flavor=flavor, time_scale=time_scale, model_name="tiny", faults=faults, **kw)
     runner, url = await serve(emu, "127.0.0.1", 0)
     try:
         yield emu, url
@@ -68,7 +72,9 @@ def test_sglang_completion_shape_and_hits() -> None:
             assert len(ch["token_ids"]) == D and ch["prompt_token_ids"] == p1 and ch["finish_reason"] == "length"
             assert r1["usage"]["prompt_tokens"] == 256 and r1["usage"]["completion_tokens"] == D
             assert r1["usage"]["total_tokens"] == 256 + D
-            assert "prompt_tokens_details" not in r1["usage"]  # SGLang omits it at zero hits
+            # SGLang 0.5.22 with --enable-cache-report reports the details also at zero hits
+            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+            assert r1["metadata"] == {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": D}]}
             p2 = p1 + ch["token_ids"] + ids(64, seed=1)
             st, r2 = await complete(http, url, p2)
             assert st == 200
@@ -88,7 +94,8 @@ def test_vllm_completion_shape_and_whole_blocks() -> None:
             p1 = ids(250)
             st, r1 = await complete(http, url, p1)
             assert st == 200
-            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # vLLM always reports it
+            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}  # always there
+            assert r1["usage"]["completion_tokens_details"] is None
             ch = r1["choices"][0]
             assert len(ch["token_ids"]) == D and ch["prompt_token_ids"] == p1 and "stop_reason" in ch
             p2 = p1 + ch["token_ids"] + ids(64, seed=2)
@@ -139,7 +146,7 @@ def test_context_overflow_is_400_in_the_engine_shape() -> None:
     async def go() -> None:
         for flavor in ("sglang", "vllm"):
             async with emulator(flavor) as (_emu, url), aiohttp.ClientSession() as http:
-                st, body = await complete(http, url, ids(4096))
+                st, body = await complete(http, url, ids(4097))
                 assert st == 400
                 msg = body["message"] if flavor == "sglang" else body["error"]["message"]
                 assert "context length" in msg
@@ -147,6 +154,58 @@ def test_context_overflow_is_400_in_the_engine_shape() -> None:
                 assert st == 200
 
     run(go())
+
+
+def test_vllm_refuses_only_what_cannot_fit_and_cuts_max_tokens() -> None:
+    """vLLM 0.32 (renderers/params.py, get_max_tokens): a prompt over the context is refused, one of
+    exactly the context leaves max_tokens 0 (refused by the sampling check); a prompt and completion
+    over the context are served with max_tokens cut to what is left."""
+
+    async def go() -> None:
+        async with emulator("vllm") as (_emu, url), aiohttp.ClientSession() as http:
+            st, body = await complete(http, url, ids(4097))
+            assert st == 400 and body["error"]["param"] == "input_tokens"
+            assert body["error"]["message"].startswith("This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens")
+            st, body = await complete(http, url, ids(4100))
+            assert "your prompt contains 4100 input tokens, which exceeds this limit even without any output tokens" in body["error"]["message"]
+            st, body = await complete(http, url, ids(4096))
+            assert st == 400 and body["error"] == {"message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                                                   "type": "BadRequestError", "param": "max_tokens", "code": 400}  # fmt: skip
+            st, body = await complete(http, url, ids(4090), max_tokens=16)
+            assert st == 200 and body["usage"]["completion_tokens"] == 6 and len(body["choices"][0]["token_ids"]) == 6
+
+    run(go())
+    from harness.servers.vllm import VLLMAdapter
+
+    assert VLLMAdapter().max_prompt_tokens(small_cell("vllm"), 16) == 4080  # the longest prompt given all 16 tokens
+
+
+def test_sglang_refuses_at_its_three_limits() -> None:
+    """SGLang 0.5.22's refusals, in its order and words (context 8192, pool 32768 measured; here
+    context 4096, pool 20000): n >= context; n + max_tokens > context; n >= min(context - 1, pool - 1) - 5."""
+
+    async def go(cell: CellConfig, cases: list[tuple[int, int, int, str]]) -> None:
+        async with emulator("sglang", cell=cell) as (_emu, url), aiohttp.ClientSession() as http:
+            for n, m, status, start in cases:
+                st, body = await complete(http, url, ids(n), max_tokens=m)
+                assert st == status, (n, m, body)
+                if status == 400:
+                    assert body == {"object": "error", "message": body["message"], "type": "BadRequestError", "param": None, "code": 400}
+                    assert body["message"].startswith(start), (n, m, body["message"])
+
+    ctx = small_cell("sglang")  # context 4096, pool 20000: the margin below the context binds
+    run(go(ctx, [
+        (4096, 1, 400, "The input (4096 tokens) is longer than the model's context length (4096 tokens)."),
+        (4095, 16, 400, "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4111 tokens: 4095 tokens from the input messages and 16 tokens"),
+        (4095, 1, 400, "Input length (4095 tokens) exceeds the maximum allowed length (4090 tokens). Use a shorter input or enable --allow-auto-truncate."),
+        (4090, 1, 400, "Input length (4090 tokens) exceeds the maximum allowed length (4090 tokens)."),
+        (4089, 1, 200, ""),
+    ]))  # fmt: skip
+    pool = small_cell("sglang").model_copy(update={"kv_pool_tokens": 3000})  # here the pool binds
+    run(go(pool, [(2994, 1, 400, "Input length (2994 tokens) exceeds the maximum allowed length (2994 tokens)."), (2993, 1, 200, "")]))
+    from harness.servers.sglang import SGLangAdapter
+
+    assert SGLangAdapter().max_prompt_tokens(ctx, 1) == 4089 and SGLangAdapter().max_prompt_tokens(pool, 1) == 2993
 
 
 def test_sglang_flush_refused_while_busy_then_waits_with_timeout() -> None:
@@ -157,15 +216,39 @@ def test_sglang_flush_refused_while_busy_then_waits_with_timeout() -> None:
             task = asyncio.create_task(complete(http, url, p))
             await asyncio.sleep(0.02)
             async with http.post(url + "/flush_cache") as r:
-                assert r.status == 400
+                assert r.status == 400 and await r.text() == "Flush cache failed.\n"  # SGLang's body when refused at once
+            async with http.get(url + "/flush_cache?timeout=0") as r:  # 0 = no waiting
+                assert r.status == 400 and await r.text() == "Flush cache failed.\n"
             async with http.get(url + "/flush_cache?timeout=30") as r:
-                assert r.status == 200 and "flushed" in (await r.text()).lower()
+                assert r.status == 200 and (await r.text()).startswith("Cache flushed.\n")
+                assert task.done()  # answered only once the request had finished
             st, _ = await task
             assert st == 200
             async with http.get(url + "/flush_cache") as r:
                 assert r.status == 200
             _, again = await complete(http, url, p)
-            assert "prompt_tokens_details" not in again["usage"]  # the cache was emptied
+            assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # the cache was emptied
+
+    run(go())
+
+
+def test_sglang_flush_timeout_expiry_and_one_at_a_time() -> None:
+    async def go() -> None:
+        async with emulator("sglang", time_scale=0.05) as (_emu, url), aiohttp.ClientSession() as http:
+            task = asyncio.create_task(complete(http, url, ids(3000)))
+            await asyncio.sleep(0.05)
+            waiting = asyncio.create_task(http.post(url + "/flush_cache?timeout=0.3"))
+            await asyncio.sleep(0.05)
+            async with http.post(url + "/flush_cache?timeout=5") as r:  # a second deferred flush
+                assert r.status == 400 and await r.text() == "Another flush_cache is already in progress."
+            async with await waiting as r:
+                assert r.status == 400 and await r.text() == "Timed out waiting for idle state."
+            assert not task.done()
+            async with http.post(url + "/flush_cache?timeout=-1") as r:
+                assert r.status == 422  # FastAPI's validation of Query(ge=0)
+            task.cancel()
+
+    run(go())
 
     run(go())
 
@@ -191,9 +274,10 @@ def test_vllm_reset_prefix_cache_reports_success_in_body() -> None:
 
 SGLANG_METRICS = {
     "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:kv_used_tokens",
-    "sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate",
-    "sglang:max_total_num_tokens", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-    "sglang:cached_tokens_total", "sglang:num_retracted_requests_total",
+    "sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate", "sglang:num_used_tokens",
+    "sglang:max_total_num_tokens", "sglang:page_size", "sglang:num_pages", "sglang:context_len",
+    "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total",
+    "sglang:cached_tokens_total", "sglang:num_retracted_reqs",
 }  # fmt: skip
 VLLM_METRICS = {
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -248,6 +332,11 @@ def test_info_endpoints() -> None:
                         assert info["emulator"] is True and info["time_scale"] == 100.0
                 if flavor == "sglang":
                     assert info["max_total_num_tokens"] == 20_000 and info["page_size"] == 1
+                    assert info["radix_eviction_policy"] == "lru" and info["device"] == "cuda"  # the cell's default
+                    (state,) = info["internal_states"]  # one scheduler
+                    assert state["page_size"] == 1 and state["max_req_input_len"] == 4090
+                    async with http.get(url + "/version") as r:
+                        assert r.status == 404  # SGLang 0.5.22 has no /version
                 else:
                     assert info["block_size"] == 16 and info["num_gpu_blocks"] == 20_000 // 16
 
@@ -301,7 +390,8 @@ def test_cli_serves_and_reports_port_in_use() -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                # SGLang answers /health after a second (so does the emulator): a 1 s timeout races it
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                     assert r.status == 200
                     break
             except OSError:
@@ -313,3 +403,154 @@ def test_cli_serves_and_reports_port_in_use() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang 0.5.22 as measured (docs/sglang-cpu.md, "Differences from what our code assumes")
+# ---------------------------------------------------------------------------------------------
+async def _samples(http: aiohttp.ClientSession, url: str) -> list[Any]:
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples if not s.name.endswith("_created")]
+
+
+def test_sglang_counters_appear_once_incremented_with_their_labels() -> None:
+    """cached_tokens_total is absent until the first hit (and for good with the radix cache off);
+    the retraction counter is absent, its per-report gauge is 0 with a pid; scheduler gauges and
+    tokenizer counters carry SGLang's label sets; the mapped column is 0, not missing."""
+
+    async def go(cell: CellConfig) -> tuple[list[Any], list[Any], dict[str, float]]:
+        async with emulator("sglang", cell=cell) as (emu, url), aiohttp.ClientSession() as http:
+            before = await _samples(http, url)
+            p = ids(200)
+            await complete(http, url, p)
+            first = await _samples(http, url)
+            mapped = await get_adapter("emulator:sglang", cell=emu.cell).scrape_metrics(http, url)
+            await complete(http, url, p)
+            return before, first, mapped, await _samples(http, url)  # type: ignore[return-value]
+
+    before, first, mapped, after = run(go(small_cell("sglang")))
+    names = lambda ss: {s.name for s in ss}  # noqa: E731
+    assert "sglang:prompt_tokens_total" not in names(before)  # no request finished yet
+    assert "sglang:cached_tokens_total" not in names(first) and "sglang:prompt_tokens_total" in names(first)
+    assert mapped["cached_tokens_total"] == 0.0 and mapped["prompt_tokens_total"] == 200 and mapped["preemptions_total"] == 0.0
+    assert "sglang:num_retracted_requests_total" not in names(after)
+    by = {s.name: s for s in after}
+    assert by["sglang:cached_tokens_total"].value == 199
+    assert by["sglang:cached_tokens_total"].labels == {"cache_source": "device", "engine_type": "unified", "model_name": "tiny"}
+    assert by["sglang:prompt_tokens_total"].labels == {"engine_type": "unified", "is_streaming": "false", "model_name": "tiny"}
+    assert by["sglang:num_running_reqs"].labels == {"engine_type": "unified", "model_name": "tiny", "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
+    assert set(by["sglang:num_retracted_reqs"].labels) == {"engine_type", "model_name", "moe_ep_rank", "pid", "pp_rank", "tp_rank"}
+    assert by["sglang:num_retracted_reqs"].value == 0
+    assert by["sglang:num_pages"].value == 20_000 and by["sglang:context_len"].value == 4096
+
+    off = small_cell("sglang").model_copy(update={"prefix_cache": False})
+    _, _, mapped_off, after_off = run(go(off))
+    assert "sglang:cached_tokens_total" not in names(after_off) and mapped_off["cached_tokens_total"] == 0.0
+
+
+def test_sglang_streaming_counts_apart_and_one_chunk_per_token() -> None:
+    async def go() -> tuple[list[Any], list[Any]]:
+        async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
+            prompt = ids(30)
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True,
+                    "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            async with http.post(url + "/v1/completions", json=body) as r:
+                raw = (await r.read()).decode()
+            await complete(http, url, ids(50, seed=4))
+            events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            return [orjson.loads(e) for e in events[:-1]], await _samples(http, url)
+
+    chunks, samples = run(go())
+    tokens = chunks[:-1]
+    assert len(tokens) == 4 and all(len(c["choices"][0]["token_ids"]) == 1 and c["usage"] is None for c in tokens)
+    assert all("matched_stop" in c["choices"][0] for c in tokens)
+    assert "prompt_token_ids" in tokens[0]["choices"][0] and all("prompt_token_ids" not in c["choices"][0] for c in tokens[1:])
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None, None, None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    prompt = {s.labels["is_streaming"]: s.value for s in samples if s.name == "sglang:prompt_tokens_total"}
+    assert prompt == {"true": 30, "false": 50}
+
+
+def test_sglang_cache_hit_rate_is_the_latest_batchs() -> None:
+    """sglang:cache_hit_rate is the hit ratio of the latest prefill batch, not the cumulative one."""
+
+    async def go() -> tuple[float, float]:
+        async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
+            p = ids(400)
+            await complete(http, url, p)
+            await complete(http, url, p)  # 399 of 400 reused
+            hit = {s.name: s.value for s in await _samples(http, url)}["sglang:cache_hit_rate"]
+            await complete(http, url, ids(100, seed=9))  # a miss
+            miss = {s.name: s.value for s in await _samples(http, url)}["sglang:cache_hit_rate"]
+            return hit, miss
+
+    hit, miss = run(go())
+    assert hit == pytest.approx(399 / 400) and miss == 0.0  # cumulative would be 399 / 900
+
+
+def test_sglang_page_32_hits_whole_pages() -> None:
+    """With 32-token pages a follow-up reuses floor((prev prompt + output - 1) / 32) pages, as the
+    real server did (2000 + 100 -> 2080, a repeat of 1024 -> 992, of 32 -> 0)."""
+    cell = small_cell("sglang").model_copy(update={"page_size": 32, "kv_pool_tokens": 20_000 // 32 * 32})
+
+    async def go() -> list[int]:
+        async with emulator("sglang", cell=cell) as (_emu, url), aiohttp.ClientSession() as http:
+            out = []
+            for n in (32, 33, 100, 1024):
+                p = ids(n, seed=n)
+                await complete(http, url, p)
+                _, r = await complete(http, url, p)
+                out.append(r["usage"]["prompt_tokens_details"]["cached_tokens"])
+            p = ids(2000, seed=1)
+            _, r1 = await complete(http, url, p, max_tokens=100)
+            _, r2 = await complete(http, url, p + r1["choices"][0]["token_ids"] + ids(550, seed=2), max_tokens=100)
+            out.append(r2["usage"]["prompt_tokens_details"]["cached_tokens"])
+            return out
+
+    assert run(go()) == [0, 32, 96, 992, 2080]
+
+
+def test_sglang_health_warms_up_then_answers_after_its_poll() -> None:
+    async def go() -> tuple[int, int, float]:
+        async with emulator("sglang", warmup=0.3, health_poll=0.2) as (_emu, url), aiohttp.ClientSession() as http:
+            async with http.get(url + "/health") as r:
+                early = r.status
+            await asyncio.sleep(0.35)
+            t0 = time.monotonic()
+            async with http.get(url + "/health") as r:
+                late = r.status
+            return early, late, time.monotonic() - t0
+
+    early, late, secs = run(go())
+    assert early == 503 and late == 200 and secs >= 0.19
+    from harness.emulator.server import HEALTH_POLL, WARMUP
+
+    assert HEALTH_POLL == {"sglang": 1.0, "vllm": 0.0} and WARMUP["sglang"] > 0 and WARMUP["vllm"] == 0
+
+
+def test_sglang_generate_meta_info_keys() -> None:
+    async def go() -> dict[str, Any]:
+        async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
+            body = {"input_ids": ids(120), "sampling_params": {"max_new_tokens": D, "temperature": 0, "ignore_eos": True}}
+            async with http.post(url + "/generate", json=body) as r:
+                return (await r.json())["meta_info"]
+
+    mi = run(go())
+    for key in ("queue_time", "first_token_latency", "cached_tokens_details", "weight_version", "weight_versions",
+                "num_retractions", "request_received_ts", "request_finished_ts", "reasoning_tokens", "dp_rank"):  # fmt: skip
+        assert key in mi, key
+    assert mi["cached_tokens_details"] is None and mi["request_finished_ts"] >= mi["request_received_ts"]
+
+
+def test_sglang_collector_exports_retractions_once_counted() -> None:
+    from harness.emulator.flavors import EngineCollector
+
+    cell = small_cell("sglang")
+    snap: dict[str, Any] = {"pool_tokens": 20_000.0, "preemptions_total": 0.0, "retracted_report": 0.0, "pid": 7}
+    col = EngineCollector("sglang", "tiny", cell, lambda: dict(snap))
+    names = lambda: {s.name: s.value for fam in col.collect() for s in fam.samples}  # noqa: E731
+    assert "sglang:num_retracted_requests_total" not in names()
+    snap.update(preemptions_total=3.0, retracted_report=2.0)
+    assert names()["sglang:num_retracted_requests_total"] == 3.0 and names()["sglang:num_retracted_reqs"] == 2.0

@@ -178,29 +178,53 @@ def test_lpm_prefers_cached_prefixes_until_the_queue_is_long():
     assert order(6) == [0, 1, 2, 6, 3, 4, 5]
 
 
-def test_waiting_prefix_refresh_touches_waiting_prefixes_every_32_passes():
-    def stamp_after(refresh: bool) -> tuple[int, int]:
-        e = EngineModel(cell(kv_pool_tokens=12_000, waiting_prefix_refresh=refresh))
+def test_waiting_prefix_refresh_cadence_and_order():
+    # SchedulePolicy: the first priority pass and every 32nd after it touch the first 128 waiting
+    # prefixes, the head last
+    from harness.refengine.scheduler import WaitingPolicy
+
+    class KV:
+        def __init__(self) -> None:
+            self.log: list[tuple[int, int]] = []
+            self.calls = 0
+
+        def touch(self, req) -> None:
+            self.log.append((self.calls, req))
+
+    kv = KV()
+    pol = WaitingPolicy(cell(), kv, radix_flavour=True)
+    waiting = list(range(200))
+    for call in range(65):
+        kv.calls = call
+        pol.calc_priority(waiting)  # type: ignore[arg-type]
+    assert sorted({c for c, _ in kv.log}) == [0, 32, 64]
+    first = [r for c, r in kv.log if c == 0]
+    assert first == list(range(127, -1, -1))  # 128 of them, the head touched last
+
+
+def test_waiting_prefix_refresh_runs_only_on_admission_attempts():
+    # A long chunked prefill attempts admission every iteration (the chunk continues), so the
+    # blocked waiting request's prefix is refreshed; with the refresh off it is not touched.
+    def stamps(refresh: bool) -> tuple[int, int]:
+        e = EngineModel(cell(kv_pool_tokens=40_000, chunked_prefill=256, max_running=1, waiting_prefix_refresh=refresh))
         p = toks(1000, 1)
         run_one(e, 1, p, d=1)
         tree = e.kv.tree  # type: ignore[union-attr]
         leaf = tree.leaves()[0]
-        e.submit(EngineRequest(2, toks(10_000, 2), 200), 0.0)  # runs long, reserves most of the pool
+        e.submit(EngineRequest(2, toks(256 * 40, 2), 4), 0.0)  # 40 chunks
         t = e.step(0.0)
         e.complete(t)
-        e.submit(EngineRequest(3, np.concatenate((p, toks(1500, 3))), 1), t)
-        t = e.step(t)  # its admission attempt matches (touches) its prefix, then it is blocked
-        e.complete(t)
-        assert e.gauges()["waiting"] == 1
+        e.submit(EngineRequest(3, np.concatenate((p, toks(100, 3))), 1), t)
         before = leaf.stamp
-        for _ in range(40):
+        for _ in range(36):
             t = e.step(t)
             e.complete(t)
+        assert e.gauges()["waiting"] == 1
         return before, leaf.stamp
 
-    before, after = stamp_after(True)
+    before, after = stamps(True)
     assert after > before
-    before, after = stamp_after(False)
+    before, after = stamps(False)
     assert after == before
 
 
@@ -251,15 +275,18 @@ def test_vllm_admits_only_when_the_whole_prompt_fits_not_just_the_first_chunk():
 def test_vllm_admission_counts_hit_blocks_and_the_outputs_of_a_preempted_request():
     from harness.refengine.request import Req
 
+    # 64 blocks, of which vLLM keeps one as its null block: 63 usable
     e = EngineModel(cell("vllm", kv_pool_tokens=64 * 16, chunked_prefill=256))
     kv = e.kv
+    assert kv.pool.num_blocks == 63
     p = toks(600, 3)
-    run_one(e, 1, p, d=1)  # 37 full blocks stay cached in the free queue
+    run_one(e, 1, p, d=1)  # 37 full blocks stay cached in the free queue; the partial 38th is not
     r = Req(EngineRequest(2, p, 4), 0.0, 99, 0)
     prefix = kv.match(r, True)
     assert prefix == 16 * 37
-    assert kv.can_admit(r, prefix, 8)  # 37 hits taken out of the queue + 1 new block <= 64 free
-    held = kv.pool.allocate(27)  # 37 free left, all of them the hits: the last block has no room
+    assert kv.can_admit(r, prefix, 8)  # 37 hits taken out of the queue + 1 new block <= 63 free
+    # the unhashed partial block is reused first, then the 25 never-used ones: the hits stay cached
+    held = kv.pool.allocate(26)  # 37 free left, all of them the hits: the last block has no room
     r.hit = []
     prefix = kv.match(r, True)
     assert prefix == 16 * 37 and not kv.can_admit(r, prefix, 8)
@@ -267,7 +294,7 @@ def test_vllm_admission_counts_hit_blocks_and_the_outputs_of_a_preempted_request
     q = Req(EngineRequest(3, toks(100, 4), 200), 0.0, 100, 0)
     q.target = 100 + 200  # resumed after a preemption: prompt plus the 200 outputs so far
     q.hit = []
-    held = kv.pool.allocate(64 - 18)  # 18 free: the first chunk (1 block) fits, the 19-block sequence not
+    held = kv.pool.allocate(63 - 18)  # 18 free: the first chunk (1 block) fits, the 19-block sequence not
     assert not kv.can_admit(q, 0, 16)
     kv.pool.release(held[:1])
     assert kv.can_admit(q, 0, 16)

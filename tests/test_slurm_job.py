@@ -249,3 +249,26 @@ def test_label_from_the_manifest_and_the_schedulers_submit_times() -> None:
     assert label_from_record(vllm, [v.replace(hour=16, minute=24, second=36)]).label == "registered"
     assert label_from_record(_doc(None, None, False), [v]).label == "exploratory"
     assert label_from_record(_doc(d, d, True, status="EXPLORATORY"), [d + timedelta(hours=1)]).label == "exploratory"
+
+
+# -------------------------------------------------------------------------------- collection
+def test_the_export_is_checked_against_the_manifest() -> None:
+    from slurm.collect import agreement
+    from slurm.scheduler import AccountingRow
+
+    t = datetime(2026, 12, 1, 6, 19, 7, tzinfo=timezone.utc)
+    doc = {"comment": "agentload registration x sha256=ab", "job_name": "agentload-x", "time_limit": {"seconds": 240.0, "slurm": "00:04:00"},
+           "jobs": [{"job_id": "5_0", "arm": "burst", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()},
+                    {"job_id": "5_1", "arm": "capped", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()}]}  # fmt: skip
+
+    def row(jid: str, **kw: Any) -> AccountingRow:
+        base = dict(job_id=jid, job_name="agentload-x", submit=t, start=t, end=t, state="COMPLETED", state_raw="COMPLETED", exit_code=0,
+                    exit_signal=0, node_list="vm", timelimit="00:04:00", timelimit_s=240.0, elapsed="00:00:01", elapsed_s=1.0,
+                    comment="agentload registration x sha256=ab")  # fmt: skip
+        base.update(kw)
+        return AccountingRow(**base)
+
+    assert agreement(doc, [row("5_0"), row("5_1")]) == []
+    probs = agreement(doc, [row("5_0", comment="other", timelimit="00:05:00", timelimit_s=300.0), row("7")])
+    assert any("5_0: comment 'other'" in p for p in probs) and any("5_0: time limit '00:05:00'" in p for p in probs)
+    assert any("5_1 (capped x 1.5 seed 3): no accounting row" in p for p in probs) and any("not in the manifest: ['7']" in p for p in probs)

@@ -273,6 +273,39 @@ def _add_actions(sub: Any) -> None:
     fl.add_argument("--t-end", type=float, default=None, help="horizon (default: the protocol's duration)")
     fl.set_defaults(func=_cmd_fluid)
 
+    pr = sub.add_parser("predict", help="freeze model F's predictions for a test's plans (the file its rule reads)",
+                        description="Compute the per-run (plan-driven) and per-rate (asymptotic) model F values the test's "
+                        "rule compares with, for every run of the test, from the plans the runs will play; write them "
+                        "as a prediction file (JSON) to commit before the runs.")
+    pr.add_argument("test", help="test YAML")
+    pr.add_argument("--out", required=True, help="prediction file to write (refused if it exists)")
+    pr.add_argument("--rule", default=None, help="rule (default: the test's)")
+    pr.add_argument("--lambda-ref", type=float, default=None, help="override lambda_ref (default: the test's, else the cell's)")
+    pr.set_defaults(func=_cmd_predict)
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    """Freeze model F's predictions for a test (what its rule's `predictions` section asks for)."""
+    import orjson
+
+    from analysis.rules import load_rule
+    from analysis.theory.predict import freeze_predictions
+    from harness.config import load_test
+
+    bundle = load_test(args.test)
+    spec = load_rule(args.rule or bundle.test.rule, bundle.test.rule_params)
+    lam = args.lambda_ref or (bundle.test.references.lambda_ref if bundle.test.references else None)
+    content = freeze_predictions(bundle, spec, lambda_ref=lam)
+    out = Path(args.out)
+    if out.exists():
+        from harness.cli import CLIError
+
+        raise CLIError(f"{out} exists: a frozen prediction file is never overwritten")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(content, option=orjson.OPT_INDENT_2))
+    print(f"{len(content['runs'])} runs and {len(content['rates'])} rates predicted for {bundle.test.name}; wrote {out}")
+    return 0
+
 
 def register(cli: Any) -> None:
     """Add `agentload theory ...`. Accepts the harness CLI object or a plain argparse subparsers action."""

@@ -70,6 +70,8 @@ class ClosedClient:
             prompt_tokens=response.prompt_tokens, cached_tokens=response.cached_tokens,
             completion_tokens=response.completion_tokens,
             n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
+            queue_time=(response.extra or {}).get("queue_time"), engine_ttft=(response.extra or {}).get("engine_ttft"),
+            engine_decode=(response.extra or {}).get("engine_decode"),
             status=response.status, http_status=response.http_status, error=response.error,
         )  # fmt: skip
         if not outcome.done:

@@ -198,6 +198,8 @@ class PlanClient:
                     tool_time += extra
                     st.n_slowed += 1
                     self.tool_calls_slowed += 1
+                    # the trigger sessions of a TOOLSLOW run are those with a slowed call (App. D)
+                    self.sink.gate_event(time=now, event="slow", session=fl.sid)
         self.sink.turn(
             session=fl.sid,
             kind=st.spec.kind,
@@ -211,6 +213,8 @@ class PlanClient:
             completion_tokens=response.completion_tokens,
             n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
             queue_time=response.extra.get("queue_time") if response.extra else None,
+            engine_ttft=response.extra.get("engine_ttft") if response.extra else None,
+            engine_decode=response.extra.get("engine_decode") if response.extra else None,
             status=response.status,
             http_status=response.http_status,
             error=response.error,

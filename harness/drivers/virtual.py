@@ -145,6 +145,7 @@ def simulate(
                         first_token_time=c.first_token_time, output_ids=c.output_ids,
                         prompt_tokens=c.prompt_tokens, cached_tokens=c.cached_tokens,
                         completion_tokens=c.completion_tokens, http_status=200,
+                        extra=_engine_timings(c),
                     )  # fmt: skip
                     apply(now, client.on_response(now, r))
             elif kind == _TIMER:
@@ -180,3 +181,11 @@ def simulate(
 
 
 __all__ = ["simulate", "SimResult"]
+
+
+def _engine_timings(c: Any) -> dict[str, float]:
+    """The engine model's own per-request timings, in the fields a real vLLM reports them."""
+    a = getattr(c, "admit_time", float("nan"))
+    if a != a:  # nan: unknown
+        return {}
+    return {"queue_time": a - c.submit_time, "engine_ttft": c.first_token_time - a, "engine_decode": c.done_time - c.first_token_time}

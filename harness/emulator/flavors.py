@@ -1,11 +1,14 @@
 """The two engines' HTTP dialects, as the emulator speaks them.
 
 The harness must not be able to tell the emulator from the engine it imitates in the fields it
-reads, so every difference the client or an adapter could trip over is reproduced here: SGLang
-leaves `usage.prompt_tokens_details` out entirely when nothing was cached (and only counts hits
-because the server runs with cache reporting on); vLLM always reports the details block and counts
-whole blocks. Metric names, label sets and error bodies follow the engines' own sources so that the
-adapters' Prometheus parsing is exercised for real.
+reads, so every difference the client or an adapter could trip over is reproduced here, as
+measured on SGLang 0.5.22 and vLLM 0.32 (docs/sglang-cpu.md): both report
+`usage.prompt_tokens_details` on every completion (SGLang with --enable-cache-report, also when
+nothing was cached), SGLang counts hits per page and vLLM per block; SGLang refuses a prompt at
+three limits with three messages; SGLang's tokenizer counters exist only once incremented (so
+`sglang:cached_tokens_total` is absent before the first hit) and its scheduler gauges and its
+tokenizer counters carry different label sets. Metric names, label sets and error bodies follow
+the engines' own sources so that the adapters' Prometheus parsing is exercised for real.
 """
 
 from __future__ import annotations
@@ -62,12 +65,12 @@ def completion_body(
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}  # also at 0 (SGLang with --enable-cache-report)
     if flavor == "sglang":
-        if cached_tokens > 0:  # SGLang keeps the JSON slim: no details object at zero hits
-            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
         usage["reasoning_tokens"] = 0
-    else:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    else:  # vLLM 0.32's usage, as it answered
+        usage["prompt_tokens_details"].update(created_cache_tokens=None, multimodal_tokens=None)
+        usage["completion_tokens_details"] = None
     body: dict[str, Any] = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
@@ -81,15 +84,40 @@ def completion_body(
         body["service_tier"] = None
         body["system_fingerprint"] = None
         body["kv_transfer_params"] = None
+    else:
+        body["metadata"] = weight_metadata(completion_tokens)
     return body
 
 
+def weight_metadata(completion_tokens: int) -> dict[str, Any]:
+    """SGLang's `metadata`: which weights produced which output tokens (one version here)."""
+    return {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": completion_tokens}]}
+
+
 def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
-    """SSE chunks for `stream: true`: one per output token's worth of text is not needed by any
-    client we serve (the benchmark's reference client only times the first and last chunk), so the
-    text arrives in two chunks, then an optional usage chunk."""
+    """SSE chunks for `stream: true`.
+
+    SGLang: one chunk per output token, each with its one id in `token_ids`, `matched_stop` and
+    `usage: null`, the prompt ids in the first chunk only, the finish reason in the last; then a
+    chunk with no choices and the usage. vLLM: the text in two chunks, then the usage chunk (no
+    client we serve reads more than the first and last chunk of a vLLM stream).
+    """
     choice = body["choices"][0]
     base = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
+    if flavor == "sglang":
+        ids = choice.get("token_ids")
+        n = len(ids) if ids is not None else int(body.get("usage", {}).get("completion_tokens", 1))
+        for i in range(n):
+            c: dict[str, Any] = {"index": 0, "text": f" w{int(ids[i])}" if ids is not None else "", "logprobs": None,
+                                 "finish_reason": "length" if i == n - 1 else None, "matched_stop": None}  # fmt: skip
+            if ids is not None:
+                c["token_ids"] = ids[i : i + 1]
+                if i == 0:
+                    c["prompt_token_ids"] = choice["prompt_token_ids"]
+            yield {**base, "choices": [c], "usage": None}
+        if include_usage and "usage" in body:
+            yield {**base, "choices": [], "usage": body["usage"]}
+        return
     words = choice["text"].split(" ")
     head, tail = words[:1], words[1:]
     first = {"index": 0, "text": " ".join(head), "logprobs": None, "finish_reason": None}
@@ -103,8 +131,19 @@ def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Ite
         yield {**base, "choices": [], "usage": body["usage"]}
 
 
-def generate_body(*, output_ids: np.ndarray, prompt_tokens: int, cached_tokens: int, completion_tokens: int, latency: float) -> dict[str, Any]:
-    """SGLang's native /generate response: ids and counts under meta_info (no cache flag needed)."""
+def generate_body(
+    *, output_ids: np.ndarray, prompt_tokens: int, cached_tokens: int, completion_tokens: int, latency: float,
+    received: float | None = None, queue_time: float = 0.0, first_token_latency: float | None = None,
+) -> dict[str, Any]:
+    """SGLang's native /generate response: ids and counts under meta_info (no cache flag needed).
+
+    meta_info carries the keys 0.5.22 sends without a hierarchical cache, speculative decoding or
+    data parallelism (those are null or 0 there too); `received` is the wall time (epoch seconds)
+    the request arrived.
+    """
+    ftl = latency if first_token_latency is None else first_token_latency
+    received = time.time() - latency if received is None else received
+    finished = received + latency
     return {
         "text": fake_text(output_ids),
         "output_ids": output_ids,
@@ -112,30 +151,82 @@ def generate_body(*, output_ids: np.ndarray, prompt_tokens: int, cached_tokens: 
             "id": uuid.uuid4().hex,
             "finish_reason": {"type": "length", "length": completion_tokens},
             "prompt_tokens": prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "queue_time": queue_time,
+            "reasoning_tokens": 0,
             "completion_tokens": completion_tokens,
             "cached_tokens": cached_tokens,
+            "weight_versions": weight_metadata(completion_tokens)["weight_versions"],
+            "cached_tokens_details": None,
+            "dp_rank": None,
             "e2e_latency": latency,
+            "request_received_ts": received,
+            "first_token_latency": ftl,
+            "request_finished_ts": finished,
+            "decode_throughput": (completion_tokens - 1) / (latency - ftl) if completion_tokens > 1 and latency > ftl else 0.0,
+            "response_sent_to_client_ts": finished,
         },
     }
 
 
-def error_body(flavor: str, message: str, status: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
-    """The engines' error envelopes: SGLang's flat ErrorResponse, vLLM's nested `error` object."""
+def error_body(flavor: str, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> dict[str, Any]:
+    """The engines' error envelopes: SGLang's flat ErrorResponse, vLLM's nested `error` object
+    (whose `param` names the rejected request field when vLLM's validation knows it)."""
     if flavor == "sglang":
         return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def context_error(flavor: str, prompt_len: int, max_tokens: int, context: int) -> str:
+def sglang_max_input(context: int, pool: int) -> int:
+    """SGLang's scheduler limit max_req_input_len: min(context - 1, pool - 1) - 5 (tp_worker.py)."""
+    return min(context - 1, pool - 1) - 5
+
+
+def refusal(flavor: str, prompt_len: int, max_tokens: int, context: int, pool: int) -> tuple[str, str | None] | None:
+    """(message, rejected parameter) of the 400 the engine answers for a request it will not take;
+    None when it takes it.
+
+    SGLang checks, in this order: the tokenizer manager refuses n >= context, then n + max_tokens >
+    context; the scheduler then refuses n >= max_req_input_len (a margin below the context, or the
+    pool when that is smaller). vLLM 0.32 refuses only a prompt longer than the context, and a
+    prompt of exactly the context (no room for one output token: its max_tokens becomes 0); a
+    prompt and completion over the context are served with max_tokens cut (served_max_tokens).
+    """
+    n, m = prompt_len, max_tokens
     if flavor == "sglang":
+        if n >= context:
+            return f"The input ({n} tokens) is longer than the model's context length ({context} tokens).", None
+        if n + m > context:
+            return (
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+                f"You requested a total of {n + m} tokens: {n} tokens from the input messages and {m} tokens "
+                "for the completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            ), None
+        limit = sglang_max_input(context, pool)
+        if n >= limit:
+            return (
+                f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
+            ), None
+        return None
+    if n > context:
+        qualifier = "at least " if n == context + 1 else ""  # vLLM cannot tell a prompt it cut at context + 1
         return (
-            f"The input ({prompt_len} tokens) is longer than the model's context length ({context} tokens)."
-        )
-    return (
-        f"This model's maximum context length is {context} tokens. However, you requested "
-        f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-        "Please reduce the length of the messages or completion."
-    )
+            f"This model's maximum context length is {context} tokens. However, your prompt contains "
+            f"{qualifier}{n} input tokens, which exceeds this limit even without any output tokens. "
+            f"Please reduce the length of the input prompt. (parameter=input_tokens, value={n})"
+        ), "input_tokens"
+    if n == context:
+        return "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens"
+    return None
+
+
+def served_max_tokens(flavor: str, prompt_len: int, max_tokens: int, context: int) -> int:
+    """How many tokens the engine will generate for a request it took: vLLM cuts max_tokens to
+    what is left of the context (its get_max_tokens); SGLang refused the request instead."""
+    return min(max_tokens, context - prompt_len) if flavor == "vllm" else max_tokens
 
 
 def models_body(model: str, context: int) -> dict[str, Any]:
@@ -156,18 +247,34 @@ def server_info(flavor: str, *, model: str, cell: Any, time_scale: float, versio
         "time_scale": time_scale,
     }
     if flavor == "sglang":
-        return {
-            **common,
-            "max_total_num_tokens": cell.kv_pool_tokens,
+        # 0.5.22 puts every server argument at the top level and the scheduler's view (a copy of the
+        # arguments plus runtime facts) in internal_states, one dict per scheduler.
+        args = {
             "max_total_tokens": cell.kv_pool_tokens,
             "page_size": cell.page_size,
             "schedule_policy": cell.schedule_policy,
             "chunked_prefill_size": cell.chunked_prefill,
             "max_running_requests": cell.max_running,
+            "max_prefill_tokens": 16384,
             "disable_radix_cache": not cell.prefix_cache,
+            "radix_eviction_policy": "lru",
             "context_length": cell.context_length,
             "enable_cache_report": True,
             "enable_metrics": True,
+            "attention_backend": cell.attention_backend,
+            "device": cell.device or "cuda",
+            "mem_fraction_static": cell.mem_fraction_static,
+            "schedule_conservativeness": 1.0,
+            "tp_size": 1,
+            "dp_size": 1,
+            "allow_auto_truncate": False,
+        }
+        return {
+            **common,
+            **args,
+            "max_total_num_tokens": cell.kv_pool_tokens,
+            "internal_states": [{**args, "model_path": model, "max_total_num_tokens": cell.kv_pool_tokens,
+                                 "max_req_input_len": sglang_max_input(cell.context_length, cell.kv_pool_tokens)}],
         }
     return {
         **common,
@@ -200,29 +307,57 @@ class EngineCollector(Collector):
         else:
             yield from self._vllm(g)
 
-    def _sglang(self, g: dict[str, float]) -> Iterator[Any]:
-        labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
-        values = [self.model_name, "unified", "0", "0"]
+    def _sglang(self, g: dict[str, Any]) -> Iterator[Any]:
+        """SGLang 0.5.22's families: scheduler gauges with the scheduler's labels; the tokenizer's
+        counters (one series per is_streaming value seen) and the cached-token counter with its
+        cache_source, each present only once incremented, like any labelled Prometheus child; the
+        retraction counter only after a retraction, the per-report gauge beside it with a pid."""
+        sched = ["engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"]
+        sched_v = ["unified", self.model_name, "0", "0", "0"]
         pool = float(g.get("pool_tokens", self.cell.kv_pool_tokens))
         used = float(g.get("kv_used_tokens", 0))
         evictable = float(g.get("kv_evictable_tokens", 0))
-        prompt_total = float(g.get("prompt_tokens_total", 0))
-        cached_total = float(g.get("cached_tokens_total", 0))
 
-        gauge, counter = _family_makers("sglang", labels, values)
+        gauge, counter = _family_makers("sglang", sched, sched_v)
 
         yield gauge("num_running_reqs", "The number of running requests.", g.get("running", 0))
         yield gauge("num_queue_reqs", "The number of requests in the waiting queue.", g.get("waiting", 0))
         yield gauge("token_usage", "The token usage (excludes evictable cached tokens).", used / pool if pool else 0.0)
+        yield gauge("num_used_tokens", "The number of used tokens.", used)
         yield gauge("kv_used_tokens", "KV pool tokens held by requests.", used)
         yield gauge("kv_available_tokens", "Free KV pool tokens.", max(pool - used - evictable, 0.0))
         yield gauge("kv_evictable_tokens", "Cached KV pool tokens no request holds.", evictable)
-        yield gauge("cache_hit_rate", "The prefix cache hit rate.", cached_total / prompt_total if prompt_total else 0.0)
+        yield gauge("cache_hit_rate", "The prefix cache hit rate (of the latest prefill batch).", g.get("cache_hit_rate", 0.0))
         yield gauge("max_total_num_tokens", "Maximum total number of tokens in the KV pool.", pool)
-        yield counter("prompt_tokens", "Number of prefill tokens processed.", prompt_total)
-        yield counter("generation_tokens", "Number of generation tokens processed.", g.get("generation_tokens_total", 0))
-        yield counter("cached_tokens", "Number of cached prompt tokens.", cached_total)
-        yield counter("num_retracted_requests", "Number of retracted requests.", g.get("preemptions_total", 0))
+        yield gauge("page_size", "The page size of the KV pool.", float(self.cell.page_size))
+        yield gauge("num_pages", "The number of pages in the KV pool.", float(int(pool) // self.cell.page_size))
+        yield gauge("context_len", "The context length.", float(self.cell.context_length))
+        retracted = GaugeMetricFamily("sglang:num_retracted_reqs", "The number of retracted requests.", labels=[*sched, "pid"])
+        retracted.add_metric([*sched_v, str(g.get("pid", 0))], float(g.get("retracted_report", 0)))
+        yield retracted
+        if g.get("preemptions_total", 0) > 0:
+            yield counter("num_retracted_requests", "Total number of retracted requests.", g["preemptions_total"])
+
+        tok = ["engine_type", "is_streaming", "model_name"]
+        families = {
+            "prompt_tokens": CounterMetricFamily("sglang:prompt_tokens", "Number of prefill tokens processed.", labels=tok),
+            "generation_tokens": CounterMetricFamily("sglang:generation_tokens", "Number of generation tokens processed.", labels=tok),
+            "num_requests": CounterMetricFamily("sglang:num_requests", "Number of requests processed.", labels=tok),
+        }
+        seen = False
+        for streaming, counts in sorted((g.get("tokenizer") or {}).items()):
+            if not counts.get("num_requests"):
+                continue
+            seen = True
+            for key, fam in families.items():
+                fam.add_metric(["unified", streaming, self.model_name], float(counts.get(key, 0)))
+        if seen:
+            yield from families.values()
+        cached = float(g.get("tokenizer_cached", 0))
+        if cached > 0:
+            fam = CounterMetricFamily("sglang:cached_tokens", "Number of cached prompt tokens.", labels=["cache_source", "engine_type", "model_name"])
+            fam.add_metric(["device", "unified", self.model_name], cached)
+            yield fam
 
     def _vllm(self, g: dict[str, float]) -> Iterator[Any]:
         labels = ["engine", "model_name"]

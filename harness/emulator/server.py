@@ -19,6 +19,16 @@ ways a real engine does, so that the driver's crash handling is exercised end to
   no-usage:N    every N-th completion gets a 200 without the `usage` object
   hang:N        every N-th completion request is never answered
   unhealthy     /health answers 503 forever (a server that never becomes ready)
+
+Gauges, as SGLang 0.5.22 reports them: its scheduler publishes running, waiting and the KV pool
+gauges on events, not per scrape: after each prefill batch, every 40th decode step, when it falls
+idle with a stale running count, and every 30 s while idle. So /metrics can lag, e.g. a flush of
+an idle server shows in kv_evictable_tokens only at the next batch (or 30 s later). The emulator's
+SGLang dialect publishes on the same events; its vLLM dialect reads the model at each scrape.
+
+Health, as SGLang 0.5.22 answers it: 503 while the server warms up (`warmup` wall seconds after the
+engine starts), then each /health takes `health_poll` wall seconds (SGLang's handler checks once a
+second for a reply of the one-token generation it queues). vLLM answers at once.
 """
 
 from __future__ import annotations
@@ -46,6 +56,15 @@ _MAX_LEAD = 0.001  # wall seconds the engine clock may run ahead of the wall clo
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _FAULT_KINDS = ("die-after", "5xx", "malformed", "no-usage", "hang", "unhealthy")
 VERSION = {"sglang": "0.5.22-emulated", "vllm": "0.32.0-emulated"}
+HEALTH_POLL = {"sglang": 1.0, "vllm": 0.0}  # wall seconds a /health answer takes
+WARMUP = {"sglang": 0.5, "vllm": 0.0}  # wall seconds of 503 after the engine starts
+SGLANG_DECODE_LOG_INTERVAL = 40  # decode steps between two gauge reports (--decode-log-interval)
+SGLANG_IDLE_REPORT = 30.0  # wall seconds between two gauge reports of an idle scheduler
+SGLANG_SCHEDULER_GAUGES = ("running", "waiting", "kv_used_tokens", "kv_evictable_tokens")
+FLUSH_OK = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+FLUSH_REFUSED = "Flush cache failed.\n"  # busy and no ?timeout (or ?timeout=0)
+FLUSH_TIMED_OUT = "Timed out waiting for idle state."  # busy for all of ?timeout=S
+FLUSH_IN_PROGRESS = "Another flush_cache is already in progress."
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,17 @@ class EmulatorStats:
     completed: int = 0
     rejected: int = 0
     faults: dict[str, int] = field(default_factory=dict)
+    # SGLang's tokenizer-side counters, by is_streaming ("true"/"false"), counted when a request
+    # finishes (as the tokenizer manager does); cached tokens have no streaming label.
+    tokenizer: dict[str, dict[str, int]] = field(default_factory=dict)
+    tokenizer_cached: int = 0
+
+    def count_finished(self, streaming: bool, prompt: int, generated: int, cached: int) -> None:
+        c = self.tokenizer.setdefault("true" if streaming else "false", {"prompt_tokens": 0, "generation_tokens": 0, "num_requests": 0})
+        c["prompt_tokens"] += prompt
+        c["generation_tokens"] += generated
+        c["num_requests"] += 1
+        self.tokenizer_cached += cached
 
 
 class Emulator:
@@ -119,6 +149,8 @@ class Emulator:
         seed: int = 0,
         faults: Faults | None = None,
         die: Callable[[], None] | None = None,
+        health_poll: float | None = None,
+        warmup: float | None = None,
     ) -> None:
         from harness.refengine.model import EngineModel  # the engine model; imported late so the CLI stays light
 
@@ -142,8 +174,63 @@ class Emulator:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._dead: str | None = None
+        self.health_poll = HEALTH_POLL[flavor] if health_poll is None else float(health_poll)
+        self.warmup = WARMUP[flavor] if warmup is None else float(warmup)
+        self._up_at = 0.0
+        self.flush_pending = False
+        # the latest prefill batch (SGLang's cache_hit_rate and num_retracted_reqs report on it)
+        self._seen = {"prompt": 0, "cached": 0, "preemptions": 0}
+        self._hit_rate = 0.0
+        self._retracted_report = 0
+        self._published: dict[str, float] = {}
+        self._published_at = 0.0
+        self._decode_steps = 0
+        self._publish()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(flavors.EngineCollector(flavor, model_name, cell, self.model.gauges))
+        self.registry.register(flavors.EngineCollector(flavor, model_name, cell, self.snapshot))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The model's gauges plus what the server itself counts (SGLang's tokenizer counters,
+        the latest prefill batch's hit rate and retractions)."""
+        g: dict[str, Any] = self.model.gauges()
+        if self.flavor == "sglang":
+            if not self.model.has_work() and time.monotonic() - self._published_at >= SGLANG_IDLE_REPORT:
+                self._publish()  # the idle scheduler's periodic report (it polls; here it is lazy)
+            g.update(self._published)
+            g["cache_hit_rate"] = self._hit_rate
+            g["retracted_report"] = float(self._retracted_report)
+            g["pid"] = os.getpid()
+            g["tokenizer"] = {k: dict(v) for k, v in self.stats.tokenizer.items()}
+            g["tokenizer_cached"] = self.stats.tokenizer_cached
+        return g
+
+    def _publish(self) -> None:
+        g = self.model.gauges()
+        self._published = {k: float(g[k]) for k in SGLANG_SCHEDULER_GAUGES}
+        self._published_at = time.monotonic()
+
+    def _note_iteration(self, kind: str, steps: int) -> None:
+        """After an iteration completed: SGLang reports its gauges after a prefill batch and
+        every SGLANG_DECODE_LOG_INTERVAL decode steps."""
+        before = self._decode_steps
+        if kind != "prefill":
+            self._decode_steps += steps
+        crossed = self._decode_steps // SGLANG_DECODE_LOG_INTERVAL > before // SGLANG_DECODE_LOG_INTERVAL
+        if kind in ("prefill", "mixed") or crossed:
+            self._publish()
+
+    def _note_batch(self) -> None:
+        """After a step: if it admitted requests, it is the latest prefill batch."""
+        c = self.model.counters
+        if c["prompt"] == self._seen["prompt"]:
+            return
+        d_prompt = c["prompt"] - self._seen["prompt"]
+        self._hit_rate = (c["cached"] - self._seen["cached"]) / d_prompt if d_prompt > 0 else 0.0
+        self._retracted_report = c["preemptions"] - self._seen["preemptions"]
+        self._seen = {k: c[k] for k in self._seen}
+
+    def healthy_now(self) -> bool:
+        return time.monotonic() >= self._up_at
 
     # ------------------------------------------------------------------ clock
     def engine_now(self) -> float:
@@ -154,6 +241,7 @@ class Emulator:
     async def start(self) -> None:
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
+        self._up_at = self._t0 + self.warmup
         self._task = asyncio.create_task(self._run(), name="emulator-engine")
 
     async def close(self) -> None:
@@ -177,14 +265,22 @@ class Emulator:
                 # arriving meanwhile waits at most _MAX_LEAD wall seconds longer than it would.
                 end = m.step(now, now + _MAX_LEAD * self.time_scale)
                 self._floor = now
+                iteration = m.iteration
+                if self.flavor == "sglang":
+                    self._note_batch()
                 if end is None:  # idle: sleep until a request arrives
+                    if self.flavor == "sglang" and self._published.get("running", 0.0) != 0.0:
+                        self._publish()  # falling idle with a stale running count
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 lead = (end - (time.monotonic() - self._t0) * self.time_scale) / self.time_scale
                 await asyncio.sleep(lead if lead > _MAX_LEAD else 0)
                 self._floor = max(self._floor, end)
-                self._resolve(m.complete(end))
+                done = m.complete(end)
+                if self.flavor == "sglang" and iteration is not None:
+                    self._note_iteration(*iteration)
+                self._resolve(done)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a model bug: fail every waiter loudly, keep serving health as dead
@@ -220,9 +316,9 @@ class Emulator:
         return bool(self.model.flush_cache())
 
     # ------------------------------------------------------------------ request parsing
-    def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError") -> _Reply:
+    def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> _Reply:
         self.stats.rejected += 1
-        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind)), content_type="application/json"))
+        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind, param)), content_type="application/json"))
 
     def parse_prompt(self, raw: Any) -> np.ndarray:
         """Token ids as sent, or a text prompt split into test-vocabulary words (`w<id>`)."""
@@ -237,13 +333,16 @@ class Emulator:
                 raise self._bad("prompt must be a list of token ids") from None
         raise self._bad("prompt must be a string or a list of token ids (batches are not supported)")
 
-    def check_fits(self, prompt: np.ndarray, max_tokens: int) -> None:
-        n, ctx = int(prompt.shape[0]), self.cell.context_length
+    def check_fits(self, prompt: np.ndarray, max_tokens: int) -> int:
+        """Refuse what the engine refuses; returns the max_tokens it will serve (vLLM cuts it)."""
+        n = int(prompt.shape[0])
         if n == 0:
             raise self._bad("The prompt is empty.")
-        too_long = n >= ctx if self.flavor == "sglang" else n + max_tokens > ctx
-        if too_long:
-            raise self._bad(flavors.context_error(self.flavor, n, max_tokens, ctx))
+        ctx = self.cell.context_length
+        refused = flavors.refusal(self.flavor, n, max_tokens, ctx, self.cell.kv_pool_tokens)
+        if refused is not None:
+            raise self._bad(refused[0], param=refused[1])
+        return flavors.served_max_tokens(self.flavor, n, max_tokens, ctx)
 
     def fault_for(self, n: int) -> str | None:
         f = self.faults
@@ -284,7 +383,7 @@ async def _load_json(request: web.Request, emu: Emulator) -> dict[str, Any]:
     return body
 
 
-async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int) -> tuple[Any, str | None]:
+async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int, *, streaming: bool = False) -> tuple[Any, str | None]:
     """Count the request, apply any injected fault, run it on the engine."""
     emu.stats.requests += 1
     fault = emu.fault_for(emu.stats.requests)
@@ -302,6 +401,7 @@ async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int) -> tuple
         raise emu._bad(str(exc)) from None
     except RuntimeError as exc:
         raise _Reply(_json(flavors.error_body(emu.flavor, str(exc), 500, "InternalServerError"), 500)) from None
+    emu.stats.count_finished(streaming, int(comp.prompt_tokens), int(comp.completion_tokens), int(comp.cached_tokens))
     return comp, fault
 
 
@@ -319,8 +419,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         body = await _load_json(request, emu)
         prompt = emu.parse_prompt(body.get("prompt"))
         max_tokens = _max_tokens(emu, body.get("max_tokens"))
-        emu.check_fits(prompt, max_tokens)
-        comp, fault = await _run_turn(emu, prompt, max_tokens)
+        max_tokens = emu.check_fits(prompt, max_tokens)
+        comp, fault = await _run_turn(emu, prompt, max_tokens, streaming=bool(body.get("stream")))
     except _Reply as r:
         return r.response
     out = np.asarray(comp.output_ids, dtype=np.int32)
@@ -355,13 +455,14 @@ async def generate(request: web.Request) -> web.Response:
     """SGLang's native endpoint: input_ids + sampling_params, counts under meta_info."""
     emu = request.app[_EMU]
     t0 = time.monotonic()
+    received = time.time()
     try:
         body = await _load_json(request, emu)
         raw = body.get("input_ids", body.get("text"))
         prompt = emu.parse_prompt(raw)
         sp = body.get("sampling_params") or {}
         max_tokens = _max_tokens(emu, sp.get("max_new_tokens"), default=128)
-        emu.check_fits(prompt, max_tokens)
+        max_tokens = emu.check_fits(prompt, max_tokens)
         comp, fault = await _run_turn(emu, prompt, max_tokens)
     except _Reply as r:
         return r.response
@@ -371,6 +472,7 @@ async def generate(request: web.Request) -> web.Response:
         cached_tokens=int(comp.cached_tokens),
         completion_tokens=int(comp.completion_tokens),
         latency=time.monotonic() - t0,
+        received=received,
     )
     if fault == "malformed":
         raw_b = orjson.dumps(resp, option=_ORJSON_OPTS)
@@ -381,16 +483,33 @@ async def generate(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    """SGLang: refuse (400) while anything runs or waits, unless ?timeout=S, then wait up to S."""
+    """SGLang: flush if idle; busy and no ?timeout (or 0): 400 at once; with ?timeout=S: wait for idle
+    up to S, then flush (200) or give up (400). One deferred flush at a time."""
     emu = request.app[_EMU]
-    timeout = request.query.get("timeout")
-    deadline = time.monotonic() + (float(timeout) if timeout else 0.0)
-    while True:
-        if emu.try_flush():
-            return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
-        if time.monotonic() >= deadline:
-            return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
-        await asyncio.sleep(0.01)
+    raw = request.query.get("timeout", "0")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = -1.0
+    if not timeout >= 0.0:  # FastAPI's Query(ge=0.0) validation error
+        detail = [{"type": "greater_than_equal", "loc": ["query", "timeout"], "msg": "Input should be greater than or equal to 0", "input": raw}]
+        return _json({"detail": detail}, 422)
+    if emu.flush_pending:
+        return web.Response(status=400, text=FLUSH_IN_PROGRESS)
+    if emu.try_flush():
+        return web.Response(text=FLUSH_OK)
+    if timeout <= 0.0:
+        return web.Response(status=400, text=FLUSH_REFUSED)
+    deadline = time.monotonic() + timeout
+    emu.flush_pending = True
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            if emu.try_flush():
+                return web.Response(text=FLUSH_OK)
+    finally:
+        emu.flush_pending = False
+    return web.Response(status=400, text=FLUSH_TIMED_OUT)
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
@@ -406,8 +525,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     emu = request.app[_EMU]
-    if emu.faults.unhealthy or emu._dead:
+    if emu.faults.unhealthy or emu._dead or not emu.healthy_now():
         return web.Response(status=503, text=emu._dead or "")
+    if emu.health_poll > 0:
+        await asyncio.sleep(emu.health_poll)
+        if emu._dead:
+            return web.Response(status=503, text=emu._dead)
     return web.Response(status=200)
 
 
@@ -443,7 +566,6 @@ def make_app(emulator: Emulator) -> web.Application:
     r.add_get("/metrics", metrics)
     r.add_get("/health", health)
     r.add_get("/v1/models", models)
-    r.add_get("/version", version)
     r.add_get("/server_info", server_info)
     r.add_get("/get_server_info", server_info)
     if emulator.flavor == "sglang":
@@ -453,6 +575,7 @@ def make_app(emulator: Emulator) -> web.Application:
         r.add_get("/health_generate", health)
     else:
         r.add_post("/reset_prefix_cache", reset_prefix_cache)
+        r.add_get("/version", version)  # SGLang 0.5.22 has none (404); its /server_info has `version`
     return app
 
 

@@ -192,9 +192,13 @@ class RunResult:
 def references(bundle: TestBundle) -> dict[str, float]:
     """The registered reference inputs of the cell (the paper's E0a values unless re-measured)."""
     cell = bundle.cell
-    if cell.lambda_ref is None or cell.all_miss_token_rate is None:
-        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test")
-    return {"lambda_ref": float(cell.lambda_ref), "all_miss_token_rate": float(cell.all_miss_token_rate)}
+    own = bundle.test.references
+    lam = own.lambda_ref if own and own.lambda_ref is not None else cell.lambda_ref
+    amr = own.all_miss_token_rate if own and own.all_miss_token_rate is not None else cell.all_miss_token_rate
+    if lam is None or amr is None:
+        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test; "
+                          "record them in the cell or in the test's references")  # fmt: skip
+    return {"lambda_ref": float(lam), "all_miss_token_rate": float(amr)}
 
 
 def execute_run(
@@ -239,6 +243,8 @@ def execute_run(
         "test_file": str(bundle.path) if bundle.path else None,
         "registration": dict(registration) if registration is not None else bundle.test.registration,
         "rule": bundle.test.rule,
+        **({"rule_params": bundle.test.rule_params} if bundle.test.rule_params else {}),
+        **({"reference_source": bundle.test.references.source} if bundle.test.references else {}),
         "arm": key,
         "arm_config": arm,
         "rate": float(rate),

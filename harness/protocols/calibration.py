@@ -541,7 +541,7 @@ def _e0b_options(q: Any) -> None:
 
 
 def register(cli: Any) -> None:
-    """Add `agentload calibrate stage-c|e0a|e0b|all` (see harness/cli.py for the pattern)."""
+    """Add `agentload calibrate stage-c|e0a|e0b|all|costs` (see harness/cli.py for the pattern)."""
     p = cli.command("calibrate", group="calibrate", help="run a calibration stage (Stage C, E0a, E0b) or all three on a cell")
     p.set_defaults(_parser=p)
     sub = p.add_subparsers(dest="stage", metavar="STAGE")
@@ -583,3 +583,6 @@ def register(cli: Any) -> None:
         add_engine_arguments(q)
         add_executor_options(q)
         q.set_defaults(func=_cmd)
+    from harness.sim2real.cli import add_costs_stage
+
+    add_costs_stage(sub)

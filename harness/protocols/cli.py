@@ -103,6 +103,11 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     n = len(bundle.arms) * len(bundle.test.rates) * len(bundle.test.seeds)
     print(f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
           f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
+    from analysis.rules import load_rule
+
+    spec = load_rule(args.rule or bundle.test.rule, bundle.test.rule_params)  # a bad rule fails before any run
+    if bundle.test.predictions == "freeze":
+        freeze_test_predictions(bundle, spec, out)
     t0 = time.monotonic()
     sweep = sweep_executor(args, out, bundle.test.name)
     display = TestDisplay(live=None if not args.plain else False) if sweep is None else None
@@ -115,7 +120,8 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
     if len(failed) < len(results):
-        code = report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args))
+        code = report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args),
+                           predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None)
     else:
         print("no run completed: no verdict", flush=True)
         code = 1
@@ -133,6 +139,26 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
                 print(r.detail.rstrip(), file=sys.stderr)
     sys.stderr.flush()
     return code
+
+
+def freeze_test_predictions(bundle: Any, spec: Any, out: Path) -> Path:
+    """Model F's predictions for the test's plans, written to <out>/predictions.json before any
+    run exists (the verdict reads this file; it never recomputes a prediction)."""
+    import orjson
+
+    from analysis.theory.predict import freeze_predictions
+    from harness.protocols.arms import references
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "predictions.json"
+    if path.exists():
+        from harness.config import ConfigError
+
+        raise ConfigError(f"{path} already exists: a frozen prediction is never overwritten; choose a fresh --out")
+    content = freeze_predictions(bundle, spec, lambda_ref=references(bundle)["lambda_ref"])
+    path.write_bytes(orjson.dumps(content, option=orjson.OPT_INDENT_2))
+    print(f"predictions frozen before the runs: {path}", flush=True)
+    return path
 
 
 def register(cli: Any) -> None:

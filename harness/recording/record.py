@@ -56,6 +56,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("completion_tokens", _i64, True),
         ("n_output_ids", _i64, True),
         ("queue_time", _f64, True),
+        ("engine_ttft", _f64, True),
+        ("engine_decode", _f64, True),
         ("status", _str, False),
         ("http_status", _i32, True),
         ("error", _str, True),
@@ -198,6 +200,8 @@ class RunRecorder:
         completion_tokens: int | None = None,
         n_output_ids: int | None = None,
         queue_time: float | None = None,
+        engine_ttft: float | None = None,
+        engine_decode: float | None = None,
         http_status: int | None = None,
         error: str | None = None,
         request_id: int | None = None,
@@ -210,7 +214,7 @@ class RunRecorder:
             "send_time": send_time, "first_token_time": first_token_time, "done_time": done_time,
             "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
             "completion_tokens": completion_tokens, "n_output_ids": n_output_ids,
-            "queue_time": queue_time, "status": status, "http_status": http_status, "error": error,
+            "queue_time": queue_time, "engine_ttft": engine_ttft, "engine_decode": engine_decode, "status": status, "http_status": http_status, "error": error,
         })  # fmt: skip
 
     def session(
@@ -403,6 +407,18 @@ def _read_table(path: Path, table: str) -> tuple[pa.Table, int]:
 _PANDAS_TYPES = {_i64: pd.Int64Dtype(), _i32: pd.Int32Dtype(), _bool: pd.BooleanDtype()}
 
 
+def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
+    """The table in `schema`'s columns; nullable columns a run recorded before they existed
+    (engine_ttft, engine_decode) read as nulls, so older runs stay readable."""
+    have = set(table.column_names)
+    for f in schema:
+        if f.name not in have:
+            if not f.nullable:
+                raise RunFormatError(f"{path}: missing column {f.name!r}")
+            table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
+    return table.select(schema.names).cast(schema)
+
+
 def _to_frame(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
 
@@ -448,7 +464,7 @@ def load_run(run_dir: Path | str, verify: bool = False) -> RunData:
         if pq_path.exists() and t in recorded:
             if verify and _sha256(pq_path) != recorded[t]["sha256"]:
                 raise RunFormatError(f"{pq_path}: SHA-256 differs from meta.json; the file changed after the run")
-            table = pq.read_table(pq_path).select(SCHEMAS[t].names).cast(SCHEMAS[t])
+            table = _conform(pq.read_table(pq_path), SCHEMAS[t], pq_path)
         else:
             partial = True
             table, n = _read_table(d / f"{t}.jsonl", t)

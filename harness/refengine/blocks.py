@@ -6,8 +6,11 @@ The rules that matter for the trap (vLLM V1, 0.32.0; paper App. E.2, E.14):
 - a lookup stops one token short of the prompt: a prompt whose every block is cached still
   recomputes its last block (so a 1024-token repeat reuses 1008 tokens at block size 16);
 - a freed block keeps its hash and stays findable until it is reallocated; free blocks form an LRU
-  queue (a request's blocks are freed tail first, so its suffix goes before its prefix);
-- allocation takes blocks from the head of the free queue and drops their hashes.
+  queue (a request's blocks are freed tail first, so its suffix goes before its prefix), except
+  that freed blocks holding no hash go to the front, to be reused first;
+- allocation takes blocks from the head of the free queue and drops their hashes;
+- a block is hashed as soon as it is full of scheduled tokens (vLLM caches blocks when it
+  schedules them), so a running request's prefix is findable by others at once.
 
 Prefix hashes are computed with numpy for a whole sequence at once: each block's tokens are
 folded with per-position random multipliers (mod 2^64) and cumulatively summed, so key i
@@ -53,7 +56,14 @@ class PrefixHasher:
 
 
 class BlockPool:
-    """Blocks 0..n-1 with ref counts, hashes and an LRU free queue."""
+    """Blocks 0..n-1 with ref counts, hashes and an LRU free queue (vLLM's BlockPool).
+
+    Like vLLM's BlockHashToBlockMap, a key can map to several blocks: a block is hashed when it
+    fills, without checking whether identical content is already cached (two requests computing
+    the same prefix at once, or a fully cached prompt recomputing its last block). `cached` holds
+    the block a lookup returns (the first one hashed that is still cached) and `dups` the others in
+    the order they were hashed.
+    """
 
     def __init__(self, num_blocks: int, block: int, caching: bool = True) -> None:
         self.block = block
@@ -66,8 +76,10 @@ class BlockPool:
         self.ref = [0] * self.num_blocks
         self.hash: list[int | None] = [None] * self.num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
-        self.cached: dict[int, int] = {}  # prefix key -> block
+        self.cached: dict[int, int] = {}  # prefix key -> the block a lookup finds
+        self.dups: dict[int, list[int]] = {}  # prefix key -> further blocks with that content
         self.free_cached = 0  # free blocks that still carry a hash (evictable cache)
+        self.n_hashed = 0  # blocks carrying a hash (cached content, duplicates included)
 
     # -- lookup ----------------------------------------------------------------------------------
     def lookup(self, keys: list[int], max_blocks: int) -> list[int]:
@@ -102,6 +114,25 @@ class BlockPool:
                     self.free_cached -= 1
             ref[b] += 1
 
+    def _unhash(self, b: int, h: int) -> None:
+        """Drop block b's hash (it is being reused): the content stays findable through a duplicate."""
+        if self.cached.get(h) == b:
+            more = self.dups.get(h)
+            if more:
+                self.cached[h] = more.pop(0)
+                if not more:
+                    del self.dups[h]
+            else:
+                del self.cached[h]
+        else:
+            more = self.dups.get(h)
+            if more and b in more:
+                more.remove(b)
+                if not more:
+                    del self.dups[h]
+        self.hash[b] = None
+        self.n_hashed -= 1
+
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks from the LRU end of the free queue; their old hashes are dropped."""
         if n > len(self.free):
@@ -113,33 +144,52 @@ class BlockPool:
             h = self.hash[b]
             if h is not None:
                 self.free_cached -= 1
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                self.hash[b] = None
+                self._unhash(b, h)
             self.ref[b] = 1
             out.append(b)
         return out
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
-        """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i]."""
+        """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
+        already carry their hash are left as they are)."""
         if not self.caching:
             return
+        hashes = self.hash
+        cached = self.cached
         for b, k in zip(blocks, keys):
-            if self.hash[b] is None and k not in self.cached:
-                self.hash[b] = k
-                self.cached[k] = b
+            if hashes[b] is not None:
+                continue
+            hashes[b] = k
+            self.n_hashed += 1
+            if k not in cached:
+                cached[k] = b
+            else:
+                self.dups.setdefault(k, []).append(b)
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; the tail is freed first, so it is evicted first."""
+        """Drop one reference to each block, tail first (vLLM's BlockPool.free_blocks).
+
+        Freed blocks that carry a hash join the LRU end of the queue in that order, so a request's
+        suffix is evicted before its prefix; freed blocks without a hash can never be hit and go
+        to the *front*, in the same order, to be reused first (so they never push cached blocks
+        out early).
+        """
         ref = self.ref
+        front: list[int] = []
         for b in reversed(blocks):
             ref[b] -= 1
             if ref[b] == 0:
-                self.free[b] = None
                 if self.hash[b] is not None:
+                    self.free[b] = None
                     self.free_cached += 1
+                else:
+                    front.append(b)
             elif ref[b] < 0:
                 raise AssertionError("block ref count below zero")
+        free = self.free
+        for b in reversed(front):
+            free[b] = None
+            free.move_to_end(b, last=False)
 
     # -- gauges ----------------------------------------------------------------------------------
     @property

@@ -1,11 +1,11 @@
 """KV memory of the two engine flavours behind one interface the scheduler uses.
 
-TokenKV (SGLang): a pool of M token slots plus the radix cache. Admission is gated by
-*reservations*: a running request reserves its prompt plus max_tokens from admission to
-completion, and a request waits while admitting it would push the reservations past M (paper
-App. E.9, S3-S4). Cached KV that no running request locks is evictable and never blocks admission;
-it is evicted (LRU leaves) only when a running request needs the physical slots. Reservations make
-retraction unnecessary, so this flavour never preempts.
+TokenKV (SGLang): a pool of M token slots plus the radix cache. Admission (decided by the
+scheduler, as SGLang's PrefillAdder does) is gated by free + evictable slots less what running
+requests will still decode: in effect a running request reserves its prompt plus max_tokens from
+admission to completion (paper App. E.9, S3-S4). Cached KV that no running request locks is
+evictable and never blocks admission; it is evicted (LRU leaves) only when a running request needs
+the physical slots.
 
 BlockKV (vLLM): a pool of M/B blocks with hashed prefix caching. A waiting request is admitted only
 if its whole sequence fits what is free right now (free blocks include cached ones, evicted on
@@ -21,6 +21,18 @@ from harness.refengine.request import Req
 
 
 class TokenKV:
+    """SGLang 0.5.22's token pool and radix cache, as the scheduler uses them.
+
+    - a running request's prompt KV is put into the tree as soon as its prefill (or a prefill
+      chunk) ends and stays locked there (checkpoint_kv_cache); its decode tokens are its own
+      slots until it finishes, when prompt + outputs (less the last token, never computed) are
+      inserted and unlocked (release_kv_cache), the outputs as a leaf under the prompt's node, so
+      eviction drops a finished turn's outputs before its prompt;
+    - content already in the tree is not stored twice: the request's duplicate slots are freed;
+    - admission is decided by the scheduler against free + evictable slots (`free_and_evictable`,
+      PrefillAdder's budget); physical slots are taken with LRU eviction of unlocked leaves.
+    """
+
     per_request_decode = False
     can_preempt = False
 
@@ -29,8 +41,7 @@ class TokenKV:
         self.page = page_size
         self.caching = caching
         self.tree = RadixCache(page_size)
-        self.reserved = 0
-        self.own = 0  # slots held by running requests outside the tree (new prefill + decode tokens)
+        self.own = 0  # slots held by running requests outside the tree (uncheckpointed prefill + decode)
 
     # -- prefix ----------------------------------------------------------------------------------
     def match(self, req: Req, touch: bool = True) -> int:
@@ -46,22 +57,36 @@ class TokenKV:
         if self.caching:
             self.tree.match(req.seq_bytes(), req.target - 1, True)
 
-    # -- admission and allocation ----------------------------------------------------------------
-    def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:
-        return self.reserved + req.L + req.max_tokens <= self.M
+    # -- admission budget --------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return self.M - self.own - self.tree.total
+
+    def free_and_evictable(self, req: Req | None = None) -> int:
+        """Free slots plus evictable cached tokens, with `req`'s matched prefix pinned (PrefillAdder
+        locks a candidate's prefix while it checks the budget, so that prefix does not count)."""
+        node = req.node if req is not None else None
+        if node is None or not self.caching:
+            return self.free_slots() + self.tree.evictable
+        self.tree.lock(node)
+        ev = self.tree.evictable
+        self.tree.unlock(node)
+        return self.free_slots() + ev
+
+    def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:  # the scheduler decides
+        raise AssertionError("radix admission is decided by the scheduler's budget")
 
     def admit(self, req: Req, prefix: int) -> None:
-        req.reserve = req.L + req.max_tokens
-        self.reserved += req.reserve
+        req.in_tree = prefix
         if req.node is not None:
             self.tree.lock(req.node)
 
+    # -- slots -------------------------------------------------------------------------------------
     def _room(self, n: int) -> None:
-        short = n - (self.M - self.own - self.tree.total)
+        short = n - self.free_slots()
         if short > 0:
             self.tree.evict(short)
-            if self.M - self.own - self.tree.total < n:
-                raise AssertionError("KV pool exhausted under reservations (engine model bug)")
+            if self.free_slots() < n:
+                raise AssertionError("KV pool exhausted (the admission budget should have prevented this)")
 
     def alloc(self, req: Req, n: int) -> bool:
         """Slots for n more prefill tokens of `req`."""
@@ -74,21 +99,37 @@ class TokenKV:
         self._room(n)
         self.own += n
 
+    def checkpoint(self, req: Req, upto: int) -> None:
+        """Put req's first `upto` tokens (page-aligned) into the tree, locked by req."""
+        if not self.caching:
+            return
+        aligned = (upto // self.page) * self.page
+        if aligned <= req.in_tree:
+            return
+        seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
+        if req.node is not None and req.in_tree > 0:  # resume the walk at the request's own locked node
+            _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+        else:
+            _new, node = self.tree.insert(seq[: aligned * 4])
+        self.own -= aligned - req.in_tree  # moved into the tree, or freed as duplicates of cached content
+        self.tree.lock(node)
+        if req.node is not None:
+            self.tree.unlock(req.node)
+        req.node = node
+        req.in_tree = aligned
+
     def finish(self, req: Req) -> None:
-        """Cache prompt + output minus the last token (its KV was never computed), free the rest."""
-        held = (req.L - req.prefix) + (req.max_tokens - 1)
-        self.own -= held
-        if self.caching:
-            full = req.pb + req.outb[: (req.max_tokens - 1) * 4]
-            self.tree.insert(full)
-            if req.node is not None:
-                self.tree.unlock(req.node)
+        """Insert prompt + outputs less the last token (its KV was never computed), unlock, free the rest."""
+        kept = req.L + req.max_tokens - 1
+        self.checkpoint(req, kept)
+        self.own -= kept - req.in_tree  # the unaligned tail (or everything, with caching off)
+        if req.node is not None:
+            self.tree.unlock(req.node)
         req.node = None
-        self.reserved -= req.reserve
-        req.reserve = 0
+        req.in_tree = 0
 
     def preempt(self, req: Req, computed: int) -> None:  # pragma: no cover - never called
-        raise AssertionError("the reservation-gated flavour does not preempt")
+        raise AssertionError("the radix flavour does not preempt")
 
     def flush(self) -> None:
         self.tree.reset()
@@ -104,22 +145,39 @@ class TokenKV:
         return self.tree.total
 
 
+NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
+
+
 class BlockKV:
     per_request_decode = True
     can_preempt = True
 
     def __init__(self, pool_tokens: int, block: int, caching: bool) -> None:
+        # vLLM sizes the pool in blocks (pool_tokens // block, its num_gpu_blocks) and keeps block 0
+        # as a placeholder "null block" that is never allocated, so one block fewer is usable.
         self.B = block
-        self.M = (pool_tokens // block) * block
+        usable = pool_tokens // block - NULL_BLOCKS
+        if usable < 1:
+            raise ValueError(f"KV pool of {pool_tokens} tokens holds no usable {block}-token block")
+        self.M = usable * block
         self.caching = caching
-        self.pool = BlockPool(pool_tokens // block, block, caching)
+        self.pool = BlockPool(usable, block, caching)
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
-        n = nblocks * self.B
-        if req.keys_len < n:
-            req.keys = self.pool.hasher.keys(req.seq_tokens(n), nblocks)
-            req.keys_len = n
+        """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
+        id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each."""
+        if req.keys_len < 0:
+            total = req.L + req.max_tokens
+            req.keys = self.pool.hasher.keys(req.seq_tokens(total), total // self.B)
+            req.keys_len = total
         return req.keys[:nblocks]
+
+    def _cache_full(self, req: Req, tokens: int) -> None:
+        """Hash req's blocks that `tokens` scheduled tokens fill (vLLM caches at schedule time)."""
+        nfull = tokens // self.B
+        if self.caching and nfull > req.ncached:
+            self.pool.register(req.blocks[req.ncached : nfull], self._keys(req, nfull)[req.ncached :])
+            req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
@@ -148,15 +206,18 @@ class BlockKV:
     def admit(self, req: Req, prefix: int) -> None:
         self.pool.take(req.hit)
         req.blocks = list(req.hit)
+        req.ncached = len(req.hit)
         req.hit = []
 
     def alloc(self, req: Req, n: int) -> bool:
-        """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free."""
+        """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.
+        The blocks those tokens fill are cached at once."""
         need = self._new_blocks(req, req.done + n)
         if need > self.pool.free_count():
             return False
         if need:
             req.blocks.extend(self.pool.allocate(need))
+        self._cache_full(req, req.done + n)
         return True
 
     def grow_req(self, req: Req, tokens: int) -> bool:
@@ -166,14 +227,14 @@ class BlockKV:
             return False
         if need:
             req.blocks.extend(self.pool.allocate(need))
+        self._cache_full(req, tokens)
         return True
 
     def _free(self, req: Req, computed: int) -> None:
-        nfull = computed // self.B
-        if self.caching and nfull:
-            self.pool.register(req.blocks[:nfull], self._keys(req, nfull))
+        self._cache_full(req, computed)
         self.pool.release(req.blocks)
         req.blocks = []
+        req.ncached = 0
 
     def finish(self, req: Req) -> None:
         self._free(req, req.L + req.max_tokens - 1)
@@ -192,4 +253,4 @@ class BlockKV:
         return self.pool.free_cached * self.B
 
     def cached_total(self) -> int:
-        return len(self.pool.cached) * self.B
+        return self.pool.n_hashed * self.B

@@ -29,11 +29,12 @@ from harness.config import CellConfig
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.request import EngineCompletion, EngineRequest, Req
 from harness.refengine.scheduler import WaitingPolicy
+from harness.refengine.separate import SeparateBatching
 
 __all__ = ["EngineModel", "EngineRequest", "EngineCompletion"]
 
 
-class EngineModel:
+class EngineModel(SeparateBatching):
     def __init__(self, cell: CellConfig, *, seed: int = 0) -> None:
         self.cell = cell
         self.cost = cell.cost.model()
@@ -45,7 +46,9 @@ class EngineModel:
             self.kv = BlockKV(cell.kv_pool_tokens, cell.page_size, cell.prefix_cache)
         self.mixed = cell.batching == "mixed"
         self.chunk = cell.chunked_prefill
-        self.page = cell.page_size
+        # A chunk that stops short of a request's end is page-aligned on SGLang (extend_len is cut to
+        # whole pages); vLLM cuts chunks at the token budget, to the token.
+        self.page = cell.page_size if radix else 1
         self.max_running = cell.max_running
         self.policy = WaitingPolicy(cell, self.kv, radix)
         self.waiting: list[Req] = []
@@ -56,7 +59,11 @@ class EngineModel:
         self.dstep = 0  # decode iterations so far; a decoding request's count derives from it
         self._finish: list[tuple[int, int, int, Req]] = []  # (dstep at which done, seq, stint, req)
         self._batch_full = False
+        self._unfiltered = 0
+        self._merge_reset = False
+        self.radix = radix
         self._pending: tuple | None = None
+        self._now = 0.0  # start of the iteration being planned (admission times)
         self._seq = 0
         self._ids: set[int] = set()
         self.counters = {"prompt": 0, "cached": 0, "generated": 0, "preemptions": 0}
@@ -89,6 +96,14 @@ class EngineModel:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def iteration(self) -> tuple[str, int] | None:
+        """The iteration in progress as (kind, decode steps it covers), None between iterations.
+
+        kind is 'prefill', 'decode' or 'mixed'; the HTTP emulator reports SGLang's gauges on the
+        same events as SGLang does (each prefill batch, every 40th decode step)."""
+        return None if self._pending is None else (self._pending[0], int(self._pending[1]))
+
     def step(self, now: float, horizon: float | None = None) -> float | None:
         """Plan and start the next iteration at `now`; its end time, or None when idle.
 
@@ -97,9 +112,9 @@ class EngineModel:
         """
         if self._pending is not None:
             raise RuntimeError("step() while an iteration is in progress")
+        self._now = now
         if not self.waiting and not self.running:
             return None
-        self.policy.on_pass(self.waiting)
         if self.mixed:
             return self._plan_mixed(now, horizon)
         return self._plan_separate(now, horizon)
@@ -113,9 +128,20 @@ class EngineModel:
         out: list[EngineCompletion] = []
         if k:
             self._advance_decode(k, now, out)
+        chunking = False
         for req, _x in items:
-            if req.state == "prefill" and req.done >= req.target:
-                self._prefill_done(req, now, out)
+            if req.state == "prefill":
+                if req.done >= req.target:
+                    self._prefill_done(req, now, out)
+                else:
+                    chunking = True
+                    if self.radix:
+                        self.kv.checkpoint(req, req.done)  # type: ignore[union-attr]
+        if self.radix:
+            if kind == "prefill":
+                self._merge_reset = self._merge_reset or bool(out) or chunking
+            else:
+                self._unfiltered += len(out)
         return out
 
     def flush_cache(self) -> bool:
@@ -170,6 +196,7 @@ class EngineModel:
             req.state = "prefill"
             if req.cached < 0:
                 req.cached = prefix
+                req.admitted = self._now
                 self.counters["prompt"] += req.L
                 self.counters["cached"] += prefix
             self.running[req.rid] = req
@@ -215,6 +242,8 @@ class EngineModel:
 
     # -- iteration planning ----------------------------------------------------------------------
     def _plan_separate(self, now: float, horizon: float | None) -> float | None:
+        if self.radix:
+            return self._plan_radix(now, horizon)
         items: list[tuple[Req, int]] = []
         tokens, pairs, budget = self._continue_prefills(self.chunk, items)
         if budget > 0 and self.waiting and not self._batch_full:
@@ -238,13 +267,11 @@ class EngineModel:
             self._pending = ("decode", 1, [])
             return now + self.cost.decode_time(R, self.ctx_sum / R)
         kmax = self._finish[0][0] - self.dstep if self._finish else 1
-        due = self.policy.refresh_due_in(self.waiting)
-        if due is not None:
-            kmax = min(kmax, due)
+        if self.waiting and not self._batch_full:
+            kmax = 1  # the next iteration attempts admission
         budget = 0.0 if horizon is None else horizon - now
         k, dur = self.cost.decode_run(R, self.ctx_sum, max(1, kmax), budget)
         self.kv.grow(k * R)  # type: ignore[union-attr]
-        self.policy.passes += k - 1
         self._pending = ("decode", k, [])
         return now + dur
 
@@ -262,29 +289,85 @@ class EngineModel:
                     break
         return self.n_decode > 0
 
-    def _plan_mixed(self, now: float, horizon: float | None) -> float | None:
-        preempted_before = self.counters["preemptions"]
-        if self.n_decode and self.kv.per_request_decode:
-            self._grow_decoders()
-        R = self.n_decode
+    def _plan_mixed_blocks(self, now: float) -> float | None:
+        """One vLLM step (Scheduler.schedule, FCFS): running requests in their order, each taking
+        its next token (decode) or the next chunk of its prefill within the step's token budget
+        and allocating the blocks for it; when blocks run short the last running request is
+        preempted (it may be the request itself, which ends the pass). Waiting requests are
+        admitted into the remaining budget only if nothing was preempted, and admission is tried
+        again at every step (vLLM keeps no "batch is full" state)."""
+        kv = self.kv
+        budget = self.chunk
         items: list[tuple[Req, int]] = []
-        tokens, pairs, budget = self._continue_prefills(self.chunk - R, items)
-        R = self.n_decode  # a continuing prefill may have preempted decoders
-        if (
-            budget > 0
-            and self.waiting
-            and not self._batch_full
-            and self.counters["preemptions"] == preempted_before
-        ):
-            self.policy.order(self.waiting)
+        tokens = 0
+        pairs = 0.0
+        preempted = False
+        running = self.running
+        for req in list(running.values()):
+            if budget <= 0:
+                break
+            if req.rid not in running:
+                continue  # preempted earlier in this pass
+            if req.state == "decode":
+                need = req.L + req.gen + (self.dstep - req.join)
+                while not kv.grow_req(req, need):  # type: ignore[union-attr]
+                    preempted = True
+                    if self._preempt_last() is req:
+                        break
+                if req.rid not in running:
+                    break
+                budget -= 1
+            else:
+                x = min(req.target - req.done, budget)
+                while not kv.alloc(req, x):
+                    preempted = True
+                    if self._preempt_last() is req:
+                        x = 0
+                        break
+                if x <= 0:
+                    break
+                items.append((req, x))
+                tokens += x
+                pairs += x * (req.done + (x + 1) / 2.0)
+                req.done += x
+                budget -= x
+        if budget > 0 and self.waiting and not preempted:
             t2, p2 = self._admit(budget, items)
             tokens += t2
             pairs += p2
+        R = self.n_decode
         if not items and not R:
             return None
-        if not items and not self.kv.per_request_decode:
+        self._pending = ("mixed", 1 if R else 0, items)
+        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
+
+    def _plan_mixed(self, now: float, horizon: float | None) -> float | None:
+        if self.kv.per_request_decode:
+            return self._plan_mixed_blocks(now)
+        # SGLang with mixed chunks: the prefill round takes the budget left by one decode token per
+        # running request, and the decoders ride along in the prefill iteration
+        R = self.n_decode
+        if self._merge_reset:
+            self._batch_full = False
+            self._merge_reset = False
+        if not self.running:
+            self._batch_full = False
+        chunked = self.prefilling[0] if self.prefilling else None
+        items: list[tuple[Req, int]] = []
+        tokens, pairs = 0, 0.0
+        if (chunked is not None or (self.waiting and not self._batch_full)) and (chunked is not None or self._allocatable(None) > 0):
+            self.policy.calc_priority(self.waiting)
+            tokens, pairs = self._prefill_round(chunked, items, self.chunk - R)
+        elif chunked is None and self.waiting and not self._batch_full:
+            self._batch_full = True
+        if not items and not R:
+            return None
+        if not items:
+            if self._unfiltered:
+                self._unfiltered = 0
+                self._batch_full = False
             return self._plan_decode(now, horizon)
-        if R and not self.kv.per_request_decode:
+        if R:
             self.kv.grow(R)  # type: ignore[union-attr]
         self._pending = ("mixed", 1 if R else 0, items)
         return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
@@ -316,6 +399,8 @@ class EngineModel:
             req.join = self.dstep
             self._finish_req(req, now, out)
             return
+        if self.radix:
+            self.kv.checkpoint(req, req.target)  # type: ignore[union-attr]
         req.state = "decode"
         req.join = self.dstep
         req.stint += 1
@@ -331,7 +416,8 @@ class EngineModel:
         self.kv.finish(req)
         del self.running[req.rid]
         self._ids.discard(req.rid)
-        self._batch_full = False
+        if not self.radix:
+            self._batch_full = False
         out.append(
             EngineCompletion(
                 req_id=req.rid,
@@ -343,6 +429,7 @@ class EngineModel:
                 first_token_time=req.first_token,
                 done_time=now,
                 preemptions=req.preemptions,
+                admit_time=req.admitted,
             )
         )
 

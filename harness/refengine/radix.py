@@ -154,10 +154,23 @@ class RadixCache:
 
         Tokens already present are not added again; the caller frees its own copy of them.
         """
+        return self.insert_from(self.root, 0, ids)
+
+    def insert_from(self, node: Node, depth: int, ids: bytes) -> tuple[int, Node]:
+        """`insert(ids)` for a caller that knows `node` ends at `depth` tokens on the path of `ids`
+        (a request's own locked node): the nodes above it are touched root first, as a walk from
+        the root would, without comparing their tokens again."""
         end = (len(ids) // self._pb) * self._pb
-        node = self.root
-        pos = 0
+        pos = depth * _ITEM
         pb = self._pb
+        if node is not self.root:
+            path = []
+            nd: Node | None = node
+            while nd is not None and nd is not self.root:
+                path.append(nd)
+                nd = nd.parent
+            for nd in reversed(path):
+                self._touch(nd)
         while pos < end:
             child = node.children.get(ids[pos : pos + pb])
             if child is None:

@@ -26,6 +26,7 @@ class EngineCompletion:
     first_token_time: float
     done_time: float
     preemptions: int = 0
+    admit_time: float = float("nan")  # first admission (the engine's "scheduled")
 
 
 _M64 = (1 << 64) - 1
@@ -63,7 +64,7 @@ class Req:
     __slots__ = (
         "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
         "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
-        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "state",
+        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "ncached", "in_tree", "admitted", "state",
     )
 
     def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:
@@ -85,6 +86,7 @@ class Req:
         self.cached = -1  # reported cached tokens, fixed at the first admission
         self.prefix = 0
         self.first_token = float("nan")
+        self.admitted = float("nan")
         self.preemptions = 0
         self.node = None
         self.blocks: list[int] = []
@@ -92,6 +94,8 @@ class Req:
         self.reserve = 0
         self.keys: list[int] = []
         self.keys_len = -1
+        self.in_tree = 0  # radix flavour: leading tokens of the sequence this request holds in the tree
+        self.ncached = 0  # leading blocks of `blocks` that carry their hash (vLLM flavour)
         self.state = "waiting"  # waiting | prefill | decode | done
 
     def seq_bytes(self) -> bytes:

@@ -6,10 +6,12 @@ never overtakes a large one. SGLang flavour details (paper App. E.2, E.8, E.14):
 - LPM sorts the queue by cached-prefix length (stably, so ties stay FCFS), matching every waiting
   request each pass -- and touching its prefix; while more than `lpm_fallback_waiting` requests
   wait it does not sort (the order left by the last sort stays);
-- the waiting-prefix refresh touches the cached prefixes of the first 128 waiting requests every
-  32 scheduling passes, under FCFS and under LPM while it has fallen back;
-- after a request fails to fit, admission is not retried until a running request finishes
-  (SGLang's `batch_is_full`), since nothing else can make room.
+- the waiting-prefix refresh touches the cached prefixes of the first 128 waiting requests (the
+  head last) on the first and then every 32nd priority pass, under FCFS and under LPM while it
+  has fallen back; a priority pass happens only when admission is attempted (SGLang skips it
+  while its batch is full);
+- after a request fails to fit, admission is not retried until a running request leaves
+  (SGLang's `batch_is_full`; see separate.py for when exactly), since nothing else can make room.
 """
 
 from __future__ import annotations
@@ -27,24 +29,27 @@ class WaitingPolicy:
         self.lpm = cell.schedule_policy == "lpm" and cell.prefix_cache
         self.fallback = cell.lpm_fallback_waiting
         self.refresh = bool(cell.waiting_prefix_refresh and radix_flavour and cell.prefix_cache)
-        self.passes = 0
+        self.passes = 0  # priority passes run while FCFS is the active order (the refresh counter)
 
     def lpm_active(self, waiting: list[Req]) -> bool:
         return self.lpm and len(waiting) <= self.fallback
 
-    def refresh_due_in(self, waiting: list[Req]) -> int | None:
-        """How many iterations, starting with the current pass, can run before the next refresh
-        pass (None if no refresh can happen while the queue stays as it is)."""
-        if not self.refresh or not waiting or self.lpm_active(waiting):
-            return None
-        return REFRESH_EVERY - (self.passes % REFRESH_EVERY)
-
-    def on_pass(self, waiting: list[Req]) -> None:
-        """One scheduling pass: the periodic refresh, if this pass is due."""
+    def calc_priority(self, waiting: list[Req]) -> None:
+        """SchedulePolicy.calc_priority: called once per admission attempt. LPM (while active)
+        re-sorts the queue by cached prefix, matching -- and touching -- every waiting request;
+        otherwise the order stays and, every REFRESH_EVERY-th pass starting with the first, the
+        prefixes of the first REFRESH_HEAD waiting requests are touched, the head last (so LRU
+        would evict the queue's prefixes in reverse admission order)."""
+        if self.lpm_active(waiting):
+            self.order(waiting)
+            return
+        if not self.refresh or not waiting:
+            return
+        due = self.passes % REFRESH_EVERY == 0
         self.passes += 1
-        if self.refresh and waiting and self.passes % REFRESH_EVERY == 0 and not self.lpm_active(waiting):
+        if due:
             touch = self.kv.touch  # type: ignore[attr-defined]
-            for req in waiting[:REFRESH_HEAD]:
+            for req in reversed(waiting[:REFRESH_HEAD]):
                 touch(req)
 
     def order(self, waiting: list[Req]) -> None:

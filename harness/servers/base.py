@@ -308,6 +308,13 @@ class EngineAdapter(abc.ABC):
 
     health_path: str = HEALTH_PATH
 
+    def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
+        """The longest prompt the server serves in full with `max_tokens` to generate: vLLM 0.32
+        takes up to context - 1 tokens but cuts max_tokens to what is left of the context, so a
+        whole completion needs prompt + max_tokens <= context. The smoke test's long-context check
+        sends this much when the cell's context is below the workload's longest prompt."""
+        return cell.context_length - max_tokens
+
     def served_model_name(self, cell: CellConfig) -> str:
         """The name requests must carry; the server is launched with it (--served-model-name)."""
         return cell.model
@@ -357,7 +364,7 @@ class EngineAdapter(abc.ABC):
         completion = usage.get("completion_tokens")
         completion_tokens = None if completion is None else _as_int(completion, "usage.completion_tokens", http_status)
         details = usage.get("prompt_tokens_details")
-        cached = 0  # absent or null details = nothing cached (SGLang omits them at 0)
+        cached = 0  # absent or null details = nothing cached (neither engine omits them at 0 today)
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             cached = _as_int(details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens", http_status)
         extra: dict[str, Any] = {}
@@ -366,6 +373,7 @@ class EngineAdapter(abc.ABC):
         pids = choice.get("prompt_token_ids")
         if isinstance(pids, list):
             extra["server_prompt_len"] = len(pids)
+        extra.update(_engine_timings(data.get("metrics")))
         return ParsedTurn(
             output_ids=np.asarray(ids, dtype=np.int32),
             prompt_tokens=prompt_tokens,
@@ -432,3 +440,20 @@ def get_adapter(name: str, **kwargs: Any) -> EngineAdapter:
     from harness.servers import get_adapter as _get
 
     return _get(name, **kwargs)
+
+
+def _engine_timings(metrics: Any) -> dict[str, float]:
+    """The engine's own per-request timings, in seconds, where the response carries them.
+
+    vLLM (--enable-per-request-metrics) answers `metrics` with queue_time_ms (queued to first
+    scheduled), time_to_first_token_ms (scheduled to first token) and generation_time_ms (first to
+    last token), from its engine-core timestamps: what a cost model is fitted to (App. E.9).
+    """
+    if not isinstance(metrics, dict):
+        return {}
+    out: dict[str, float] = {}
+    for key, name in (("queue_time_ms", "queue_time"), ("time_to_first_token_ms", "engine_ttft"), ("generation_time_ms", "engine_decode")):
+        v = metrics.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            out[name] = float(v) / 1000.0
+    return out

@@ -119,6 +119,9 @@ class EmulatorAdapter(EngineAdapter):
     def expected_settings(self, cell: CellConfig) -> dict[str, Any]:
         return self._dialect.expected_settings(cell)
 
+    def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
+        return self._dialect.max_prompt_tokens(cell, max_tokens)
+
     async def server_settings(self, http: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
         return await self._dialect.server_settings(http, base_url)
 

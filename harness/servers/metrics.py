@@ -127,7 +127,12 @@ VLLM_RULES: dict[str, Rule] = {
 
 # ------------------------------------------------------------------------------------------
 # SGLang: token_usage EXCLUDES evictable cached KV; kv_* gauges exist in newer releases only, so
-# kv_used_tokens falls back to token_usage x pool. Retractions are SGLang's preemptions.
+# kv_used_tokens falls back to token_usage x pool. Retractions are SGLang's preemptions. Scheduler
+# gauges carry engine_type, model_name, moe_ep_rank, pp_rank, tp_rank; the tokenizer's counters
+# carry engine_type, model_name and is_streaming (one series per value seen), cached_tokens_total
+# cache_source instead: the sums over label sets are the totals. The scheduler gauges are as of its
+# last report (each prefill batch, every 40th decode step, on falling idle, every 30 s idle), not
+# of the scrape: an idle server's flush shows in kv_evictable_tokens only at its next report.
 # ------------------------------------------------------------------------------------------
 def _sglang_used(samples: list[Sample], out: dict[str, float]) -> float | None:
     v = series(samples, "sglang:kv_used_tokens")
@@ -135,6 +140,37 @@ def _sglang_used(samples: list[Sample], out: dict[str, float]) -> float | None:
         return v
     if "kv_usage_frac" in out and "pool_tokens" in out:
         return round(out["kv_usage_frac"] * out["pool_tokens"])
+    return None
+
+
+def _sglang_cached(samples: list[Sample], out: dict[str, float]) -> float | None:
+    """sglang:cached_tokens_total, or 0 where the engine has counted prompts but no hit yet.
+
+    The counter is labelled (cache_source), and a labelled Prometheus child exists only once it
+    was incremented: SGLang 0.5.22 exports it after the first cache hit, and never with the radix
+    cache off. Its absence beside a present prompt counter therefore means zero hits, not an
+    engine that cannot report them.
+    """
+    v = series(samples, "sglang:cached_tokens_total")
+    if v is not None:
+        return v
+    return 0.0 if "prompt_tokens_total" in out else None
+
+
+def _sglang_retractions(samples: list[Sample], _out: dict[str, float]) -> float | None:
+    """Cumulative retractions: sglang:num_retracted_requests_total, else 0 when none happened.
+
+    Like cached_tokens_total, the counter appears with the first retraction. The gauge
+    sglang:num_retracted_reqs (per scheduler report, with a `pid` label) is not cumulative, so it
+    only tells "none yet" (every series 0) from "unknown" (a positive report without the counter,
+    which 0.5.22 never shows: the counter is incremented in the same place).
+    """
+    v = series(samples, "sglang:num_retracted_requests_total")
+    if v is not None:
+        return v
+    gauge = [s.value for s in samples if s.name == "sglang:num_retracted_reqs" and _keep(s.labels)]
+    if gauge and all(x == 0 for x in gauge):
+        return 0.0
     return None
 
 
@@ -146,9 +182,9 @@ SGLANG_RULES: dict[str, Rule] = {
     "kv_used_tokens": _sglang_used,
     "kv_evictable_tokens": first("sglang:kv_evictable_tokens"),
     "prompt_tokens_total": first("sglang:prompt_tokens_total"),
-    "cached_tokens_total": first("sglang:cached_tokens_total"),
+    "cached_tokens_total": _sglang_cached,
     "generation_tokens_total": first("sglang:generation_tokens_total"),
-    "preemptions_total": first("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs"),
+    "preemptions_total": _sglang_retractions,
 }
 
 RULES: dict[str, dict[str, Rule]] = {"vllm": VLLM_RULES, "sglang": SGLANG_RULES}

@@ -4,6 +4,15 @@ Flags the harness cannot do without: --enable-cache-report (otherwise /v1/comple
 reports cached tokens) and --enable-metrics (otherwise /metrics has no sglang: series). The KV
 pool is imposed with --max-total-tokens so Stage 0 can check it is exactly the cell's pool.
 Eviction is pinned to LRU explicitly so a change of default cannot change the experiment.
+
+Where it runs is the cell's business, not a special case here: `device` becomes --device (and
+'cpu' also sets SGLANG_USE_CPU_ENGINE=1, without which SGLang 0.5.22's --device cpu takes a path
+that needs vLLM's kernels), `mem_fraction_static` becomes --mem-fraction-static. A GPU cell
+leaves both out and the argv is the one of record. docs/sglang-cpu.md has the measurements.
+
+Length limits (0.5.22, tokenizer manager then scheduler): a prompt of n tokens with max_tokens m
+is refused when n >= context, when n + m > context, and when n >= min(context - 1, pool - 1) - 5;
+so the longest prompt a request can carry is min(context - m, min(context, pool) - 7).
 """
 
 from __future__ import annotations
@@ -25,6 +34,14 @@ if TYPE_CHECKING:
 
 SGLANG_MODULE = "sglang.launch_server"
 FLUSH_PATH = "/flush_cache"
+CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+# The scheduler refuses n >= max_req_input_len = min(context - 1, pool - 1) - 5 (tp_worker.py).
+INPUT_MARGIN = 5
+
+
+def max_input_tokens(context_length: int, pool_tokens: int) -> int:
+    """The scheduler's max_req_input_len: prompts of this many tokens or more are refused."""
+    return min(context_length - 1, pool_tokens - 1) - INPUT_MARGIN
 
 
 class SGLangAdapter(EngineAdapter):
@@ -62,10 +79,18 @@ class SGLangAdapter(EngineAdapter):
             argv.append("--disable-radix-cache")
         if cell.attention_backend:
             argv += ["--attention-backend", cell.attention_backend]
+        if cell.device:
+            argv += ["--device", cell.device]
+        if cell.mem_fraction_static is not None:
+            argv += ["--mem-fraction-static", f"{cell.mem_fraction_static:g}"]
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
         argv.extend(extra_args)
-        return argv, {}
+        return argv, dict(CPU_ENGINE_ENV) if cell.device == "cpu" else {}
+
+    def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
+        """min(context - max_tokens, min(context, pool) - 7): see the module docstring."""
+        return min(cell.context_length - max_tokens, max_input_tokens(cell.context_length, cell.kv_pool_tokens) - 1)
 
     async def flush_cache(self, http: aiohttp.ClientSession, base_url: str, *, timeout: float = 60.0) -> None:
         """POST /flush_cache?timeout=S, retrying on 400 (SGLang refuses while anything runs or waits).
@@ -100,7 +125,7 @@ class SGLangAdapter(EngineAdapter):
     metric_map = SGLANG_RULES
 
     def expected_settings(self, cell: CellConfig) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "max_total_num_tokens": cell.kv_pool_tokens,
             "page_size": cell.page_size,
             "schedule_policy": cell.schedule_policy,
@@ -110,7 +135,13 @@ class SGLangAdapter(EngineAdapter):
             "enable_cache_report": True,
             "enable_metrics": True,
             "context_length": cell.context_length,
+            "radix_eviction_policy": "lru",
         }
+        if cell.device:
+            out["device"] = cell.device
+        if cell.mem_fraction_static is not None:
+            out["mem_fraction_static"] = cell.mem_fraction_static
+        return out
 
     async def server_settings(self, http: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
         """From /server_info (older releases: /get_server_info): server args + scheduler info."""
@@ -133,5 +164,5 @@ class SGLangAdapter(EngineAdapter):
     expected_settings_keys = (
         "max_total_num_tokens", "page_size", "schedule_policy", "chunked_prefill_size",
         "max_running_requests", "disable_radix_cache", "enable_cache_report", "enable_metrics",
-        "context_length",
+        "context_length", "radix_eviction_policy", "device", "mem_fraction_static",
     )  # fmt: skip

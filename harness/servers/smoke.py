@@ -233,8 +233,10 @@ async def _run_smoke(
 ) -> SmokeReport:
     """Every Stage 0 check, each recorded with its numbers; the canary is the last check.
 
-    The long-context check sends min(long_prompt, context_length - 1) tokens and says so
-    (`capped`) when the cell's context is the smaller: a tiny CPU test server cannot hold 40k.
+    The long-context check sends min(long_prompt, the longest prompt the engine accepts with one
+    output token) and says so (`capped`) when the engine's limit is the smaller: a tiny CPU test
+    server cannot hold 40k. That limit is the adapter's (vLLM: context - 1; SGLang: min(context,
+    pool) - 7, because its scheduler keeps a margin below the context).
     """
     t0 = time.monotonic()
     name = model_name or cell.model
@@ -289,9 +291,10 @@ async def _run_smoke(
             return second.cached_tokens == want, {"prompt": len(p2), "cached": second.cached_tokens, "expected": want}
 
         async def long_context() -> tuple[bool, dict[str, Any]]:
-            n = min(long_prompt, cell.context_length - 1)
+            limit = adapter.max_prompt_tokens(cell, 1)
+            n = min(long_prompt, limit)
             turn = await send(rng.integers(4, 32000, n, dtype=np.int32), 1)
-            return turn.prompt_tokens == n, {"requested": long_prompt, "sent": n, "capped": n < long_prompt, "prompt_tokens": turn.prompt_tokens}
+            return turn.prompt_tokens == n, {"requested": long_prompt, "sent": n, "limit": limit, "capped": n < long_prompt, "prompt_tokens": turn.prompt_tokens}
 
         async def pool() -> tuple[bool, dict[str, Any]]:
             m = await adapter.scrape_metrics(h, base_url)

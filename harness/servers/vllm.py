@@ -75,6 +75,11 @@ class VLLMAdapter(EngineAdapter):
             )
         if cell.schedule_policy != "fcfs":
             raise ValueError(f"cell {cell.name}: vLLM supports schedule_policy 'fcfs' only")
+        if cell.mem_fraction_static is not None:
+            raise ValueError(
+                f"cell {cell.name}: mem_fraction_static is SGLang's --mem-fraction-static; a vLLM cell sizes "
+                "its pool with kv_pool_tokens (--num-gpu-blocks-override): remove the field"
+            )
         self.block_size = cell.page_size
         prefix = self.server_cmd or [engine_python("AGENTLOAD_VLLM_PYTHON"), "-m", VLLM_MODULE]
         argv = [
@@ -91,6 +96,7 @@ class VLLMAdapter(EngineAdapter):
             "--scheduling-policy", "fcfs",
             "--enable-prefix-caching" if cell.prefix_cache else "--no-enable-prefix-caching",
             "--enable-prompt-tokens-details",
+            "--enable-per-request-metrics",  # queue / first-token / decode times in each response (cost fits)
         ]  # fmt: skip
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]

@@ -12,7 +12,49 @@ import pytest
 # The shared test helpers (gitfixture, slurm_fixture, ...) live one folder up.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from live_engines import EnginePool
 from slurm.local import ClusterError, ClusterStatus, down, ensure_up, status
+
+
+@pytest.fixture(scope="session")
+def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    """The real engine servers (and emulators) shared by the whole session, one per engine.
+
+    A real server starts in 25-170 s here, so each is started once, on first use, and stopped at
+    the end of the session (live_engines.py says which tests may not share it).
+    """
+    pool = EnginePool(tmp_path_factory.mktemp("engines"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+# fixture name -> the page size its servers run with (None: the engine's default)
+_SERVER_FIXTURES = {"live": None, "live32": 32}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def boot_real_engines(request: pytest.FixtureRequest) -> None:
+    """Start booting every real engine server the selected tests will use, in the background.
+
+    A real server takes 25-170 s to start here; booted one after another they add up, booted
+    together while the first tests run they mostly overlap. The emulator starts in seconds and is
+    started on demand. Nothing is booted when no selected test uses a real engine.
+    """
+    from live_engines import is_real
+
+    wanted: list[tuple[str, int | None]] = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for name, page in _SERVER_FIXTURES.items():
+            engine = params.get(name)
+            if isinstance(engine, str) and is_real(engine) and (engine, page) not in wanted:
+                wanted.append((engine, page))
+    if wanted:
+        pool: EnginePool = request.getfixturevalue("engine_pool")
+        for engine, page in wanted:
+            pool.prestart(engine, page)
 
 
 @pytest.fixture(scope="session")

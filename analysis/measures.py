@@ -1,0 +1,156 @@
+"""Named measurements a rule spec may ask for, and their evaluation on one run.
+
+A staged rule spec lists its `measures` as data, e.g.
+
+    measures:
+      pre_hit: {metric: followup_hit, start: "arm.gate.t_on - 300", end: "arm.gate.t_on"}
+      post:    {metric: tiled_followup, start: "gate.release + 300", end: duration, width: 300}
+
+Arguments are numbers or expressions over what the run already has (the references, the arm's
+perturbation under `arm.`, the base window statistics and earlier measures), so windows that
+depend on the run (the rescue's release time) stay data. `kind` and `unit` are literal words.
+Every metric is one of analysis.metrics' estimators; a metric that returns several values is
+flattened with dots (`post.min`, `gate.release`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from analysis import metrics as M
+from analysis.expr import Evaluator, RuleError
+
+NAN = float("nan")
+LITERAL_ARGS = ("kind", "unit")
+
+
+@dataclass(frozen=True)
+class RunTables:
+    """What a measurement reads: the run's tables and the settings that scale them."""
+
+    turns: pd.DataFrame
+    sessions: pd.DataFrame
+    gate_events: pd.DataFrame | None
+    duration: float
+    lambda_ref: float
+    hit_threshold: float = M.HIT_THRESHOLD
+    backlog_bin: float = 10.0
+
+
+def _unit(x: float, t: RunTables, unit: str) -> float:
+    if unit == "lambda_ref":
+        return x / t.lambda_ref
+    if unit == "abs":
+        return x
+    raise RuleError(f"unit: got {unit!r}; expected 'lambda_ref' or 'abs'")
+
+
+def _followup(t: RunTables, start: float, end: float) -> float:
+    return M.hit_fraction(t.turns, start, end, t.hit_threshold, followup=True)
+
+
+def _hit(t: RunTables, start: float, end: float) -> float:
+    return M.hit_fraction(t.turns, start, end, t.hit_threshold)
+
+
+def _completions(t: RunTables, start: float, end: float, unit: str = "lambda_ref") -> float:
+    return _unit(M.completions(t.sessions, start, end), t, unit)
+
+
+def _arrivals(t: RunTables, start: float, end: float, kind: str = "base", unit: str = "abs") -> float:
+    return _unit(M.plan_arrival_rate(t.sessions, start, end, kind), t, unit)
+
+
+def _wave(t: RunTables, kind: str = "burst") -> dict[str, float]:
+    med, done, n = M.wave_time(t.sessions, kind)
+    return {"time": med, "done": float(done), "n": float(n)}
+
+
+def _outstanding_at(t: RunTables, t_at: float, paused: float = 0.0) -> float:
+    return float(M.outstanding_at(t.turns, t.sessions, t.gate_events, t_at, bool(paused)))
+
+
+def _outstanding_mean(t: RunTables, start: float, end: float, paused: float = 0.0) -> float:
+    if not end > start:
+        return NAN
+    return float(M.outstanding_bins(t.turns, t.sessions, t.gate_events, np.array([start, end]), bool(paused))[0])
+
+
+def _gap_slope(t: RunTables, start: float, end: float, width: float = 300.0) -> float:
+    return M.gap_trend(t.turns, start, end, width)[0]
+
+
+def _tiled(t: RunTables, start: float, end: float, width: float = 300.0) -> dict[str, float]:
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        return {"min": NAN, "n": 0.0, "empty": NAN, "whole": NAN}
+    return M.tiled_followup(t.turns, start, end, width, t.hit_threshold)
+
+
+def _persistence(t: RunTables, trigger_end: float, stop: float, width: float = 300.0, step: float = 10.0,
+                 onset_max: float = 0.2, escape_min: float = 0.5) -> dict[str, float]:  # fmt: skip
+    stop = t.duration if not math.isfinite(stop) else min(stop, t.duration)
+    return M.persistence(t.turns, trigger_end, stop, width=width, step=step, onset_max=onset_max, escape_min=escape_min,
+                         threshold=t.hit_threshold)  # fmt: skip
+
+
+MEASURES: dict[str, Callable[..., Any]] = {
+    "followup_hit": _followup,
+    "hit": _hit,
+    "completions": _completions,
+    "token_rate": lambda t, start, end: M.uncached_token_rate(t.turns, start, end),
+    "backlog_slope": lambda t, start, end, width=10.0: M.backlog_slope(t.sessions, start, end, width),
+    "backlog_mean": lambda t, start, end: M.backlog_mean(t.sessions, start, end),
+    "in_system_at": lambda t, at: float(M.in_system_at(t.sessions, at)),
+    "outstanding_at": lambda t, at, paused=0.0: _outstanding_at(t, at, paused),
+    "outstanding_mean": _outstanding_mean,
+    "mean_prompt": lambda t, start, end: M.mean_prompt(t.turns, start, end),
+    "gap_slope": _gap_slope,
+    "wave": _wave,
+    "plan_arrival_rate": _arrivals,
+    "tiled_followup": _tiled,
+    "persistence": _persistence,
+    "trigger": lambda t, kind="auto": M.trigger_outlived(t.turns, t.sessions, t.gate_events, t.duration, kind, t.hit_threshold),
+    "gate": lambda t: M.gate_summary(t.gate_events, t.sessions, t.duration),
+    "e0b": lambda t, final_bin=10.0, rise_span=1500.0: M.e0b_stability(t.sessions, t.duration, final_bin, rise_span, t.backlog_bin),
+}
+
+
+def measure_all(spec_measures: Any, tables: RunTables, env: Mapping[str, Any]) -> dict[str, Any]:
+    """Evaluate a spec's measures in order; each sees the earlier ones. Returns flat quantities."""
+    from analysis.engine import RUN_NAN_PREFIXES, Env, _ordered
+
+    out: dict[str, Any] = {}
+    scope = Env(env, {}, nan_prefixes=RUN_NAN_PREFIXES)
+    ev = Evaluator(scope)
+    for name, m in _ordered(spec_measures, "measures"):
+        fn = MEASURES[m["metric"]]
+        kwargs: dict[str, Any] = {}
+        for k, v in m.items():
+            if k == "metric":
+                continue
+            if k in LITERAL_ARGS:
+                kwargs[k] = v
+            elif isinstance(v, str):
+                x = ev(v)
+                kwargs[k] = float(x) if isinstance(x, (int, float)) else NAN
+            else:
+                kwargs[k] = float(v)
+        arg = "at" if "at" in kwargs else None
+        bad = [k for k in ("start", "end", arg) if k and k in kwargs and not math.isfinite(kwargs[k])]
+        if bad and m["metric"] not in ("tiled_followup", "persistence"):
+            value: Any = NAN
+        else:
+            try:
+                value = fn(tables, **kwargs)
+            except TypeError as exc:
+                raise RuleError(f"measure {name!r} ({m['metric']}): {exc}") from None
+        flat = {f"{name}.{k}": v for k, v in value.items()} if isinstance(value, Mapping) else {name: value}
+        for k, v in flat.items():
+            out[k] = v
+            scope.set(k, v)
+    return out

@@ -1,0 +1,37 @@
+"""Reports of the staged families: verdict JSON, a Markdown table in the layout of the paper's
+table for that test, and a figure in the layout of its figure.
+
+Each family module offers `markdown(verdict) -> str` and `figure(verdict, analyzed, path)`; the
+rule spec's `report` key names the module (default: the generic tables and Fig. 1 layout).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+FAMILIES = ("basin", "toolslow", "shed", "rescue", "cut", "mirror", "e0b", "persistence", "scores")
+
+
+def module_for(verdict: Mapping[str, Any]) -> Any:
+    name = (verdict.get("rule_spec") or {}).get("report") or "generic"
+    if name not in FAMILIES:
+        name = "generic"
+    return importlib.import_module(f"analysis.reports.{name}")
+
+
+def write_staged_report(verdict: Mapping[str, Any], analyzed: Sequence[Any], out_dir: Path | str) -> tuple[dict[str, Path], str]:
+    """verdict.json, report.md and figure.png in out_dir; returns the paths and the Markdown."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vj = out / "verdict.json"
+    vj.write_bytes(orjson.dumps(verdict, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    mod = module_for(verdict)
+    md = mod.markdown(verdict)
+    rp = out / "report.md"
+    rp.write_text(md + "\n\n![figure](figure.png)\n")
+    fig = mod.figure(verdict, analyzed, out / "figure.png")
+    return {"verdict": vj, "report": rp, "figure": Path(fig)}, md

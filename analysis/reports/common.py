@@ -1,0 +1,182 @@
+"""Building blocks of the staged families' reports: number formats, the outcome block that says
+why each group and the test are what they are, a per-run table, and the Fig. 1-style figure.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+LETTER = {"STUCK": "S", "GOOD": "G", "NEITHER": "N", "TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I",
+          "RESCUED": "R", "NOT-RESCUED": "x", "RENEWAL": "R", "CURVE": "C", "NOT-TRAPPED": "N", "MIXED": "M", "STABLE": "s",
+          "UNSTABLE": "u", "MISSING": "-", "FAILED": "F", "INVALID": "X", "NOT-COUNTED": "X", "PARTIAL": "P", "NOT-STUCK": "n"}  # fmt: skip
+
+
+def num(v: Any, fmt: str = "{:.3f}") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return fmt.format(v)
+    return str(v)
+
+
+def rng(vals: Sequence[Any], fmt: str = "{:.3f}") -> str:
+    v = [x for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    if not v:
+        return "-"
+    a, b = fmt.format(min(v)), fmt.format(max(v))
+    return a if a == b else f"{a}–{b}"
+
+
+def runs_of(verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None = None) -> dict[int, Mapping[str, Any]]:
+    arms = [arm.lower()] if isinstance(arm, str) else [a.lower() for a in arm]
+    return {
+        r["seed"]: r for r in verdict["runs"]
+        if r["arm"].lower() in arms and (rate is None or (r["rate"] is not None and abs(r["rate"] - rate) < 1e-9))
+    }  # fmt: skip
+
+
+def q(run: Mapping[str, Any] | None, key: str) -> Any:
+    if not run:
+        return None
+    if key in run.get("derived", {}):
+        return run["derived"][key]
+    return run.get("quantities", {}).get(key)
+
+
+def label(run: Mapping[str, Any] | None, lset: str) -> str:
+    if not run:
+        return "MISSING"
+    if run["status"] not in ("complete", "NOT-COUNTED"):
+        return run["status"]
+    return run["labels"].get(lset) or "?"
+
+
+def letters(verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None, lset: str) -> str:
+    rs = runs_of(verdict, arm, rate)
+    return "".join(LETTER.get(label(rs.get(s), lset), "?") for s in verdict["seeds"])
+
+
+def _cond(c: Mapping[str, Any]) -> str:
+    mark = "✓" if c.get("holds") else "✗"
+    if "lhs" in c:
+        return f"{mark} `{c['condition']}` ({num(c['lhs'], '{:.4g}')} vs {num(c['rhs'], '{:.4g}')})"
+    if "value" in c:
+        return f"{mark} `{c['condition']}` (= {num(c['value'], '{:.4g}')})"
+    return f"{mark} `{c['condition']}`"
+
+
+def outcome_block(verdict: Mapping[str, Any]) -> str:
+    """Per group: the outcome, the counts and every condition of the outcomes tried in order;
+    then the test's outcome and checks."""
+    lines = []
+    for g in verdict["groups"]:
+        head = f"- **{g['group']}{' × λref' if g['rate'] is not None else ''}: {g['outcome']}** — {g['reason']}"
+        lines.append(head)
+        if g["counts"]:
+            lines.append("  - seed counts: " + ", ".join(f"{k} {v}/{len(g['seeds'])}" for k, v in g["counts"].items()))
+        for name, conds in g["conditions"].items():
+            if conds:
+                lines.append(f"  - {name}: " + "; ".join(_cond(c) for c in conds))
+        for name, c in g["checks"].items():
+            lines.append(f"  - check {name}: " + _cond(c))
+    lines.append(f"- **test: {verdict['verdict']}**")
+    for name, conds in (verdict.get("test_conditions") or {}).items():
+        if conds:
+            lines.append(f"  - {name}: " + "; ".join(_cond(c) for c in conds))
+    for name, c in (verdict.get("test_checks") or {}).items():
+        lines.append(f"  - check {name}: " + _cond(c))
+    return "\n".join(lines)
+
+
+def header(verdict: Mapping[str, Any], title: str) -> list[str]:
+    refs = verdict.get("references", {})
+    spec = verdict.get("rule_spec", {})
+    pred = verdict.get("predictions")
+    out = [
+        f"### {verdict.get('test') or title}: {verdict['verdict']}",
+        "",
+        f"Rule `{verdict['rule']}` (version {verdict.get('rule_version')}, {spec.get('description', '').strip()}). "
+        f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} tokens/s; "
+        f"seeds {', '.join(str(s) for s in verdict['seeds'])}.",
+    ]
+    if pred:
+        out.append(f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen {pred.get('frozen_at')}).")
+    out.append("")
+    return out
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def per_run_table(verdict: Mapping[str, Any], columns: Sequence[tuple[str, str, str]], lsets: Sequence[str]) -> list[str]:
+    """One row per run: arm, rate, seed, status, the named label sets, then (title, key, format)."""
+    head = ["arm", "λ/λref", "seed", *lsets, *(c[0] for c in columns)]
+    rows = []
+    for r in sorted(verdict["runs"], key=lambda r: (r["arm"], r["rate"] if r["rate"] is not None else 0, r["seed"])):
+        rows.append([r["arm"], num(r["rate"], "{:g}"), str(r["seed"]), *(label(r, s) for s in lsets),
+                     *(num(q(r, k), f) for _, k, f in columns)])  # fmt: skip
+    notes = [f"- {r['arm']} {num(r['rate'], '{:g}')} seed {r['seed']}: {r['status']}: {r['reason']}" for r in verdict["runs"]
+             if r["status"] != "complete" or r.get("reason")]  # fmt: skip
+    return [*table(head, rows), *([""] + notes if notes else [])]
+
+
+COLORS = ["#c0392b", "#2471a3", "#239b56", "#8e44ad", "#d68910", "#17a589", "#7f8c8d"]
+
+
+def arm_colors(arms: Sequence[str]) -> dict[str, str]:
+    fixed = {"burst": "#c0392b", "noburst": "#2471a3", "capped": "#239b56"}
+    out, i = {}, 0
+    for a in arms:
+        if a.lower() in fixed:
+            out[a.lower()] = fixed[a.lower()]
+        else:
+            while COLORS[i % len(COLORS)] in fixed.values():
+                i += 1
+            out[a.lower()] = COLORS[i % len(COLORS)]
+            i += 1
+    return out
+
+
+def hit_backlog_figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any, *, title: str = "",
+                       marks: Callable[[Any, float], None] | None = None) -> Any:  # fmt: skip
+    """Fig. 1 layout for any arms: per rate a column, hit fraction (100 s) on top, sessions in the
+    system (log) below, one line per run coloured by arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(verdict["registered_rates"]) or [None]
+    fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
+    colors = arm_colors(verdict["arms"])
+    for j, rate in enumerate(rates):
+        top, bot = axes[0][j], axes[1][j]
+        for a in analyzed:
+            if a.series is None or (rate is not None and abs(a.run.rate - rate) > 1e-9):
+                continue
+            c = colors.get(a.run.arm.lower(), "gray")
+            s = a.series
+            top.plot(s["hit_t"] + 50.0, s["hit"], color=c, lw=0.9, alpha=0.85)
+            bot.plot(s["backlog_t"], np.maximum(s["in_system"], 0.8), color=c, lw=0.9, alpha=0.85)
+        top.set_ylim(-0.02, 1.02)
+        top.set_ylabel("prefix-cache hit fraction")
+        top.set_title(f"{rate:g} × λref" if rate is not None else "all runs")
+        bot.set_yscale("log")
+        bot.set_ylabel("sessions in system")
+        bot.set_xlabel("time since start of run (s)")
+        if marks is not None:
+            marks((top, bot), rate)
+    handles = [plt.Line2D([], [], color=colors[a.lower()], label=a) for a in verdict["arms"]]
+    fig.legend(handles=handles, loc="upper center", ncol=max(1, len(handles)), frameon=False)
+    if title:
+        fig.text(0.5, 0.005, title, ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

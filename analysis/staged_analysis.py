@@ -1,0 +1,202 @@
+"""Run directories -> a staged rule's verdict (every family but the paired-test form of E2).
+
+For each run: read the record, compute the window statistics every family shares
+(analysis.metrics.run_statistics over the protocol's window), the spec's own measures
+(analysis.measures), the arm's perturbation and the protocol as `arm.*` / `protocol.*`, the facts
+that decide whether a run counts (`run.completed`, `run.plan_ok`, `run.cell_ok`, `run.bound`), and
+the frozen predictions for that run (`pred.*`, from a prediction file, never computed here).
+Then the staged engine judges runs, seeds, groups and the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import orjson
+
+from analysis.engine import StagedRun, judge_staged, judge_staged_run
+from analysis.measures import RunTables, measure_all
+from analysis.metrics import MetricSpec, completions, run_series, run_statistics
+from analysis.predictions import Predictions
+from harness.recording.record import RunFormatError, load_run
+
+NAN = float("nan")
+
+
+@dataclass
+class StagedAnalyzedRun:
+    run: StagedRun
+    series: dict[str, np.ndarray] | None
+    meta: dict[str, Any] | None
+
+
+def flatten(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'prefix.a.b': 1}; None leaves are dropped (they read as NaN)."""
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            if k == "description":
+                continue
+            flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif obj is not None and not isinstance(obj, (list, tuple)):
+        out[prefix] = obj
+    return out
+
+
+def _sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def run_refs(meta: Mapping[str, Any], override: Mapping[str, float] | None) -> dict[str, float]:
+    """The references every rule reads: lam (nominal), lam_miss (= the cell's lambda_ref), the E0a
+    all-miss token rate, the rate multiple and lambda_ref."""
+    refs = dict(meta.get("references") or {})
+    if override:
+        refs.update(override)
+    lam_ref = float(refs["lambda_ref"])
+    rate = float(meta["rate"])
+    amr = refs.get("all_miss_token_rate")
+    return {"lam": rate * lam_ref, "lam_miss": lam_ref, "all_miss_rate": float(amr) if amr is not None else NAN,
+            "rate": rate, "lambda_ref": lam_ref}  # fmt: skip
+
+
+def run_quantities(
+    run_dir: Path | str,
+    spec: Mapping[str, Any],
+    *,
+    refs_override: Mapping[str, float] | None = None,
+    predictions: Predictions | None = None,
+    expect_cell: str | None = None,
+    expect_registration: Mapping[str, Any] | None = None,
+    series: bool = True,
+) -> StagedAnalyzedRun:
+    """One run directory judged by a staged spec (stage 1); MISSING when it cannot be read."""
+    try:
+        run = load_run(run_dir)
+    except (RunFormatError, OSError) as exc:
+        name = Path(run_dir).name
+        return StagedAnalyzedRun(judge_staged_run(spec, name, NAN, -1, None, reason=str(exc), run_dir=str(run_dir)), None, None)
+    meta = run.meta
+    p = meta["protocol"]
+    params = spec["params"]
+    mspec = MetricSpec(
+        window_start=float(p["window"]["start"]),
+        window_end=float(p["window"]["end"]),
+        duration=float(p["duration"]),
+        backlog_bin=float(params.get("backlog_bin", 10.0)),
+        recovered_span=float(params.get("recovered_span", 300.0)),
+        hit_threshold=float(params.get("hit_threshold", 0.5)),
+        outstanding_stat=str(params.get("outstanding_stat", "mean")),
+    )
+    refs = run_refs(meta, refs_override)
+    stats = run_statistics(run.turns, run.sessions, run.gate_events, mspec)
+    stats["token_ratio"] = stats["token_rate"] / refs["all_miss_rate"] if refs["all_miss_rate"] > 0 else NAN
+    stats["slope_threshold"] = float(params.get("slope_factor", 0.5)) * (refs["lam"] - refs["lam_miss"])
+    stats["completions_ref"] = stats["sessions_completed_rate"] / refs["lambda_ref"]
+    stats["base_arrivals_ref"] = stats["base_arrival_rate_window"] / refs["lambda_ref"]
+    stats["duration"] = mspec.duration
+    stats["wall_s"] = meta.get("wall_s")
+    q: dict[str, Any] = {**refs, **stats}
+    flatten("arm", meta.get("arm_config") or {}, q)
+    flatten("protocol", {k: v for k, v in p.items() if k != "name"}, q)
+    q["cap"] = meta.get("cap")
+    plan_sha = (meta.get("plan") or {}).get("sha256")
+    file_sha = _sha(Path(run_dir) / str((meta.get("plan") or {}).get("file") or "plan.parquet"))
+    cell = (meta.get("cell") or {}).get("name")
+    reg = meta.get("registration")
+    q.update({
+        "run.completed": meta.get("status") == "COMPLETED" and not run.partial,
+        "run.plan_ok": plan_sha is not None and plan_sha == file_sha,
+        "run.cell_ok": expect_cell is None or cell == expect_cell,
+        "run.bound": _bound(reg, expect_registration),
+        "run.cell": cell or "",
+    })  # fmt: skip
+    # Roles and predictions name arms by the arm's own name (the paper's), whatever file the test
+    # listed it under; the test's key is kept beside it.
+    arm = str((meta.get("arm_config") or {}).get("name") or meta["arm"])
+    q["arm_key"] = str(meta["arm"])
+    notes = []
+    if predictions is not None:
+        pv, note = predictions.for_run(arm, float(meta["rate"]), int(meta["seed"]), plan_sha)
+        q.update(pv)
+        if note:
+            notes.append(note)
+    tables = RunTables(run.turns, run.sessions, run.gate_events, mspec.duration, refs["lambda_ref"], mspec.hit_threshold, mspec.backlog_bin)
+    q.update(measure_all(spec.get("measures"), tables, {**params, **q}))
+    status = {"COMPLETED": "complete"}.get(run.status, run.status)
+    if run.partial and status == "complete":
+        status = "PARTIAL"
+    reason = "; ".join([*(x for x in [meta.get("status_reason")] if x), *notes])
+    sr = judge_staged_run(spec, arm, float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir))
+    ser = None
+    if series:
+        ser = run_series(run.turns, run.sessions, run.gate_events, mspec.duration, float(p.get("hit_bin", 100.0)), mspec.backlog_bin, mspec.hit_threshold)
+        edges = np.arange(0.0, mspec.duration + 1e-9, 300.0)
+        ser["completions_t"] = edges[:-1]
+        ser["completions"] = np.array([completions(run.sessions, a, b) for a, b in zip(edges[:-1], edges[1:])]) / refs["lambda_ref"]
+        ser["outstanding_paused"] = run_series_outstanding(run, mspec)
+    return StagedAnalyzedRun(sr, ser, meta)
+
+
+def run_series_outstanding(run: Any, mspec: MetricSpec) -> np.ndarray:
+    from analysis.metrics import _bins, outstanding_bins
+
+    be = _bins(0.0, mspec.duration, mspec.backlog_bin)
+    return outstanding_bins(run.turns, run.sessions, run.gate_events, be, paused=True)
+
+
+def _bound(reg: Any, expect: Mapping[str, Any] | None) -> bool:
+    """Bound to the registration the test names: its SHA-256 matches (a test with no
+    registration binds runs that name none)."""
+    if expect is None:
+        return not reg
+    return isinstance(reg, Mapping) and reg.get("sha256") == expect.get("sha256")
+
+
+def analyze_staged(
+    run_dirs: Sequence[Path | str],
+    spec: Mapping[str, Any],
+    *,
+    arms: Sequence[str] | None,
+    rates: Sequence[float] | None,
+    seeds: Sequence[int] | None,
+    refs_override: Mapping[str, float] | None = None,
+    predictions: Predictions | None = None,
+    test_name: str | None = None,
+    expect_cell: str | None = None,
+    expect_registration: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[StagedAnalyzedRun]]:
+    """The staged verdict over `run_dirs`; arms, rates and seeds default to those the runs name."""
+    analyzed = [run_quantities(d, spec, refs_override=refs_override, predictions=predictions, expect_cell=expect_cell,
+                               expect_registration=expect_registration) for d in run_dirs]  # fmt: skip
+    runs = [a.run for a in analyzed]
+    present = [r for r in runs if r.status != "MISSING"]
+    arms = list(arms) if arms else sorted({r.arm for r in present})
+    rates = list(rates) if rates else sorted({r.rate for r in present if not math.isnan(r.rate)})
+    seeds = list(seeds) if seeds else sorted({r.seed for r in present if r.seed >= 0})
+    out = judge_staged(spec, runs, rates=rates, seeds=seeds)
+    metas = [a.meta for a in analyzed if a.meta]
+    ref_block = next((m.get("references") for m in metas if m.get("references")), None)
+    verdict = {
+        "test": test_name or next((m.get("test") for m in metas), None),
+        **out,
+        "arms": arms,
+        "registered_rates": rates,
+        "seeds": seeds,
+        "references": {**(ref_block or {}), **(refs_override or {})},
+        "predictions": predictions.describe() if predictions is not None else None,
+        "rule_spec": dict(spec),
+        "runs": [r.to_json() for r in runs],
+    }
+    return verdict, analyzed
+
+
+def write_json(obj: Any, path: Path) -> None:
+    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))

@@ -1,0 +1,152 @@
+"""Wall time of every registered test in the simulator, and each simulated outcome beside the paper's.
+
+Runs `agentload test run CONFIG --engine sim --jobs N` for every test under configs/tests/ (one
+after another, each with N worker processes), then re-scores each output folder with `agentload
+analyze` and checks that the verdict is the same. Prints a table (test, runs, wall, simulated
+outcome per group, the paper's real-engine outcome) and writes benchmarks/all_tests.json. The
+budget is 15 minutes on a 2-core machine with --jobs 2.
+
+    .venv/bin/python benchmarks/bench_all_tests.py [--jobs 2] [--keep DIR] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGET_S = 900.0
+
+# The paper's real-engine outcome per test (rules-digest sec. 6), for the closing comparison.
+PAPER = {
+    "e2-sglang-300k": "PASS both (BURST TIT / TTT)",
+    "e2-sglang-native": "PASS both (TTT / TTT)",
+    "e2-vllm-300k": "PASS both (TDT / TIT)",
+    "e2-sglang-h200-600k": "PASS both (TIT / TTT)",
+    "e2-llama-300k": "FAIL 1.35 (1/3), PASS 1.65",
+    "basin-1": "PASS",
+    "basin-2": "BRACKETED",
+    "toolslow": "NOT-MET (30 s stuck 1/3)",
+    "toolslow-w": "TRAPS, pooled S1-S4 pass",
+    "toolslow-d15": "NO-TRAP (seed 0 stuck)",
+    "shed": "PASS",
+    "rescue-r1": "PASS, 6/6 rescued",
+    "rescue-r4": "PASS, 3/3 rescued",
+    "cut-a": "PASS, 3/3 theory-favoured",
+    "cut-b": "PASS, 3/3 theory-favoured",
+    "mirror-165": "PASS, RENEWAL 3/3",
+    "mirror-135": "PASS, RENEWAL 3/3",
+    "e0b-sglang-300k": "EDGE 2.0 (stable <= 2.0)",
+}
+
+LETTER = {"TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I", "MISSING": "-", "FAILED": "F"}
+
+
+def summary(v: dict) -> str:
+    """One line: the test outcome, per group its outcome and the decisive labels."""
+    if "rates" in v:  # the paired E2 form
+        parts = []
+        for r in v["rates"]:
+            b = "".join(LETTER.get(v2.get("burst", "MISSING"), "?") for _, v2 in sorted(r["seeds"].items()))
+            parts.append(f"{r['rate']:g} {r['verdict']} ({b})")
+        return f"{v['verdict']}: " + "; ".join(parts)
+    parts = []
+    for g in v["groups"]:
+        counts = ", ".join(f"{k} {n}" for k, n in g["counts"].items() if isinstance(n, (int, float)))
+        parts.append(f"{g['group']} {g['outcome']} [{counts}]")
+    extra = ""
+    td = v.get("test_derived") or {}
+    if "edge" in td:
+        extra = f" edge {td['edge']}"
+    return f"{v['verdict']}{extra}: " + "; ".join(parts)
+
+
+def _norm(v: dict) -> dict:
+    for r in v.get("runs", []):
+        for sect in ("stats", "quantities"):
+            (r.get(sect) or {}).pop("wall_s", None)
+        r.pop("run_dir", None)
+    v["runs"] = sorted(v.get("runs", []), key=lambda r: (r["arm"], r["rate"] or 0, r["seed"]))
+    return v
+
+
+def _child_cpu() -> float:
+    """CPU seconds used by finished child processes (and their workers): a figure the other
+    users of a shared machine do not inflate, unlike the wall time."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--keep", help="write the tests' output here and keep it (default: a temporary folder)")
+    ap.add_argument("--only", nargs="*", help="test names to run (default: every config)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "all_tests.json"))
+    args = ap.parse_args(argv)
+
+    tests = sorted(p for p in (ROOT / "configs" / "tests").glob("*.yaml") if not args.only or p.stem in args.only)
+    tmp = None
+    base = Path(args.keep) if args.keep else Path(tmp := tempfile.mkdtemp(prefix="agentload-all-"))
+    exe = Path(sys.executable).parent / "agentload"
+    cmd0 = [str(exe) if exe.exists() else "agentload"]
+    rows = []
+    t_all = time.monotonic()
+    for t in tests:
+        out = base / t.stem
+        cmd = [*cmd0, "test", "run", str(t.relative_to(ROOT)), "--engine", "sim", "--jobs", str(args.jobs), "--out", str(out), "--plain"]
+        t0, c0 = time.monotonic(), _child_cpu()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        wall, cpu = time.monotonic() - t0, _child_cpu() - c0
+        vpath = out / "verdict.json"
+        if not vpath.exists():
+            rows.append({"test": t.stem, "wall_s": round(wall, 1), "error": proc.stderr[-2000:]})
+            print(f"{t.stem}: no verdict (rc {proc.returncode})\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
+            continue
+        v = json.loads(vpath.read_text())
+        # rescore from the run directories alone: `agentload analyze` must give the same verdict
+        a = subprocess.run([*cmd0, "analyze", str(out), "--test", str(t.relative_to(ROOT)), "--out", str(out / "rescored")],
+                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+        same = (out / "rescored" / "verdict.json").exists() and _norm(json.loads((out / "rescored" / "verdict.json").read_text())) == _norm(json.loads(vpath.read_text()))
+        inner = json.loads((out / "wall.json").read_text()) if (out / "wall.json").exists() else {}
+        row = {"test": t.stem, "runs": inner.get("runs"), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "verdict": v["verdict"], "simulated": summary(v),
+               "paper": PAPER.get(t.stem, "?"), "analyze_same": same, "analyze_rc": a.returncode}  # fmt: skip
+        rows.append(row)
+        print(f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({cpu:6.1f} s CPU)  {row['simulated']}  | paper: {row['paper']}"
+              f"{'' if same else '  [analyze DIFFERS]'}", flush=True)  # fmt: skip
+    total = time.monotonic() - t_all
+    result = {
+        "benchmark": "all_tests",
+        "jobs": args.jobs,
+        "tests": len(rows),
+        "runs": sum(r.get("runs") or 0 for r in rows),
+        "wall_s": round(total, 1),
+        "test_run_wall_s": round(sum(r.get("wall_s") or 0 for r in rows), 1),  # `agentload test run` alone, without the rescoring
+        "cpu_s": round(sum(r.get("cpu_s") or 0 for r in rows), 1),
+        "budget_s": BUDGET_S,
+        "within_budget": sum(r.get("wall_s") or 0 for r in rows) <= BUDGET_S,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{len(rows)} tests, {result['runs']} runs, {total:.0f} s wall ({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} "
+          f"(budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); wrote {args.out}")  # fmt: skip
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all("error" not in r and r.get("analyze_same") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
