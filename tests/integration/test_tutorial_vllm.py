@@ -8,8 +8,8 @@ must complete on a server that passed Stage 0 smoke and the flush + canary, with
 engine answered and prefix-cache hits it reported itself.
 
 Needs AGENTLOAD_VLLM_PYTHON (vLLM's python; /work/engine-venvs/vllm/bin/python here, set up by
-scripts/ci-engine-tests.sh); skipped without it. Marker vllm. About 2-4 minutes on a loaded 2-core
-machine, most of it the server's start.
+scripts/ci-engine-tests.sh); skipped without it. Marker vllm. About 6 minutes on a 2-core machine
+under a load average of 11-14, 5 of them the server's start.
 """
 
 from __future__ import annotations
