@@ -134,3 +134,73 @@ def e0a_summary(per_seed: Sequence[WindowStats], check: WindowStats | None = Non
     ls, ls_se = _mean_se([s.mu_sessions for s in per_seed])
     tr, tr_se = _mean_se([s.uncached_token_rate for s in per_seed])
     return E0aSummary(lt, lt_se, ls, ls_se, tr, tr_se, len(per_seed), check)
+
+
+# ---------------------------------------------------------------------------------------------
+# E0b: from-empty stability
+# ---------------------------------------------------------------------------------------------
+E0B_FINAL_MAX = 50.0  # stable needs the final backlog below this (registered, App. E.3)
+E0B_RISE_MAX = 10.0  # ... and the fitted rise over the last span at most this
+E0B_RISE_SPAN = 1500.0  # seconds at the end of the run the rise is fitted over
+E0B_BIN = 10.0
+
+
+@dataclass(frozen=True)
+class E0bStats:
+    """One from-empty run. The queue is the sessions in the system (arrived, not ended: waiting,
+    running or in a tool call; Decision 12), in exact 10 s bin means; final = the last bin's mean;
+    rise = the least-squares slope over the last `rise_span` seconds' bins x rise_span."""
+
+    multiple: float
+    seed: int
+    duration: float
+    final_backlog: float
+    rise: float
+    stable: bool
+    sessions: int  # sessions that arrived in the run
+    realized_multiple: float  # sessions / duration / lambda_ref
+    hit_fraction: float  # over the rise span
+    max_backlog: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def e0b_stats(
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    *,
+    multiple: float,
+    seed: int,
+    lambda_ref: float,
+    duration: float,
+    rise_span: float = E0B_RISE_SPAN,
+    bin_s: float = E0B_BIN,
+    final_max: float = E0B_FINAL_MAX,
+    rise_max: float = E0B_RISE_MAX,
+) -> E0bStats:
+    from analysis.metrics import interval_bin_means, ls_slope, present_sessions, system_intervals
+
+    if rise_span > duration or rise_span < 2 * bin_s:
+        raise ValueError(f"rise_span {rise_span} s must lie within the run ({duration} s) and cover two {bin_s} s bins")
+    n_bins = int(round(duration / bin_s))
+    edges = np.linspace(0.0, n_bins * bin_s, n_bins + 1)
+    n_sys = interval_bin_means(*system_intervals(sessions), edges)
+    centers = 0.5 * (edges[:-1] + edges[1:])
+    start = duration - rise_span
+    sel = centers >= start
+    rise = ls_slope(centers[sel], n_sys[sel]) * rise_span
+    final = float(n_sys[-1])
+    arrived = len(present_sessions(sessions))
+    return E0bStats(
+        multiple=float(multiple),
+        seed=int(seed),
+        duration=float(duration),
+        final_backlog=final,
+        rise=float(rise),
+        stable=bool(final < final_max and rise <= rise_max),
+        sessions=int(arrived),
+        realized_multiple=arrived / duration / lambda_ref,
+        hit_fraction=hit_fraction(turns, start, duration, HIT_THRESHOLD),
+        max_backlog=float(np.max(n_sys)) if n_sys.size else 0.0,
+    )

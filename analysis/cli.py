@@ -60,6 +60,10 @@ def report_runs(run_dirs: Sequence[str], out_dir: Path, *, test_path: str | None
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    if getattr(args, "registration", None):
+        from analysis.registered import cmd
+
+        return cmd(args)
     dirs: list[str] = []
     for d in args.runs:
         p = Path(d)
@@ -80,5 +84,10 @@ def register(cli: Any) -> None:
     a.add_argument("runs", nargs="+", help="run directories, or folders holding them")
     a.add_argument("--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)")
     a.add_argument("--out", help="report folder (default: <common parent>/analysis)")
+    a.add_argument("--registration", help="judge as registered: the registration's rule and references, only its bound runs, "
+                                          "the analysis code of its commit (see analysis/registered.py)")  # fmt: skip
     add_ref_options(a)
     a.set_defaults(func=_cmd_analyze)
+    from analysis.registered import RegisteredAnalysisError
+
+    cli.user_errors(RegisteredAnalysisError)

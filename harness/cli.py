@@ -41,6 +41,7 @@ GROUPS: list[tuple[str, str]] = [
 REGISTRARS: list[str] = [
     "harness.workload.plans:register",
     "harness.protocols.calibration:register",
+    "prereg.cli:register",
     "harness.emulator.cli:register",
     "harness.servers.smoke:register",
     "harness.protocols.cli:register",

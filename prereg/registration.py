@@ -1,0 +1,367 @@
+"""The registration file: a typed model, a strict loader and a deterministic writer.
+
+Why this module exists: a registration is the one file that fixes, before any job runs, everything a
+registered test's jobs and its verdict may use: the cell, workload and protocol, the arms, rates,
+seeds and cap, the reference values from calibration, the rule spec with its thresholds, the kill
+conditions, and the SHA-256 of every calibration input and frozen plan it binds. Its identity is the
+SHA-256 of its bytes, so the loader never normalises the file: what it hashes is what it parsed.
+
+Every consumer (the job script, the submission command, the registered analysis, prediction files)
+goes through `load_registration`, so a malformed file fails the same way everywhere, with the file,
+the field path, the value and what was expected (`RegistrationError`, a `ConfigError`).
+
+The format is documented in docs/registration.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from harness.config import ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, load_yaml, parse_config
+
+FORMAT = "agentload-registration"
+FORMAT_VERSION = 1
+STATUSES = ("FILLED", "EXPLORATORY", "INCOMPLETE")
+_HEX64 = r"^[0-9a-f]{64}$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class RegistrationError(ConfigError):
+    """A registration (or a calibration input, or a template) is malformed or refused; the message
+    names the file, the field, the value and what was expected."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class References(_Strict):
+    """The reference values the rule is judged with (paper App. E.3, E.5).
+
+    lambda_ref: E0a's turns-based all-miss session rate, the unit of every rate multiple.
+    lambda_miss: the value the rule uses as lambda_miss; the paper's rule takes the cell's lambda_ref.
+    lambda_miss_sessions: E0a's completed-session estimate, recorded beside it (descriptive).
+    all_miss_token_rate: E0a's uncached prefill tokens/s, the TRAPPED token reference.
+    """
+
+    lambda_ref: float = Field(..., gt=0)
+    lambda_ref_se: float | None = Field(None, ge=0)
+    lambda_miss: float = Field(..., gt=0)
+    lambda_miss_sessions: float | None = Field(None, gt=0)
+    all_miss_token_rate: float | None = Field(..., gt=0, description="null only in an INCOMPLETE registration")
+    all_miss_token_rate_se: float | None = Field(None, ge=0)
+
+
+class Rate(_Strict):
+    multiple: float = Field(..., gt=0, description="multiple of lambda_ref")
+    sessions_per_s: float = Field(..., gt=0)
+
+
+class InputFile(_Strict):
+    path: str = Field(..., min_length=1, description="repository-relative path of the committed input copy")
+    sha256: str = Field(..., pattern=_HEX64)
+    role: Literal["stage-c", "e0a", "e0b", "parent", "other"] = "other"
+
+
+class PlanHash(_Strict):
+    arm: str
+    rate: float = Field(..., gt=0)
+    seed: int = Field(..., ge=0)
+    sha256: str = Field(..., pattern=_HEX64)
+
+
+class Allowances(_Strict):
+    """Seconds a job needs beyond the run itself (rules digest, Decision 16)."""
+
+    start_s: float = Field(900.0, ge=0)
+    smoke_s: float = Field(120.0, ge=0)
+    teardown_s: float = Field(60.0, ge=0)
+
+
+class Parent(_Strict):
+    name: str
+    path: str
+    sha256: str = Field(..., pattern=_HEX64)
+
+
+class KillCondition(_Strict):
+    """A registered condition that, if triggered after the runs, withdraws the test's claim.
+
+    kind decides how prereg.kill evaluates it; params hold its thresholds as data; `frozen` holds a
+    value fixed at fill time (the window-noise condition is decided by calibration alone)."""
+
+    id: str
+    kind: Literal["arm_fails_fraction", "capped_not_recovered", "window_noise"]
+    description: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    frozen: dict[str, Any] | None = None
+
+
+class FillWarning(_Strict):
+    id: str
+    text: str
+    value: float | None = None
+
+
+class Registration(_Strict):
+    """A parsed registration. `sha256`, `path` and `raw` are the file's identity, not fields."""
+
+    format: Literal["agentload-registration"]
+    format_version: Literal[1]
+    name: str = Field(..., pattern=_NAME)
+    description: str = ""
+    status: Literal["FILLED", "EXPLORATORY", "INCOMPLETE"]
+    status_reasons: list[str] = Field(default_factory=list)
+    parent: Parent | None = None
+    test: str = Field(..., min_length=1)
+    cell: CellConfig
+    workload: WorkloadConfig
+    protocol: ProtocolConfig
+    arms: list[str]
+    arm_configs: dict[str, ArmConfig] = Field(default_factory=dict)
+    rates: list[Rate]
+    seeds: list[int]
+    cap: int | None = Field(None, ge=1)
+    references: References
+    rule: dict[str, Any]
+    kill_conditions: list[KillCondition] = Field(default_factory=list)
+    warnings: list[FillWarning] = Field(default_factory=list)
+    allowances: Allowances = Allowances()
+    inputs: list[InputFile] = Field(default_factory=list)
+    plans: list[PlanHash] = Field(default_factory=list)
+    fill: dict[str, Any] = Field(default_factory=dict)
+
+    _path: Path | None = PrivateAttr(None)
+    _sha256: str | None = PrivateAttr(None)
+    _raw: bytes | None = PrivateAttr(None)
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the file's bytes (of the canonical dump when the object was built in memory)."""
+        return self._sha256 or hashlib.sha256(dump_registration(self)).hexdigest()
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw if self._raw is not None else dump_registration(self)
+
+    # -- conveniences for jobs and the verdict -------------------------------------------------
+    @property
+    def decisive(self) -> bool:
+        """Only a FILLED registration can make a test's verdict decisive (paper Table 14)."""
+        return self.status == "FILLED"
+
+    def multiples(self) -> list[float]:
+        return [r.multiple for r in self.rates]
+
+    def plan_sha256(self, arm: str, rate: float, seed: int) -> str | None:
+        """The registered SHA-256 of the frozen plan of (arm, rate, seed), or None if not bound."""
+        for p in self.plans:
+            if p.arm.lower() == arm.lower() and math.isclose(p.rate, rate, rel_tol=0, abs_tol=1e-9) and p.seed == seed:
+                return p.sha256
+        return None
+
+    def bundle(self) -> Any:
+        """The test as a harness.config.TestBundle built from the registration alone (its cell,
+        workload, protocol and arm configs), so a job plays exactly the registered plans."""
+        from harness.config import TestBundle, TestConfig
+
+        missing = [a for a in self.arms if a not in self.arm_configs]
+        if missing:
+            raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
+        test = TestConfig(name=self.test, description=self.description, cell=self.cell.name, workload=self.workload.name,
+                          protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(), seeds=list(self.seeds),
+                          cap=self.cap, registration=str(self._path) if self._path else self.name)  # fmt: skip
+        return TestBundle(test=test, cell=self.cell, workload=self.workload, protocol=self.protocol,
+                          arms=dict(self.arm_configs), path=self._path)  # fmt: skip
+
+    def binding(self, path: str | None = None, commit: str | None = None) -> dict[str, Any]:
+        """The meta.json "registration" block of a run bound to this registration."""
+        return {"name": self.name, "path": path if path is not None else (self._path.as_posix() if self._path else None),
+                "sha256": self.sha256, "commit": commit}  # fmt: skip
+
+    def rule_refs(self, multiple: float) -> dict[str, float]:
+        """The references the rule engine reads for a run at `multiple` x lambda_ref."""
+        r = self.references
+        return {
+            "lam": multiple * r.lambda_ref,
+            "lam_miss": r.lambda_miss,
+            "all_miss_rate": r.all_miss_token_rate,
+            "rate": multiple,
+            "lambda_ref": r.lambda_ref,
+        }
+
+    # -- consistency ---------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Cross-field inconsistencies, each as 'field: got ...; expected ...'."""
+        problems: list[str] = []
+        if self.status == "EXPLORATORY" and self.parent is None:
+            problems.append("parent: an EXPLORATORY registration must name the FILLED parent it derives from")
+        if self.status != "EXPLORATORY" and self.parent is not None:
+            problems.append(f"parent: only an EXPLORATORY registration has a parent; status is {self.status}")
+        if self.status == "INCOMPLETE" and not self.status_reasons:
+            problems.append("status_reasons: an INCOMPLETE registration must say why (expected at least one reason)")
+        if len(set(a.lower() for a in self.arms)) != len(self.arms):
+            problems.append(f"arms: expected distinct arm names, got {self.arms}")
+        if len(set(self.seeds)) != len(self.seeds):
+            problems.append(f"seeds: expected distinct seeds, got {self.seeds}")
+        mults = self.multiples()
+        if len(set(mults)) != len(mults):
+            problems.append(f"rates: expected distinct multiples, got {mults}")
+        for i, r in enumerate(self.rates):
+            want = r.multiple * self.references.lambda_ref
+            if not math.isclose(r.sessions_per_s, want, rel_tol=1e-9, abs_tol=1e-12):
+                problems.append(
+                    f"rates[{i}].sessions_per_s: got {r.sessions_per_s}; expected multiple x lambda_ref = "
+                    f"{r.multiple} x {self.references.lambda_ref} = {want!r}"
+                )
+        if self.status in ("FILLED", "EXPLORATORY"):
+            if self.references.all_miss_token_rate is None:
+                problems.append(f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} registration (the TRAPPED rule needs it)")
+            if not self.rates:
+                problems.append(f"rates: a {self.status} registration needs at least one rate")
+            if not self.seeds:
+                problems.append(f"seeds: a {self.status} registration needs at least one seed")
+            want_plans = {(a.lower(), round(m, 9), s) for a in self.arms for m in mults for s in self.seeds}
+            have = [(p.arm.lower(), round(p.rate, 9), p.seed) for p in self.plans]
+            if len(set(have)) != len(have):
+                problems.append("plans: an (arm, rate, seed) is listed twice")
+            missing = sorted(want_plans - set(have))
+            extra = sorted(set(have) - want_plans)
+            if missing:
+                problems.append(f"plans: no plan hash for (arm, rate, seed) {missing[:4]}{' ...' if len(missing) > 4 else ''}; expected one per arm x rate x seed")
+            if extra:
+                problems.append(f"plans: hashes for (arm, rate, seed) {extra[:4]} that are not registered arms x rates x seeds")
+        for arm in self.arm_configs:
+            if arm.lower() not in {a.lower() for a in self.arms}:
+                problems.append(f"arm_configs.{arm}: not one of the registered arms {self.arms}")
+        for a in self.arms:
+            cfg = self.arm_configs.get(a)
+            if cfg is not None and cfg.gate is not None and cfg.gate.cap is None and self.cap is None:
+                problems.append(f"cap: arm {a} has a gate without its own cap, so the registration needs a cap")
+        try:
+            from analysis.rules import RuleError, validate_rule
+
+            validate_rule(self.rule)
+        except (RuleError, KeyError, TypeError) as exc:
+            problems.append(f"rule: expected a valid rule spec (analysis.rules): {exc}")
+        return problems
+
+
+def registration_from_data(data: Any, source: Path | str = "<memory>", raw: bytes | None = None) -> Registration:
+    """Validate a loaded mapping as a registration; errors are RegistrationError with the file name."""
+    if isinstance(data, dict):
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise RegistrationError(f"{source}: format: got {fmt!r}; expected {FORMAT!r} (is this a registration file?)")
+        ver = data.get("format_version")
+        if ver != FORMAT_VERSION:
+            raise RegistrationError(f"{source}: format_version: got {ver!r}; expected {FORMAT_VERSION} (this code reads version {FORMAT_VERSION})")
+    try:
+        reg = parse_config(data, Registration, source)
+    except ConfigError as exc:
+        raise RegistrationError(str(exc)) from None
+    problems = reg.problems()
+    if problems:
+        lines = [f"{source}: inconsistent registration ({len(problems)} problem(s))"] + [f"  {p}" for p in problems]
+        raise RegistrationError("\n".join(lines))
+    if raw is not None:
+        reg._raw = raw
+        reg._sha256 = hashlib.sha256(raw).hexdigest()
+    if str(source) != "<memory>":
+        reg._path = Path(source)
+    return reg
+
+
+def load_registration(path: str | Path, expect_sha256: str | None = None) -> Registration:
+    """Read, hash and validate a registration file.
+
+    The SHA-256 is of the bytes on disk, read once, so the hash and the parsed content are of the
+    same bytes. With `expect_sha256`, a different hash is refused before anything else is trusted.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise RegistrationError(f"{p}: cannot read the registration: {exc.strerror or exc}") from None
+    sha = hashlib.sha256(raw).hexdigest()
+    if expect_sha256 is not None and sha != expect_sha256.lower():
+        raise RegistrationError(f"{p}: SHA-256 is {sha}; expected {expect_sha256.lower()} (the file is not the registered one)")
+    data = load_yaml(p)
+    return registration_from_data(data, p, raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------
+class _Dumper(yaml.SafeDumper):
+    """Block style, keys in the order given, no aliases: a stable, readable, diffable file."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _repr_float(dumper: yaml.SafeDumper, value: float) -> yaml.ScalarNode:
+    # repr() is the shortest string that reads back as the same float, on every platform.
+    if math.isnan(value):
+        text = ".nan"
+    elif math.isinf(value):
+        text = ".inf" if value > 0 else "-.inf"
+    else:
+        text = repr(float(value))
+        if "e" in text and "." not in text.split("e")[0]:
+            mant, exp = text.split("e")
+            text = f"{mant}.0e{exp}"
+    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+
+
+_Dumper.add_representer(float, _repr_float)
+
+
+def dump_yaml(data: Any) -> bytes:
+    """Deterministic YAML bytes (used for registrations and calibration summaries alike)."""
+    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    return text.encode("utf-8")
+
+
+def registration_dict(reg: Registration) -> dict[str, Any]:
+    """The registration as plain data, in the documented key order."""
+    return reg.model_dump(mode="json")
+
+
+def dump_registration(reg: Registration) -> bytes:
+    return dump_yaml(registration_dict(reg))
+
+
+def write_registration(reg: Registration | dict[str, Any], path: str | Path) -> str:
+    """Validate, write and return the SHA-256 of the bytes written. The same registration always
+    gives the same bytes."""
+    if isinstance(reg, dict):
+        reg = registration_from_data(reg)
+    data = dump_registration(reg)
+    # reading back must give the same object: a writer that loses information would freeze a lie
+    back = registration_from_data(yaml.safe_load(data.decode("utf-8")), "<written>")
+    if registration_dict(back) != registration_dict(reg):
+        raise RegistrationError(f"{path}: the written registration does not read back identically (a value does not round-trip)")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
