@@ -134,7 +134,7 @@ def _cell_dump(cell: CellConfig, lambda_ref: float, all_miss: float | None) -> d
 
 def _kill_conditions(arms: list[str], rule: dict[str, Any], fits: list[float], noise: dict[str, Any]) -> list[dict[str, Any]]:
     """The E2 registration's four kill conditions (App. E.11), as data for prereg.kill."""
-    up = {a.upper() for a in arms}
+    up = {a.upper() for a in arms} if isinstance(rule.get("arms"), dict) else set()
     out: list[dict[str, Any]] = []
     if "NOBURST" in up:
         out.append({"id": "K1", "kind": "arm_fails_fraction",
@@ -157,6 +157,8 @@ def _kill_conditions(arms: list[str], rule: dict[str, Any], fits: list[float], n
 def _predictions(arms: list[str], rule: dict[str, Any], multiples: list[float], drains: dict[float, F.Drain], gated: set[str]) -> list[dict[str, Any]]:
     from analysis.rules import arm_expectation
 
+    if not isinstance(rule.get("arms"), dict):
+        return []  # a rule without per-arm states (a staged rule) carries its outcomes in its spec
     out = []
     for m in multiples:
         for a in arms:
@@ -184,6 +186,8 @@ def fill_registration(inputs_dir: str | Path | None, template_path: str | Path, 
     root = repo_root if repo_root is not None else repo_root_of(tpath)
     if tmpl.parent is not None:
         return _derive(tmpl, tpath, root)
+    if tmpl.based_on is not None:
+        return _based_on(tmpl, tpath, root)
     if inputs_dir is None:
         raise RegistrationError(f"{tpath}: this template fills from calibration inputs; give --inputs DIR")
     inputs = load_inputs(inputs_dir)
@@ -352,12 +356,7 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     with the template's changes (cell settings, arms, seeds, rule overrides)."""
     base = tpath.parent
     src = str(tpath)
-    ppath = Path(tmpl.parent or "")
-    if not ppath.is_absolute():
-        ppath = (root / ppath) if root is not None and (root / ppath).is_file() else base / ppath
-    parent = load_registration(ppath)
-    if parent.status != "FILLED":
-        raise RegistrationError(f"{src}: parent: {ppath} has status {parent.status}; expected a FILLED registration to derive from")
+    parent, ppath = _load_parent(tmpl.parent or "", base, root, src, "parent")
     cell_d = {**parent.cell.model_dump(mode="json"), **tmpl.cell_overrides}
     try:
         cell = CellConfig.model_validate(cell_d, strict=True)
@@ -377,6 +376,7 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
         "test": tmpl.test, "cell": _cell_dump(cell, lam_ref, parent.references.all_miss_token_rate),
         "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()}, "seeds": seeds, "rule": rule,
         "allowances": tmpl.allowances.model_dump(mode="json"),
+        "kill_conditions": [], "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
         "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
         "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds),
         "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
@@ -384,6 +384,54 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
                  "note": "EXPLORATORY: derived from a FILLED parent; never decisive"},
     })  # fmt: skip
     return FillResult(registration_from_data(data, f"{src} (derived)"), data)
+
+
+def _load_parent(ref: str, base: Path, root: Path | None, src: str, key: str) -> tuple[Registration, Path]:
+    p = Path(ref)
+    if not p.is_absolute():
+        p = (root / p) if root is not None and (root / p).is_file() else base / p
+    reg = load_registration(p)
+    if reg.status != "FILLED":
+        raise RegistrationError(f"{src}: {key}: {p} has status {reg.status}; expected a FILLED registration")
+    return reg, p
+
+
+def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
+    """A FILLED registration of another test on a FILLED registration's calibration: its cell,
+    references and cap, at some of its registered rates (the paper's BASIN, TOOLSLOW, SHED, rescue,
+    CUT and MIRROR registrations reuse the E2 cells' this way), with the template's arms, seeds,
+    rule and, where given, workload and protocol."""
+    base = tpath.parent
+    src = str(tpath)
+    parent, ppath = _load_parent(tmpl.based_on or "", base, root, src, "based_on")
+    rates = list(tmpl.rates or [])
+    bad = [r for r in rates if not any(abs(r - m) < 1e-9 for m in parent.multiples())]
+    if bad:
+        raise RegistrationError(f"{src}: rates: got {bad}; expected rates registered by {ppath} ({parent.multiples()})")
+    workload = load_config(config_ref(tmpl.workload, "workloads"), WorkloadConfig, base) if tmpl.workload else parent.workload
+    protocol = load_config(config_ref(tmpl.protocol, "protocols"), ProtocolConfig, base) if tmpl.protocol else parent.protocol
+    rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
+    arms = list(tmpl.arms or [])
+    arm_cfgs = _arm_configs(arms, base, parent.cap, src)
+    lam_ref = parent.references.lambda_ref
+    seeds = list(tmpl.seeds or [])
+    data = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "name": tmpl.name, "description": tmpl.description.strip(),
+        "status": "FILLED", "status_reasons": [], "parent": None, "test": tmpl.test,
+        "cell": parent.cell.model_dump(mode="json"), "workload": workload.model_dump(mode="json"), "protocol": protocol.model_dump(mode="json"),
+        "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
+        "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates], "seeds": seeds,
+        "cap": parent.cap if any(c.gate is not None for c in arm_cfgs.values()) else None,
+        "references": parent.references.model_dump(mode="json"), "rule": rule, "kill_conditions": [], "warnings": [],
+        "allowances": tmpl.allowances.model_dump(mode="json"),
+        "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}] + [i.model_dump(mode="json") for i in parent.inputs],
+        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds),
+        "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
+                 "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
+                 "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "
+                         "the test's outcomes and refutation are its rule spec's"},
+    }  # fmt: skip
+    return FillResult(registration_from_data(data, f"{src} (based on {ppath.name})"), data)
 
 
 def fill_to_file(inputs_dir: str | Path | None, template_path: str | Path, out: str | Path, *, repo_root: Path | None = None,

@@ -67,12 +67,25 @@ class Template(_Strict):
     rule: str | dict[str, Any] = "e2"
     rule_overrides: dict[str, Any] = Field(default_factory=dict)
     parent: str | None = Field(None, description="a FILLED registration this EXPLORATORY one derives from")
+    based_on: str | None = Field(None, description="a FILLED registration whose calibration (cell, references, cap) this FILLED one reuses")
+    rates: list[float] | None = Field(None, description="with based_on: the registered rates (multiples) of the parent this test runs at")
     cell_overrides: dict[str, Any] = Field(default_factory=dict)
     allowances: Allowances = Allowances()
     fill: FillParams = FillParams()
 
     @model_validator(mode="after")
     def _complete(self) -> "Template":
+        if self.parent is not None and self.based_on is not None:
+            raise ValueError("parent or based_on, not both (EXPLORATORY derivation, or a FILLED test on another registration's calibration)")
+        if self.based_on is not None:
+            missing = [k for k in ("arms", "seeds", "rates") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"{', '.join(missing)} given (a based_on template names its arms, seeds and rates)")
+            if self.cell is not None or self.cell_overrides:
+                raise ValueError("no cell or cell_overrides with based_on (the calibration is of the based_on registration's cell)")
+            return self
+        if self.rates is not None:
+            raise ValueError("rates only with based_on (otherwise the formula places them)")
         if self.parent is None:
             missing = [k for k in ("cell", "workload", "protocol", "arms", "seeds") if getattr(self, k) is None]
             if missing:
