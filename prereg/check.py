@@ -68,7 +68,7 @@ def check_plans(reg: Registration) -> dict[str, Any]:
     missing = [a for a in reg.arms if a not in reg.arm_configs]
     if missing:
         return {"checked": 0, "mismatches": [], "error": f"arm_configs lacks {missing}: the plans cannot be regenerated"}
-    now = plan_hashes(reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds))
+    now = plan_hashes(reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds), reg.top_rate)
     have = {(p.arm, p.rate, p.seed): p.sha256 for p in reg.plans}
     bad = []
     for p in now:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, config_ref, load_config
+from harness.workload.plans import DEFAULT_TOP_RATE, rate_above_top
 from prereg import formula as F
 from prereg.inputs import CalibrationInputs, InputError, e0a_values, load_inputs
 from prereg.registration import (
@@ -104,9 +105,10 @@ def _arm_configs(names: list[str], base: Path, cap: int | None, source: str) -> 
 
 
 def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[str, ArmConfig], multiples: list[float],
-                lambda_ref: float, seeds: list[int]) -> list[dict[str, Any]]:  # fmt: skip
-    """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it.
-    Arms whose plan content is the same (BURST and CAPPED) share one generation."""
+                lambda_ref: float, seeds: list[int], top_rate: float = DEFAULT_TOP_RATE) -> list[dict[str, Any]]:  # fmt: skip
+    """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it
+    (from the base stream at the test's `top_rate`). Arms whose plan content is the same (BURST and
+    CAPPED) share one generation."""
     import orjson
 
     from harness.workload.plans import make_plan, plan_arm, plan_bytes
@@ -119,7 +121,7 @@ def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[s
             for s in seeds:
                 k = (key_arm, m, s)
                 if k not in cache:
-                    cache[k] = hashlib.sha256(plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s))).hexdigest()
+                    cache[k] = hashlib.sha256(plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s, top_rate))).hexdigest()
                 out.append({"arm": name, "rate": m, "seed": s, "sha256": cache[k]})
     return out
 
@@ -235,6 +237,10 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
     formula_status = "FILLED" if placed.ok else "INCOMPLETE"
     reasons = list(placed.reasons) + reasons
     multiples = [float(r.multiple) for r in placed.rates]
+    for m in multiples:
+        above = rate_above_top(m, lam_ref, tmpl.top_rate)
+        if above:
+            reasons.append(f"{above} (the template's top_rate {tmpl.top_rate:g})")
 
     # 5.-6. cap and drain
     budget = F.drain_budget(protocol.duration, protocol.burst.time, float(rule["params"].get("recovered_span", protocol.recovered_span)), P.drain_fraction)
@@ -273,7 +279,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
 
     status = "FILLED" if not reasons else "INCOMPLETE"
     bound = status == "FILLED"
-    plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or [])) if bound else []
+    plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), tmpl.top_rate) if bound else []
     all_miss = ev.all_miss_token_rate
     references = {
         "lambda_ref": lam_ref,
@@ -296,7 +302,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "e0a_computed": list(ev.computed),
             "e0b": {"grid": list(inputs.e0b.grid), "seeds": list(inputs.e0b.seeds), "edge": edge.edge,
                     "first_unstable": edge.first_unstable, "monotone": edge.monotone, "complete": edge.complete,
-                    "reading": edge.reading, "stability_rule": inputs.e0b.protocol.model_dump(mode="json")},  # fmt: skip
+                    "reading": edge.reading, "stability_rule": inputs.e0b.protocol.as_data()},  # fmt: skip
         },
         "window": {
             "low": float(w.low), "high": _f(w.high), "binding": w.binding,
@@ -339,6 +345,8 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in multiples],
         "seeds": list(tmpl.seeds or []),
         "cap": cap.cap if gated else None,
+        "top_rate": tmpl.top_rate,
+        "start_lateness_p99": tmpl.start_lateness_p99,
         "references": references,
         "rule": rule,
         "kill_conditions": _kill_conditions(arms, rule, fits, noise),
@@ -378,7 +386,7 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
         "allowances": tmpl.allowances.model_dump(mode="json"),
         "kill_conditions": [], "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
         "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
-        "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds),
+        "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds, parent.top_rate),
         "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
                  "derived_from": parent.name, "cell_overrides": dict(tmpl.cell_overrides),
                  "note": "EXPLORATORY: derived from a FILLED parent; never decisive"},
@@ -422,10 +430,11 @@ def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
         "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
         "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates], "seeds": seeds,
         "cap": parent.cap if any(c.gate is not None for c in arm_cfgs.values()) else None,
+        "top_rate": parent.top_rate, "start_lateness_p99": parent.start_lateness_p99,
         "references": parent.references.model_dump(mode="json"), "rule": rule, "kill_conditions": [], "warnings": [],
         "allowances": tmpl.allowances.model_dump(mode="json"),
         "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}] + [i.model_dump(mode="json") for i in parent.inputs],
-        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds),
+        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds, parent.top_rate),
         "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
                  "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
                  "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "

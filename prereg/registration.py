@@ -23,7 +23,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from harness.config import ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, load_yaml, parse_config
+from harness.config import (
+    DEFAULT_START_LATENESS_P99,
+    ArmConfig,
+    CellConfig,
+    ConfigError,
+    ProtocolConfig,
+    WorkloadConfig,
+    load_yaml,
+    parse_config,
+)
+from harness.workload.plans import DEFAULT_TOP_RATE
 
 FORMAT = "agentload-registration"
 FORMAT_VERSION = 1
@@ -128,6 +138,12 @@ class Registration(_Strict):
     rates: list[Rate]
     seeds: list[int]
     cap: int | None = Field(None, ge=1)
+    top_rate: float = Field(
+        DEFAULT_TOP_RATE, gt=0, description="sessions/s of the CRN base stream the plans are thinned from (the test's top_rate)"
+    )
+    start_lateness_p99: float = Field(
+        DEFAULT_START_LATENESS_P99, gt=0, description="plan seconds: the open-loop bound on the p99 of session-start lateness"
+    )
     references: References
     rule: dict[str, Any]
     kill_conditions: list[KillCondition] = Field(default_factory=list)
@@ -181,7 +197,8 @@ class Registration(_Strict):
             raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
         test = TestConfig(name=self.test, description=self.description, cell=self.cell.name, workload=self.workload.name,
                           protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(), seeds=list(self.seeds),
-                          cap=self.cap, registration=str(self._path) if self._path else self.name)  # fmt: skip
+                          cap=self.cap, registration=str(self._path) if self._path else self.name, top_rate=self.top_rate,
+                          start_lateness_p99=self.start_lateness_p99)  # fmt: skip
         return TestBundle(test=test, cell=self.cell, workload=self.workload, protocol=self.protocol,
                           arms=dict(self.arm_configs), path=self._path)  # fmt: skip
 
@@ -219,6 +236,12 @@ class Registration(_Strict):
         if len(set(mults)) != len(mults):
             problems.append(f"rates: expected distinct multiples, got {mults}")
         for i, r in enumerate(self.rates):
+            if self.status != "INCOMPLETE":  # an INCOMPLETE one binds no plan, and may say why in its reasons
+                from harness.workload.plans import rate_above_top
+
+                above = rate_above_top(r.multiple, self.references.lambda_ref, self.top_rate)
+                if above:
+                    problems.append(f"rates[{i}].multiple: {above} (top_rate {self.top_rate:g})")
             want = r.multiple * self.references.lambda_ref
             if not math.isclose(r.sessions_per_s, want, rel_tol=1e-9, abs_tol=1e-12):
                 problems.append(
@@ -334,9 +357,18 @@ def dump_yaml(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
+# Fields added after the paper's registrations were written: left out of the file at their default,
+# so a registration of the paper's scale keeps its bytes (and its SHA-256) and reads back the same.
+_OMITTED_AT_DEFAULT = {"top_rate": DEFAULT_TOP_RATE, "start_lateness_p99": DEFAULT_START_LATENESS_P99}
+
+
 def registration_dict(reg: Registration) -> dict[str, Any]:
     """The registration as plain data, in the documented key order."""
-    return reg.model_dump(mode="json")
+    data = reg.model_dump(mode="json")
+    for key, default in _OMITTED_AT_DEFAULT.items():
+        if data.get(key) == default:
+            del data[key]
+    return data
 
 
 def dump_registration(reg: Registration) -> bytes:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.config import ConfigError, load_yaml, parse_config
+from harness.config import DEFAULT_START_LATENESS_P99, ConfigError, load_yaml, parse_config
+from harness.workload.plans import DEFAULT_TOP_RATE
 from prereg.registration import Allowances, RegistrationError
 
 TEMPLATE_FORMAT = "agentload-registration-template"
@@ -71,6 +72,12 @@ class Template(_Strict):
     rates: list[float] | None = Field(None, description="with based_on: the registered rates (multiples) of the parent this test runs at")
     cell_overrides: dict[str, Any] = Field(default_factory=dict)
     allowances: Allowances = Allowances()
+    top_rate: float = Field(
+        DEFAULT_TOP_RATE, gt=0, description="the test's top_rate: sessions/s of the base stream every plan is thinned from"
+    )
+    start_lateness_p99: float = Field(
+        DEFAULT_START_LATENESS_P99, gt=0, description="the test's open-loop bound on the p99 session-start lateness (plan seconds)"
+    )
     fill: FillParams = FillParams()
 
     @model_validator(mode="after")

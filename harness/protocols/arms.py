@@ -207,8 +207,13 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
+    registration: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet)."""
+    """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
+
+    `registration` is the meta.json binding of a run of a registered test ({name, path, sha256,
+    commit}, prereg.registration.Registration.binding), with `rule` its rule's name; without it
+    the run records the test's `registration` field as it stands."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -227,8 +232,8 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": bundle.test.registration,
-        "rule": bundle.test.rule,
+        "registration": registration if registration is not None else bundle.test.registration,
+        "rule": (registration or {}).get("rule") or bundle.test.rule,
         "arm": key,
         "arm_config": arm,
         "rate": float(rate),
