@@ -199,3 +199,43 @@ def test_inputs_of_the_committed_cpu_calibration_load() -> None:
     for f in folders:
         inp = load_inputs(f)
         assert inp.e0b.protocol.config == "e0b-cpu" and inp.e0b.protocol.top_rate >= max(inp.e0b.grid) * inp.e0b.lambda_ref
+
+
+# -------------------------------------------------------------------------------------------------
+# the host load a real run ran under
+# -------------------------------------------------------------------------------------------------
+def test_host_load_measures_the_cpu_share_of_a_process_group() -> None:
+    import time
+
+    from harness.protocols.realrun import HostLoad, group_cpu_seconds
+
+    group = os.getpgid(0)
+    assert group_cpu_seconds(group) is not None and group_cpu_seconds(group) >= 0
+    assert group_cpu_seconds(2**22 + 12345) == 0.0  # no such group: nothing ran
+    h = HostLoad()
+    h.mark("drive_start", group)
+    t = time.process_time()
+    while time.process_time() - t < 0.3:  # burn a third of a CPU second in this group
+        pass
+    h.mark("drive_end", group)
+    m = h.as_meta()
+    assert m["cpus"] == os.cpu_count() and len(m["loadavg_drive_start"]) == 3
+    assert m["engine_cpu_s"] >= 0.25 and 0 < m["engine_cpu_share"] <= (os.cpu_count() or 1) + 0.1
+
+
+def test_a_stage_summary_says_the_load_its_real_runs_ran_under(tmp_path: Path) -> None:
+    import json
+
+    from harness.protocols.calibration import load_note
+
+    dirs = []
+    for i, (a, b, share) in enumerate(((3.0, 4.5, 0.61), (7.25, 6.0, 0.3))):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"host_load": {"cpus": 2, "loadavg_drive_start": [a, 1, 1], "loadavg_drive_end": [b, 1, 1],
+                                                                "engine_cpu_share": share}}))  # fmt: skip
+        dirs.append(d)
+    assert load_note(dirs) == "; host load (1 min) 3.0-7.2 on 2 CPUs, engine CPU share 0.30-0.61 of a core"
+    sim = tmp_path / "sim"
+    run_closed(fast_cell(), WL, 4, warmup=2.0, window=4.0, run_dir=sim)
+    assert load_note([sim]) == ""  # a simulated run has no host load to report

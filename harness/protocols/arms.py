@@ -207,13 +207,12 @@ def execute_run(
     *,
     observer: Observer | None = None,
     options: dict[str, Any] | None = None,
-    registration: dict[str, Any] | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> RunResult:
     """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
 
-    `registration` is the meta.json binding of a run of a registered test ({name, path, sha256,
-    commit}, prereg.registration.Registration.binding), with `rule` its rule's name; without it
-    the run records the test's `registration` field as it stands."""
+    `extra_meta` is merged into meta.json before the run starts: a registered run's binding
+    ({"registration": {name, path, sha256, commit}, "rule": name}, prereg.registration)."""
     from provenance.meta import capture
 
     t0 = time.monotonic()
@@ -232,8 +231,8 @@ def execute_run(
     meta = {
         "test": bundle.test.name,
         "test_file": str(bundle.path) if bundle.path else None,
-        "registration": registration if registration is not None else bundle.test.registration,
-        "rule": (registration or {}).get("rule") or bundle.test.rule,
+        "registration": bundle.test.registration,
+        "rule": bundle.test.rule,
         "arm": key,
         "arm_config": arm,
         "rate": float(rate),
@@ -248,6 +247,8 @@ def execute_run(
         "engine_backend": engine,
         "provenance": capture(include_gpu=engine != "sim"),
     }
+    if extra_meta:
+        meta.update(extra_meta)
     ts = arm.toolslow
     with RunRecorder(run_dir, meta) as rec:
         client = PlanClient(

@@ -482,15 +482,41 @@ def calibrate_all(
     eb_dirs = [runs / f"e0b-m{m:g}-s{s}" for m in grid for s in e0b_seeds]
     files: dict[str, tuple[Path, str]] = {}
     docs = {
-        "stage-c": stage_c_summary(cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src),
-        "e0a": e0a_summary_dict(cell.name, per_seed, ea, n=e0a_n, warmup=warmup, window=window, run_dirs=ea_dirs, folder=out, source=src),
+        "stage-c": stage_c_summary(cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src + load_note(sc_dirs)),
+        "e0a": e0a_summary_dict(cell.name, per_seed, ea, n=e0a_n, warmup=warmup, window=window, run_dirs=ea_dirs, folder=out,
+                                source=src + load_note(ea_dirs)),
         "e0b": e0b_summary_dict(cell.name, eb, lambda_ref=lam, grid=list(grid), seeds=list(e0b_seeds), duration=e0b_duration,
-                                rise_span=rise_span, final_max=final_max, rise_max=rise_max, run_dirs=eb_dirs, folder=out, source=src,
+                                rise_span=rise_span, final_max=final_max, rise_max=rise_max, run_dirs=eb_dirs, folder=out,
+                                source=src + load_note(eb_dirs),
                                 bin_s=eprot.backlog_bin, top_rate=top_rate, protocol=e0b_protocol_ref),
     }  # fmt: skip
     for stage, data in docs.items():
         path = out / f"{stage}.yaml"
         files[stage] = (path, write_summary(data, path))
     return Bundle(files, sc, ea, eb)
+
+
+def load_note(run_dirs: Sequence[Path]) -> str:
+    """The host load the real runs of a stage ran under, for its summary's `source` ('' for
+    simulated runs): the range of the 1-minute load average over the drives and of the share of
+    a core the engine got (meta.json host_load, harness/protocols/realrun.py)."""
+    loads: list[float] = []
+    shares: list[float] = []
+    cpus = None
+    for d in run_dirs:
+        try:
+            hl = json.loads((Path(d) / "meta.json").read_text()).get("host_load") or {}
+        except (OSError, ValueError):
+            continue
+        cpus = hl.get("cpus", cpus)
+        loads += [float(v[0]) for k, v in hl.items() if k in ("loadavg_drive_start", "loadavg_drive_end") and v]
+        if hl.get("engine_cpu_share") is not None:
+            shares.append(float(hl["engine_cpu_share"]))
+    if not loads:
+        return ""
+    note = f"; host load (1 min) {min(loads):.1f}-{max(loads):.1f} on {cpus} CPUs"
+    if shares:
+        note += f", engine CPU share {min(shares):.2f}-{max(shares):.2f} of a core"
+    return note
 
 

@@ -58,8 +58,9 @@ def _lateness(res: Any) -> str:
 
 def registered_bundle(path: str) -> tuple[Any, dict[str, Any]]:
     """The test a registration fixes (its own configs, plans at its top rate) and the meta.json
-    binding of a run made from it: name, repository-relative path, SHA-256, and the commit that
-    last changed the file (None when it is not committed: such a run binds nothing decisive)."""
+    values of a run made from it: the binding (name, repository-relative path, SHA-256, and the
+    commit that last changed the file, None when it is not committed: such a run binds nothing
+    decisive) and the registered rule's name."""
     from prereg.registration import load_registration
 
     reg = load_registration(path)
@@ -77,8 +78,7 @@ def registered_bundle(path: str) -> tuple[Any, dict[str, Any]]:
             commit = repo.last_commit_of(rel)
     except (GitError, OSError):
         pass
-    binding = {**reg.binding(path=rel, commit=commit), "rule": str(reg.rule.get("name") or "")}
-    return reg.bundle(), binding
+    return reg.bundle(), {"registration": reg.binding(path=rel, commit=commit), "rule": str(reg.rule.get("name") or "")}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -88,13 +88,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if bool(args.config) == bool(args.registration):
         raise CLIError("run: give the test as --config TEST.yaml or as --registration REG.yaml (one of them)")
-    binding = None
+    extra = None
     if args.registration:
-        bundle, binding = registered_bundle(args.registration)
+        bundle, extra = registered_bundle(args.registration)
     else:
         bundle = load_test(args.config)
     out = Path(args.out) if args.out else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
-    res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle), registration=binding)
+    res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle), extra_meta=extra)
     print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
