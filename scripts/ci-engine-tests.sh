@@ -13,7 +13,9 @@
 #      compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
 # Needs: the harness installed in .venv (pip install -e '.[dev]'), python3.11, ~3.5 GB of disk.
 # Time on a 2-core machine: install ~100-150 s the first time (~1 s when reused), model ~7 s,
-# tests ~1.5-2.5 min (one server start of 25-90 s, then smoke, canary, gauges, a 20-session run).
+# tests ~1.5-2.5 min (one server start of 25-90 s, then smoke, canary, gauges, a 20-session run),
+# plus ~8-9 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
+# NOBURST of seed 0 at one registered rate, 174 s each on a fresh server; -k 'not cpu_trap' skips it).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +28,7 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
