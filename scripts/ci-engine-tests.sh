@@ -28,7 +28,7 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
