@@ -12,7 +12,7 @@ beside each one (results/cpu-trap/steps.jsonl), since on a shared CPU the engine
 the cores it is left.
 
 Steps:
-1. calibrate: Stage C (n = 16 ... 256), E0a (cache off, n = 64, seeds 0-2, check n = 128) and E0b
+1. calibrate: Stage C (n = 16 ... 256), E0a (cache off, n = 128, seeds 0-2, check n = 256) and E0b
    (protocol e0b-cpu, multiples 1.25 ... 3.0 of the λ_ref E0a measured, top rate 40 sessions/s):
    every closed run is the paper's 900 s + 1800 s divided by 50; one fresh server per run.
    The summaries go to prereg/inputs/vllm-cpu-tiny-131k/ (the registration's inputs), the run
@@ -55,13 +55,17 @@ REGISTRATION = Path("prereg/registrations/e2-vllm-cpu-tiny-131k.yaml")
 # The calibration of the scaled cell, as data: the paper's stages with every time divided by
 # k = 50 (as protocols/e2-cpu.yaml) and the populations of E0a and E0b's thresholds multiplied by
 # the ratio of the caps (64 / 20). Stage C spans the rising branch, the peak near the running cap
-# and the collapse past the pool (the 0.5-hit crossing was near n = 91 in a first try).
+# and the collapse past the pool (the 0.5-hit crossing was near n = 91 on an idle host, past 128
+# on a loaded one). E0a runs at twice the running cap and checks at four times: at n = 64 a
+# cache-off engine with multi-second turns is left short of a full batch by the sessions in their
+# tool calls (on the loaded host the n = 128 check ran 1.5x the turns of n = 64), so n = 64 would
+# understate the all-miss capacity and put the registered rates below it.
 CALIBRATION: dict[str, Any] = {
     "n": [16, 32, 48, 64, 96, 128, 256],
     "warmup": 18.0,
     "window": 36.0,
-    "e0a_n": 64,
-    "check_n": 128,
+    "e0a_n": 128,
+    "check_n": 256,
     "e0a_seeds": [0, 1, 2],
     "e0b_protocol": "e0b-cpu",
     "grid": [1.25, 1.5, 1.75, 2.0, 2.5, 3.0],
