@@ -40,7 +40,7 @@ GROUPS: list[tuple[str, str]] = [
 
 REGISTRARS: list[str] = [
     "harness.workload.plans:register",
-    "harness.protocols.calibration:register",
+    "harness.protocols.calibration_cli:register",
     "harness.sim2real.cli:register",
     "prereg.cli:register",
     "slurm.cli:register",

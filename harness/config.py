@@ -317,6 +317,9 @@ class TestReferences(_Strict):
     source: str = Field(..., min_length=1, description="where the values come from")
 
 
+DEFAULT_START_LATENESS_P99 = 0.1  # plan seconds: a test's default open-loop bound (TestConfig.start_lateness_p99)
+
+
 class TestConfig(_Strict):
     """Which arms x rates x seeds of a cell, workload and protocol make one registered test."""
 
@@ -346,7 +349,7 @@ class TestConfig(_Strict):
         "identity); the paper's 2.0 unless the cell is faster. Every rate x lambda_ref must be at most this",
     )
     start_lateness_p99: float = Field(
-        0.1,
+        DEFAULT_START_LATENESS_P99,
         gt=0,
         description="plan seconds: the largest 99th percentile of the base stream's session-start lateness "
         "(client behind its plan) at which a run still counts as open-loop; a run above it is flagged in its "

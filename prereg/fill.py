@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, config_ref, load_config
+from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, config_ref, load_config
+from harness.workload.plans import DEFAULT_TOP_RATE, rate_above_top
 from prereg import formula as F
 from prereg.inputs import CalibrationInputs, InputError, e0a_values, load_inputs
 from prereg.registration import (
@@ -104,9 +105,10 @@ def _arm_configs(names: list[str], base: Path, cap: int | None, source: str) -> 
 
 
 def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[str, ArmConfig], multiples: list[float],
-                lambda_ref: float, seeds: list[int], top_rate: float = 2.0) -> list[dict[str, Any]]:  # fmt: skip
-    """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it.
-    Arms whose plan content is the same (BURST and CAPPED) share one generation."""
+                lambda_ref: float, seeds: list[int], top_rate: float = DEFAULT_TOP_RATE) -> list[dict[str, Any]]:  # fmt: skip
+    """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it
+    (from the base stream at the test's `top_rate`). Arms whose plan content is the same (BURST and
+    CAPPED) share one generation."""
     import orjson
 
     from harness.workload.plans import make_plan, plan_arm, plan_bytes
@@ -235,6 +237,11 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
     formula_status = "FILLED" if placed.ok else "INCOMPLETE"
     reasons = list(placed.reasons) + reasons
     multiples = [float(r.multiple) for r in placed.rates]
+    top_rate = tmpl.top_rate if tmpl.top_rate is not None else DEFAULT_TOP_RATE
+    for m in multiples:
+        above = rate_above_top(m, lam_ref, top_rate)
+        if above:
+            reasons.append(f"{above} (the template's top_rate {top_rate:g})")
 
     # 5.-6. cap and drain
     budget = F.drain_budget(protocol.duration, protocol.burst.time, float(rule["params"].get("recovered_span", protocol.recovered_span)), P.drain_fraction)
@@ -273,7 +280,6 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
 
     status = "FILLED" if not reasons else "INCOMPLETE"
     bound = status == "FILLED"
-    top_rate = tmpl.top_rate if tmpl.top_rate is not None else 2.0
     plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), top_rate) if bound else []
     all_miss = ev.all_miss_token_rate
     references = {
@@ -297,7 +303,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "e0a_computed": list(ev.computed),
             "e0b": {"grid": list(inputs.e0b.grid), "seeds": list(inputs.e0b.seeds), "edge": edge.edge,
                     "first_unstable": edge.first_unstable, "monotone": edge.monotone, "complete": edge.complete,
-                    "reading": edge.reading, "stability_rule": inputs.e0b.protocol.model_dump(mode="json")},  # fmt: skip
+                    "reading": edge.reading, "stability_rule": inputs.e0b.protocol.as_data()},  # fmt: skip
         },
         "window": {
             "low": float(w.low), "high": _f(w.high), "binding": w.binding,
@@ -341,7 +347,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "seeds": list(tmpl.seeds or []),
         "cap": cap.cap if gated else None,
         "top_rate": top_rate,
-        "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else 0.1,
+        "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else DEFAULT_START_LATENESS_P99,
         "references": references,
         "rule": rule,
         "kill_conditions": _kill_conditions(arms, rule, fits, noise),

@@ -111,6 +111,21 @@ class E0bProtocol(_Strict):
     rise_span_s: float = Field(1500.0, gt=0)
     final_max: float = Field(50.0, gt=0, description="stable needs final backlog < final_max")
     rise_max: float = Field(10.0, description="stable needs rise <= rise_max")
+    bin_s: float = Field(10.0, gt=0, description="backlog bins of the final value and the fitted rise")
+    top_rate: float = Field(2.0, gt=0, description="sessions/s of the base stream the arrivals were thinned from")
+    config: str = Field("e0b", min_length=1, description="the protocol config the runs were made under")
+
+    def as_data(self) -> dict[str, Any]:
+        """The protocol as written: bins, top rate and config only where not the paper's (as in
+        e0b_summary_dict), so a fill trace of the paper's protocol keeps its bytes."""
+        data = self.model_dump(mode="json")
+        for key, default in _PAPER_E0B.items():
+            if data.get(key) == default:
+                del data[key]
+        return data
+
+
+_PAPER_E0B: dict[str, Any] = {"bin_s": 10.0, "top_rate": 2.0, "config": "e0b"}
 
 
 class E0bPoint(_Strict):
@@ -391,11 +406,15 @@ def e0a_summary_dict(cell: str, per_seed: list[Any], summary: Any, *, n: int, wa
 
 def e0b_summary_dict(cell: str, stats: list[Any], *, lambda_ref: float, grid: list[float], seeds: list[int], duration: float,
                      rise_span: float, final_max: float, rise_max: float, run_dirs: list[Path], folder: Path,
-                     source: str) -> dict[str, Any]:  # fmt: skip
-    """An e0b.yaml mapping from from-empty statistics (analysis.calibration.E0bStats)."""
+                     source: str, bin_s: float = 10.0, top_rate: float = 2.0, protocol: str = "e0b") -> dict[str, Any]:  # fmt: skip
+    """An e0b.yaml mapping from from-empty statistics (analysis.calibration.E0bStats). The bins, top
+    rate and protocol name are written only where they differ from the paper's (10 s, 2.0, e0b), so
+    a summary of the paper's protocol keeps the schema's first form."""
+    prot = E0bProtocol(duration_s=float(duration), rise_span_s=float(rise_span), final_max=float(final_max), rise_max=float(rise_max),
+                       bin_s=float(bin_s), top_rate=float(top_rate), config=protocol).as_data()  # fmt: skip
     return {
         **_head("e0b", cell, source),
-        "protocol": {"duration_s": float(duration), "rise_span_s": float(rise_span), "final_max": float(final_max), "rise_max": float(rise_max)},
+        "protocol": prot,
         "lambda_ref": float(lambda_ref),
         "grid": [float(g) for g in grid],
         "seeds": [int(s) for s in seeds],

@@ -23,7 +23,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from harness.config import ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, load_yaml, parse_config
+from harness.config import (
+    DEFAULT_START_LATENESS_P99,
+    ArmConfig,
+    CellConfig,
+    ConfigError,
+    ProtocolConfig,
+    WorkloadConfig,
+    load_yaml,
+    parse_config,
+)
+from harness.workload.plans import DEFAULT_TOP_RATE
 
 FORMAT = "agentload-registration"
 FORMAT_VERSION = 1
@@ -128,8 +138,12 @@ class Registration(_Strict):
     rates: list[Rate]
     seeds: list[int]
     cap: int | None = Field(None, ge=1)
-    top_rate: float = Field(2.0, gt=0, description="sessions/s of the CRN base stream the plans thin (part of each plan's identity)")
-    start_lateness_p99: float = Field(0.1, gt=0, description="open-loop bound on session-start lateness (TestConfig)")
+    top_rate: float = Field(
+        DEFAULT_TOP_RATE, gt=0, description="sessions/s of the CRN base stream the plans are thinned from (the test's top_rate)"
+    )
+    start_lateness_p99: float = Field(
+        DEFAULT_START_LATENESS_P99, gt=0, description="plan seconds: the open-loop bound on the p99 of session-start lateness"
+    )
     references: References
     rule: dict[str, Any]
     kill_conditions: list[KillCondition] = Field(default_factory=list)
@@ -223,6 +237,12 @@ class Registration(_Strict):
         if len(set(mults)) != len(mults):
             problems.append(f"rates: expected distinct multiples, got {mults}")
         for i, r in enumerate(self.rates):
+            if self.status != "INCOMPLETE":  # an INCOMPLETE one binds no plan, and may say why in its reasons
+                from harness.workload.plans import rate_above_top
+
+                above = rate_above_top(r.multiple, self.references.lambda_ref, self.top_rate)
+                if above:
+                    problems.append(f"rates[{i}].multiple: {above} (top_rate {self.top_rate:g})")
             want = r.multiple * self.references.lambda_ref
             if not math.isclose(r.sessions_per_s, want, rel_tol=1e-9, abs_tol=1e-12):
                 problems.append(
@@ -342,7 +362,8 @@ def dump_yaml(data: Any) -> bytes:
 
 
 def registration_dict(reg: Registration) -> dict[str, Any]:
-    """The registration as plain data, in the documented key order."""
+    """The registration as plain data, in the documented key order. Every field is written, defaults
+    included, so a reviewer reads the whole test from the file without knowing this code's defaults."""
     return reg.model_dump(mode="json")
 
 

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.config import ConfigError, load_yaml, parse_config
+from harness.config import DEFAULT_START_LATENESS_P99, ConfigError, load_yaml, parse_config
+from harness.workload.plans import DEFAULT_TOP_RATE
 from prereg.registration import Allowances, RegistrationError
 
 TEMPLATE_FORMAT = "agentload-registration-template"
@@ -70,8 +71,12 @@ class Template(_Strict):
     based_on: str | None = Field(None, description="a FILLED registration whose calibration (cell, references, cap) this FILLED one reuses")
     rates: list[float] | None = Field(None, description="with based_on: the registered rates (multiples) of the parent this test runs at")
     cell_overrides: dict[str, Any] = Field(default_factory=dict)
-    top_rate: float | None = Field(None, gt=0, description="the plans' base rate, sessions/s (default 2.0, or the based-on/parent registration's)")
-    start_lateness_p99: float | None = Field(None, gt=0, description="open-loop bound (default 0.1, or the based-on/parent registration's)")
+    top_rate: float | None = Field(
+        None, gt=0, description=f"the test's top_rate: sessions/s of the base stream every plan is thinned from "
+                                f"(default {DEFAULT_TOP_RATE:g}, or the based-on/parent registration's)")  # fmt: skip
+    start_lateness_p99: float | None = Field(
+        None, gt=0, description=f"the test's open-loop bound on the p99 session-start lateness, plan seconds "
+                                f"(default {DEFAULT_START_LATENESS_P99:g}, or the based-on/parent registration's)")  # fmt: skip
     allowances: Allowances = Allowances()
     fill: FillParams = FillParams()
 

@@ -80,7 +80,10 @@ def test_cell_values() -> None:
     assert c["llama-a100-300k"].lambda_ref == 0.0596 and "Llama-3.1-8B" in c["llama-a100-300k"].model
     cpu = c.pop("vllm-cpu-tiny-131k")  # the scaled CPU cell: its own settings (the notes)
     assert (cpu.kv_pool_tokens, cpu.page_size, cpu.max_running, cpu.context_length) == (131072, 32, 64, 8192)
-    assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (9.45, 86903.0, "0.32.0")
+    from prereg.inputs import e0a_values, load_inputs  # its references are its registered E0a's
+
+    e0a = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / cpu.name).e0a, cpu.name)
+    assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (e0a.lambda_ref, e0a.all_miss_token_rate, "0.32.0")
     for cell in c.values():  # the paper's cells
         assert (cell.chunked_prefill, cell.max_running, cell.schedule_policy) == (8192, 256, "fcfs")
         assert cell.cost.model().a == pytest.approx(9.24e-3)
@@ -267,8 +270,17 @@ def test_the_cpu_rule_is_e2_with_its_time_and_population_parameters_scaled() -> 
 
 
 def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:
+    from prereg.inputs import load_inputs
+    from prereg.registration import load_registration
+
     b = load_test("tests/e2-vllm-cpu")
     assert b.rule_path == CONFIG_ROOT / "rules" / "e2-cpu.yaml" and load_test("tests/e2-sglang-300k").rule_path is None
-    assert max(b.test.rates) * b.cell.lambda_ref > 2.0  # this cell could not be planned before top_rate
     assert max(b.test.rates) * b.cell.lambda_ref <= b.test.top_rate
-    assert b.arms["capped"].gate_cap(b.test.cap) == 64
+    # the test is its registration's: rates, cap, top rate, references
+    reg = load_registration(CONFIG_ROOT.parent / (b.test.registration or ""))
+    assert (b.test.rates, b.test.cap, b.test.top_rate, b.test.start_lateness_p99) == (reg.multiples(), reg.cap, reg.top_rate, reg.start_lateness_p99)
+    assert (b.cell.lambda_ref, b.cell.all_miss_token_rate) == (reg.references.lambda_ref, reg.references.all_miss_token_rate)
+    assert b.arms["capped"].gate_cap(b.test.cap) == reg.cap
+    # its E0b grid reached above the paper's 2.0 sessions/s: this cell could not be calibrated before top_rate
+    e0b = load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / b.cell.name).e0b
+    assert max(e0b.grid) * reg.references.lambda_ref > 2.0 and e0b.protocol.top_rate == reg.top_rate

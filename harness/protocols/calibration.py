@@ -12,17 +12,23 @@ the last 1500 s is at most 10 (registered parameters). Every stage writes the sa
 a real run when given a directory.
 
 `agentload calibrate stage-c|e0a|e0b|all --cell CELL --engine sim|emulator|vllm|sglang` is the
-command. On a real engine every run gets a fresh server (launched through the engine adapter, with
+command (harness/protocols/calibration_cli.py). On a real engine every run gets a fresh server (launched through the engine adapter, with
 the smoke checks and the flush + canary before it, or a cache-off check for E0a), the same clients
 driven in wall time, and the same statistics (analysis/calibration.py). `calibrate all` writes
 stage-c.yaml, e0a.yaml and e0b.yaml (docs/registration.md), each with the SHA-256 of the run
 directories it summarises: the inputs `prereg fill` reads.
+
+A cell faster or slower than the paper's is calibrated under its own scaled protocol: the E0b
+protocol is named (configs/protocols/e0b-cpu.yaml: the paper's times divided by the scale, bins
+included), and its plans are thinned from a base stream at the test's registered top rate. With
+`resume`, a run directory that already holds a COMPLETED run of the same population, seed,
+times, cell and workload is summarised instead of run again: on a shared machine a stage that
+died half way need not start over, and what was measured is what is summarised.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -36,10 +42,8 @@ from analysis.calibration import (
     E0aSummary,
     E0bStats,
     WindowStats,
-    curve_means,
     e0a_summary,
     e0b_stats,
-    hit_crossing,
     window_stats,
 )
 from harness.client.closed import ClosedClient
@@ -47,6 +51,7 @@ from harness.config import ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig
 from harness.refengine.model import EngineModel
 from harness.drivers.virtual import SimResult, simulate
 from harness.workload.draws import expected_turns
+from harness.workload.plans import DEFAULT_TOP_RATE
 
 STAGE_C_NS = (16, 20, 24, 28, 32, 36, 48, 96, 300)
 WARMUP = 900.0
@@ -65,6 +70,39 @@ class ClosedRun:
     sim: SimResult
 
 
+# Cell settings that change what the engine does (a cell's name, description, references and cost
+# model do not): a run recorded under the same values measured the same thing.
+ENGINE_FIELDS = ("engine", "model", "kv_pool_tokens", "page_size", "schedule_policy", "chunked_prefill", "max_running",
+                 "prefix_cache", "waiting_prefix_refresh", "batching", "context_length")  # fmt: skip
+
+
+def completed_run(run_dir: Path | str | None, cell: CellConfig, workload: WorkloadConfig, want: dict[str, Any]) -> bool:
+    """Does `run_dir` hold a COMPLETED run of this cell's engine settings, this workload and the
+    `want` meta values (population, seed, warm-up, ...)? Then it can be summarised, not rerun."""
+    if run_dir is None:
+        return False
+    path = Path(run_dir) / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("status") != "COMPLETED":
+        return False
+    c = cell.model_dump(mode="json")
+    got_cell = meta.get("cell") or {}
+    if any(got_cell.get(k) != c.get(k) for k in ENGINE_FIELDS):
+        return False
+    if meta.get("workload") != workload.model_dump(mode="json"):
+        return False
+    return all(_same(meta.get(k), v) for k, v in want.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+    return bool(a == b)
+
+
 def run_closed(
     cell: CellConfig,
     workload: WorkloadConfig,
@@ -77,13 +115,22 @@ def run_closed(
     meta: dict[str, Any] | None = None,
     gauge_interval: float = 5.0,
     engine: Any = None,
+    resume: bool = False,
 ) -> ClosedRun:
     """One closed-population run of warmup + window seconds, and its window statistics.
 
     `engine` None runs the engine model in virtual time; an EngineOptions (harness.protocols.realrun) runs
-    the same client against a real server, which needs `run_dir` for its log and records.
+    the same client against a real server, which needs `run_dir` for its log and records. With
+    `resume`, a matching COMPLETED run already in `run_dir` is summarised instead (stats only).
     """
     end = warmup + window
+    kind = "sim" if engine is None else engine.engine
+    want = {"run_kind": "closed", "engine_kind": kind, "population": n, "seed": seed, "warmup": warmup, "window": window}
+    if resume and completed_run(run_dir, cell, workload, want):
+        from harness.recording.record import load_run
+
+        data = load_run(run_dir)  # type: ignore[arg-type]
+        return ClosedRun(window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed), None)  # type: ignore[arg-type]
     if engine is not None:
         return _run_closed_real(cell, workload, n, seed=seed, end=end, warmup=warmup, run_dir=run_dir,
                                 meta=meta, gauge_interval=gauge_interval, options=engine)  # fmt: skip
@@ -183,11 +230,12 @@ def stage_c(
     window: float = WINDOW,
     engine: Any = None,
     mapper: Mapper | None = None,
+    resume: bool = False,
 ) -> list[WindowStats]:
     """μ(n) and hit fraction for each population n (and seed). `mapper` runs the runs elsewhere
     (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order."""
     calls = [(cell, workload, n, s, warmup, window, None if out_dir is None else str(Path(out_dir) / f"stage-c-n{n}-s{s}"),
-              {"stage": "C"}, engine) for n in ns for s in seeds]  # fmt: skip
+              {"stage": "C"}, engine, resume) for n in ns for s in seeds]  # fmt: skip
     return list((mapper or serial)(closed_stats, calls))
 
 
@@ -200,9 +248,10 @@ def serial(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any
 
 
 def closed_stats(cell: CellConfig, workload: WorkloadConfig, n: int, seed: int, warmup: float, window: float,
-                 run_dir: str | None, meta: dict[str, Any], engine: Any) -> WindowStats:  # fmt: skip
+                 run_dir: str | None, meta: dict[str, Any], engine: Any, resume: bool = False) -> WindowStats:  # fmt: skip
     """One closed run's window statistics (a module-level function, so a job array can run it)."""
-    return run_closed(cell, workload, n, seed=seed, warmup=warmup, window=window, run_dir=run_dir, meta=meta, engine=engine).stats
+    return run_closed(cell, workload, n, seed=seed, warmup=warmup, window=window, run_dir=run_dir, meta=meta, engine=engine,
+                      resume=resume).stats  # fmt: skip
 
 
 def cache_off(cell: CellConfig) -> CellConfig:
@@ -222,6 +271,7 @@ def e0a(
     engine: Any = None,
     runs: list[WindowStats] | None = None,
     mapper: Mapper | None = None,
+    resume: bool = False,
 ) -> E0aSummary:
     """λ_ref (turns-based all-miss session rate) and the all-miss uncached token rate. Pass a list
     as `runs` to receive the per-seed statistics too."""
@@ -229,7 +279,7 @@ def e0a(
 
     def call(pop: int, s: int) -> tuple[Any, ...]:
         rd = None if out_dir is None else str(Path(out_dir) / f"e0a-n{pop}-s{s}")
-        return (off, workload, pop, s, warmup, window, rd, {"stage": "E0a"}, engine)
+        return (off, workload, pop, s, warmup, window, rd, {"stage": "E0a"}, engine, resume)
 
     calls = [call(n, s) for s in seeds] + ([call(check_n, seeds[0])] if check_n else [])
     stats = list((mapper or serial)(closed_stats, calls))
@@ -242,13 +292,16 @@ def e0a(
 
 
 # -- E0b ---------------------------------------------------------------------------------------
-def e0b_protocol(duration: float = E0B_DURATION, rise_span: float = E0B_RISE_SPAN) -> ProtocolConfig:
-    """The e0b protocol (configs/protocols/e0b.yaml), with another duration if asked: no burst,
-    the statistics window = the last `rise_span` seconds."""
+def e0b_protocol(duration: float | None = None, rise_span: float | None = None, base: str = "e0b") -> ProtocolConfig:
+    """The E0b protocol `base` (configs/protocols/e0b.yaml, or a scaled one such as e0b-cpu), with
+    another duration or rise span if asked (default: the protocol's duration and window): no
+    burst, the statistics window = the last `rise_span` seconds, the backlog bins the protocol's."""
     from harness.config import config_ref, load_config
 
-    base = load_config(config_ref("e0b", "protocols"), ProtocolConfig)
-    data = base.model_dump(mode="json")
+    cfg = load_config(config_ref(base, "protocols"), ProtocolConfig)
+    duration = float(cfg.duration if duration is None else duration)
+    rise_span = float(cfg.window.end - cfg.window.start if rise_span is None else rise_span)
+    data = cfg.model_dump(mode="json")
     data.update(duration=float(duration), window={"start": float(duration - rise_span), "end": float(duration)})
     data["burst"] = {**data["burst"], "size": 0, "time": min(data["burst"]["time"], float(duration) / 2)}
     data["min_window"] = min(float(data["min_window"]), float(rise_span))
@@ -268,17 +321,28 @@ def run_from_empty(
     rise_max: float = E0B_RISE_MAX,
     run_dir: Path | str | None = None,
     engine: Any = None,
+    top_rate: float = DEFAULT_TOP_RATE,
+    resume: bool = False,
 ) -> E0bStats:
-    """One E0b run: the frozen NOBURST plan at multiple x lambda_ref from an empty engine."""
+    """One E0b run: the frozen NOBURST plan at multiple x lambda_ref from an empty engine, thinned
+    from the base stream at `top_rate` sessions/s (a fast cell's test registers a higher one)."""
     from harness.client.openloop import PlanClient
     from harness.config import config_ref, load_config
     from harness.workload.plans import make_plan, read_plan, write_plan
 
     prot = protocol or e0b_protocol(rise_span=rise_span)
     arm = load_config(config_ref("noburst", "arms"), ArmConfig)
-    plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed)
+    plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed, top_rate)
     stat_args = dict(multiple=multiple, seed=seed, lambda_ref=lambda_ref, duration=prot.duration, rise_span=rise_span,
                      bin_s=prot.backlog_bin, final_max=final_max, rise_max=rise_max)  # fmt: skip
+    kind = "sim" if engine is None else engine.engine
+    want = {"run_kind": "from_empty", "engine_kind": kind, "seed": seed, "rate": float(multiple), "protocol": prot.model_dump(mode="json"),
+            "references": {"lambda_ref": float(lambda_ref)}}  # fmt: skip
+    if resume and completed_run(run_dir, cell, workload, want) and _plan_sha(run_dir) == _plan_sha256(plan):
+        from harness.recording.record import load_run
+
+        data = load_run(run_dir)  # type: ignore[arg-type]
+        return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
     if run_dir is None and engine is None:
         client = PlanClient(plan.sessions, plan.workload)
         simulate(client, EngineModel(cell, seed=seed), until=prot.duration, gauge_interval=None)
@@ -295,7 +359,7 @@ def run_from_empty(
     meta = {**_closed_meta(kind, cell, workload, 0, seed, 0.0, prot.duration, {"stage": "E0b"}),
             "run_kind": "from_empty", "protocol": prot, "rate": float(multiple), "rate_abs": float(multiple) * lambda_ref,
             "references": {"lambda_ref": float(lambda_ref)}, "arm": "NOBURST",
-            "plan": {"file": "plan.parquet", "sha256": sha, "counts": plan.meta.get("counts")}}  # fmt: skip
+            "plan": {"file": "plan.parquet", "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate}}  # fmt: skip
     meta.pop("population", None)
     rec = RunRecorder(rd, meta)
     try:
@@ -328,26 +392,49 @@ def e0b(
     *,
     grid: Sequence[float] = E0B_GRID,
     seeds: Sequence[int] = E0B_SEEDS,
-    duration: float = E0B_DURATION,
-    rise_span: float = E0B_RISE_SPAN,
+    duration: float | None = None,
+    rise_span: float | None = None,
     final_max: float = E0B_FINAL_MAX,
     rise_max: float = E0B_RISE_MAX,
     out_dir: Path | str | None = None,
     engine: Any = None,
+    protocol: str = "e0b",
+    top_rate: float = DEFAULT_TOP_RATE,
+    resume: bool = False,
     mapper: Mapper | None = None,
 ) -> list[E0bStats]:
-    """Every (multiple, seed) of the grid from empty; the same seed's arrivals nest across multiples."""
-    prot = e0b_protocol(duration, rise_span)
+    """Every (multiple, seed) of the grid from empty; the same seed's arrivals nest across multiples.
+    `duration` and `rise_span` default to the named protocol's duration and window."""
+    prot = e0b_protocol(duration, rise_span, protocol)
+    rise_span = prot.window.end - prot.window.start
     calls = [(cell, workload, m, lambda_ref, s, prot, rise_span, final_max, rise_max,
-              None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"), engine) for m in grid for s in seeds]  # fmt: skip
+              None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"), engine, top_rate, resume)
+             for m in grid for s in seeds]  # fmt: skip
     return list((mapper or serial)(from_empty_stats, calls))
 
 
 def from_empty_stats(cell: CellConfig, workload: WorkloadConfig, multiple: float, lambda_ref: float, seed: int, protocol: ProtocolConfig,
-                     rise_span: float, final_max: float, rise_max: float, run_dir: str | None, engine: Any) -> E0bStats:  # fmt: skip
+                     rise_span: float, final_max: float, rise_max: float, run_dir: str | None, engine: Any,
+                     top_rate: float = DEFAULT_TOP_RATE, resume: bool = False) -> E0bStats:  # fmt: skip
     """`run_from_empty` with positional arguments (a module-level function for job arrays)."""
     return run_from_empty(cell, workload, multiple, lambda_ref, seed=seed, protocol=protocol, rise_span=rise_span,
-                          final_max=final_max, rise_max=rise_max, run_dir=run_dir, engine=engine)  # fmt: skip
+                          final_max=final_max, rise_max=rise_max, run_dir=run_dir, engine=engine, top_rate=top_rate,
+                          resume=resume)  # fmt: skip
+
+
+def _plan_sha(run_dir: Path | str | None) -> str | None:
+    try:
+        return str(json.loads((Path(run_dir) / "meta.json").read_text())["plan"]["sha256"])  # type: ignore[arg-type]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _plan_sha256(plan: Any) -> str:
+    import hashlib
+
+    from harness.workload.plans import plan_bytes
+
+    return hashlib.sha256(plan_bytes(plan)).hexdigest()
 
 
 # -- the bundle ------------------------------------------------------------------------------
@@ -376,44 +463,57 @@ def calibrate_all(
     window: float = WINDOW,
     grid: Sequence[float] = E0B_GRID,
     e0b_seeds: Sequence[int] = E0B_SEEDS,
-    e0b_duration: float = E0B_DURATION,
-    rise_span: float = E0B_RISE_SPAN,
+    e0b_duration: float | None = None,
+    rise_span: float | None = None,
     final_max: float = E0B_FINAL_MAX,
     rise_max: float = E0B_RISE_MAX,
     engine: Any = None,
     engine_name: str = "sim",
     log: Any = None,
     mapper: Mapper | None = None,
+    e0b_protocol_ref: str = "e0b",
+    top_rate: float = DEFAULT_TOP_RATE,
+    resume: bool = False,
 ) -> Bundle:
     """Stage C, E0a, then E0b at multiples of the λ_ref E0a just measured; writes stage-c.yaml,
-    e0a.yaml and e0b.yaml into `out` (run directories under `runs_dir`, default out/runs)."""
+    e0a.yaml and e0b.yaml into `out` (run directories under `runs_dir`, default out/runs).
+    E0b runs under the protocol `e0b_protocol_ref` (its duration and window unless given)."""
     from prereg.inputs import e0a_summary_dict, e0b_summary_dict, stage_c_summary, write_summary
 
     out = Path(out)
     runs = Path(runs_dir) if runs_dir is not None else out / "runs"
     say = log or (lambda msg: None)
+    eprot = e0b_protocol(e0b_duration, rise_span, e0b_protocol_ref)
+    e0b_duration, rise_span = eprot.duration, eprot.window.end - eprot.window.start
     src = (f"agentload calibrate all --cell {cell.name} --engine {engine_name}: Stage C n={list(ns)} seeds {list(stage_c_seeds)} "
            f"({warmup:g} s + {window:g} s); E0a n={e0a_n} seeds {list(e0a_seeds)} check n={check_n}; "
-           f"E0b grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s")  # fmt: skip
+           f"E0b {e0b_protocol_ref} grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s")  # fmt: skip
+    if top_rate != DEFAULT_TOP_RATE:
+        src += f", top rate {top_rate:g} sessions/s"
     say(f"Stage C: n = {list(ns)}")
-    sc = stage_c(cell, workload, ns, seeds=stage_c_seeds, out_dir=runs, warmup=warmup, window=window, engine=engine, mapper=mapper)
+    sc = stage_c(cell, workload, ns, seeds=stage_c_seeds, out_dir=runs, warmup=warmup, window=window, engine=engine, mapper=mapper,
+                 resume=resume)  # fmt: skip
     sc_dirs = [runs / f"stage-c-n{n}-s{s}" for n in ns for s in stage_c_seeds]
     say(f"E0a: n = {e0a_n}, seeds {list(e0a_seeds)}")
     per_seed: list[WindowStats] = []
     ea = e0a(cell, workload, seeds=e0a_seeds, n=e0a_n, check_n=check_n, out_dir=runs, warmup=warmup, window=window,
-             engine=engine, runs=per_seed, mapper=mapper)  # fmt: skip
+             engine=engine, runs=per_seed, mapper=mapper, resume=resume)  # fmt: skip
     ea_dirs = [runs / f"e0a-n{e0a_n}-s{s}" for s in e0a_seeds] + ([runs / f"e0a-n{check_n}-s{e0a_seeds[0]}"] if check_n else [])
     lam = ea.lambda_ref
     say(f"E0b: grid {list(grid)} x lambda_ref = {lam:.5f} sessions/s")
-    eb = e0b(cell, workload, lam, grid=grid, seeds=e0b_seeds, duration=e0b_duration, rise_span=rise_span,
-             final_max=final_max, rise_max=rise_max, out_dir=runs, engine=engine, mapper=mapper)  # fmt: skip
+    eb = e0b(cell, workload, lam, grid=grid, seeds=e0b_seeds, duration=e0b_duration, rise_span=rise_span, final_max=final_max,
+             rise_max=rise_max, out_dir=runs, engine=engine, protocol=e0b_protocol_ref, top_rate=top_rate, resume=resume,
+             mapper=mapper)  # fmt: skip
     eb_dirs = [runs / f"e0b-m{m:g}-s{s}" for m in grid for s in e0b_seeds]
     files: dict[str, tuple[Path, str]] = {}
     docs = {
-        "stage-c": stage_c_summary(cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src),
-        "e0a": e0a_summary_dict(cell.name, per_seed, ea, n=e0a_n, warmup=warmup, window=window, run_dirs=ea_dirs, folder=out, source=src),
+        "stage-c": stage_c_summary(cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src + load_note(sc_dirs)),
+        "e0a": e0a_summary_dict(cell.name, per_seed, ea, n=e0a_n, warmup=warmup, window=window, run_dirs=ea_dirs, folder=out,
+                                source=src + load_note(ea_dirs)),
         "e0b": e0b_summary_dict(cell.name, eb, lambda_ref=lam, grid=list(grid), seeds=list(e0b_seeds), duration=e0b_duration,
-                                rise_span=rise_span, final_max=final_max, rise_max=rise_max, run_dirs=eb_dirs, folder=out, source=src),
+                                rise_span=rise_span, final_max=final_max, rise_max=rise_max, run_dirs=eb_dirs, folder=out,
+                                source=src + load_note(eb_dirs),
+                                bin_s=eprot.backlog_bin, top_rate=top_rate, protocol=e0b_protocol_ref),
     }  # fmt: skip
     for stage, data in docs.items():
         path = out / f"{stage}.yaml"
@@ -421,168 +521,27 @@ def calibrate_all(
     return Bundle(files, sc, ea, eb)
 
 
-# -- command line ------------------------------------------------------------------------------------
-def _fmt_curve(stats: Sequence[WindowStats]) -> str:
-    m = curve_means(stats)
-    lines = [f"{'n':>5} {'mu sess/s':>10} {'mu turns':>9} {'hit':>6} {'uncached tok/s':>15} {'seeds':>5}"]
-    for r in m.itertuples():
-        lines.append(f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} {r.seeds:>5}")
-    peak = m.loc[m["mu_sessions"].idxmax()]
-    lines.append(f"peak mu* = {peak.mu_sessions:.4f} sessions/s at n = {int(peak.n)}; "
-                 f"0.5-hit crossing at n = {hit_crossing(m['n'], m['hit_fraction']):.1f}")  # fmt: skip
-    return "\n".join(lines)
+def load_note(run_dirs: Sequence[Path]) -> str:
+    """The host load the real runs of a stage ran under, for its summary's `source` ('' for
+    simulated runs): the range of the 1-minute load average over the drives and of the share of
+    a core the engine got (meta.json host_load, harness/protocols/realrun.py)."""
+    loads: list[float] = []
+    shares: list[float] = []
+    cpus = None
+    for d in run_dirs:
+        try:
+            hl = json.loads((Path(d) / "meta.json").read_text()).get("host_load") or {}
+        except (OSError, ValueError):
+            continue
+        cpus = hl.get("cpus", cpus)
+        loads += [float(v[0]) for k, v in hl.items() if k in ("loadavg_drive_start", "loadavg_drive_end") and v]
+        if hl.get("engine_cpu_share") is not None:
+            shares.append(float(hl["engine_cpu_share"]))
+    if not loads:
+        return ""
+    note = f"; host load (1 min) {min(loads):.1f}-{max(loads):.1f} on {cpus} CPUs"
+    if shares:
+        note += f", engine CPU share {min(shares):.2f}-{max(shares):.2f} of a core"
+    return note
 
 
-def _fmt_e0a(s: E0aSummary) -> str:
-    lines = [
-        f"lambda_ref (turns-based) = {s.lambda_ref:.4f} ± {s.lambda_ref_se:.4f} sessions/s over {s.seeds} seeds",
-        f"completed sessions       = {s.lambda_sessions:.4f} ± {s.lambda_sessions_se:.4f} sessions/s",
-        f"all-miss uncached tokens = {s.all_miss_token_rate:.0f} ± {s.all_miss_token_rate_se:.0f} tokens/s",
-    ]
-    if s.check is not None:
-        c = s.check
-        lines.append(f"check n={c.n}: {c.mu_turns:.4f} sessions/s turns-based, {c.uncached_token_rate:.0f} tokens/s")
-    return "\n".join(lines)
-
-
-def _fmt_e0b(stats: Sequence[E0bStats]) -> str:
-    lines = [f"{'x ref':>6} {'seed':>4} {'sessions':>8} {'realized':>8} {'final':>7} {'rise':>7} {'hit':>6}  stable"]
-    for s in stats:
-        lines.append(f"{s.multiple:>6g} {s.seed:>4} {s.sessions:>8} {s.realized_multiple:>8.3f} {s.final_backlog:>7.1f} {s.rise:>7.1f} "
-                     f"{s.hit_fraction:>6.3f}  {'yes' if s.stable else 'NO'}")  # fmt: skip
-    return "\n".join(lines)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _cmd(args: Any) -> int:
-    from harness.cli import CLIError
-    from harness.config import config_ref, load_config
-
-    cell = load_config(config_ref(args.cell, "cells"), CellConfig)
-    workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
-    out = Path(args.out) if args.out else None
-    engine = None
-    if args.engine != "sim":
-        from harness.protocols.realrun import options_from_args
-
-        if out is None:
-            raise CLIError(f"--engine {args.engine}: a real-engine calibration needs --out for its server logs and run records")
-        engine = options_from_args(args, cell_ref=args.cell)
-    mapper = None
-    if args.executor == "slurm":
-        from harness.protocols.cli import sweep_executor
-
-        if out is None:
-            raise CLIError("--executor slurm: give --out (the tasks' logs and the accounting export are written there)")
-        mapper = sweep_executor(args, out, f"calibrate-{args.stage}-{cell.name}")
-    if args.stage == "all":
-        if out is None:
-            raise CLIError("calibrate all: --out DIR is required (the three summaries are written there)")
-        bundle = calibrate_all(
-            cell, workload, out, runs_dir=args.runs_dir, ns=_ints(args.n) if args.n else STAGE_C_NS,
-            stage_c_seeds=_ints(args.stage_c_seeds), e0a_seeds=_ints(args.e0a_seeds), e0a_n=args.e0a_n,
-            check_n=args.check_n or None, warmup=args.warmup, window=args.window,
-            grid=_floats(args.grid) if args.grid else E0B_GRID, e0b_seeds=_ints(args.e0b_seeds),
-            e0b_duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-            engine=engine, engine_name=args.engine, log=lambda m: print(m, file=sys.stderr), mapper=mapper,
-        )  # fmt: skip
-        print(_fmt_curve(bundle.stage_c))
-        print()
-        print(_fmt_e0a(bundle.e0a))
-        print()
-        print(_fmt_e0b(bundle.e0b))
-        for stage, (path, sha) in bundle.files.items():
-            print(f"wrote {path}  sha256 {sha}", file=sys.stderr)
-        if mapper is not None:
-            print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
-        return 0
-    if args.stage == "stage-c":
-        stats = stage_c(cell, workload, _ints(args.n) if args.n else STAGE_C_NS, seeds=_ints(args.seeds or "0"),
-                        out_dir=out, warmup=args.warmup, window=args.window, engine=engine, mapper=mapper)  # fmt: skip
-        print(_fmt_curve(stats))
-        result: Any = [s.as_dict() for s in stats]
-    elif args.stage == "e0a":
-        summary = e0a(cell, workload, seeds=_ints(args.seeds or "0,1,2"), n=int(args.n or E0A_N),
-                      check_n=args.check_n or None, out_dir=out, warmup=args.warmup, window=args.window,
-                      engine=engine, mapper=mapper)  # fmt: skip
-        print(_fmt_e0a(summary))
-        result = summary.as_dict()
-    else:
-        lam = args.lambda_ref or cell.lambda_ref
-        if lam is None:
-            raise CLIError(f"calibrate e0b: cell {cell.name!r} has no lambda_ref; give --lambda-ref (E0a's turns-based rate)")
-        stats_b = e0b(cell, workload, float(lam), grid=_floats(args.grid) if args.grid else E0B_GRID, seeds=_ints(args.seeds or "0"),
-                      duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-                      out_dir=out, engine=engine, mapper=mapper)  # fmt: skip
-        print(_fmt_e0b(stats_b))
-        result = [s.as_dict() for s in stats_b]
-    if mapper is not None and out is not None:
-        print(f"SLURM accounting of the array(s): {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{args.stage}.json").write_text(json.dumps({"cell": cell.name, "stage": args.stage, "result": result}, indent=2))
-        print(f"wrote {out / (args.stage + '.json')}", file=sys.stderr)
-    return 0
-
-
-def _e0b_options(q: Any) -> None:
-    q.add_argument("--grid", help="comma-separated multiples of lambda_ref (default 1.25,1.5,1.75,2.0,2.5,3.0)")
-    q.add_argument("--duration", type=float, default=E0B_DURATION, help="seconds per E0b run (3000)")
-    q.add_argument("--rise-span", type=float, default=E0B_RISE_SPAN, help="the rise is fitted over the last span (1500 s)")
-    q.add_argument("--final-max", type=float, default=E0B_FINAL_MAX, help="stable needs the final backlog below this (50)")
-    q.add_argument("--rise-max", type=float, default=E0B_RISE_MAX, help="stable needs the fitted rise at most this (10)")
-
-
-def register(cli: Any) -> None:
-    """Add `agentload calibrate stage-c|e0a|e0b|all|costs` (see harness/cli.py for the pattern)."""
-    p = cli.command("calibrate", group="calibrate", help="run a calibration stage (Stage C, E0a, E0b) or all three on a cell")
-    p.set_defaults(_parser=p)
-    sub = p.add_subparsers(dest="stage", metavar="STAGE")
-    for name, help_ in (
-        ("stage-c", "closed-population curve: μ(n) and hit fraction per population n"),
-        ("e0a", "all-miss capacity with the prefix cache off: λ_ref and the uncached token rate"),
-        ("e0b", "from-empty stability at a grid of multiples of λ_ref: the edge"),
-        ("all", "Stage C, E0a and E0b in turn; writes stage-c.yaml, e0a.yaml, e0b.yaml (the registration's inputs)"),
-    ):
-        q = sub.add_parser(name, help=help_, description=help_)
-        q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
-        q.add_argument("--workload", default="standard", help="workload config (default: standard)")
-        q.add_argument("--engine", default="sim", choices=["sim", "sglang", "vllm", "emulator"],
-                       help="where to run: 'sim' = the engine model in virtual time; otherwise a fresh "
-                            "server per run, launched from the cell (see the real-engine options)")  # fmt: skip
-        if name == "all":
-            q.add_argument("--n", help="Stage C populations, comma-separated (default the nine of record)")
-            q.add_argument("--stage-c-seeds", default="0", help="Stage C seeds (0)")
-            q.add_argument("--e0a-seeds", default="0,1,2", help="E0a seeds (0,1,2)")
-            q.add_argument("--e0a-n", type=int, default=E0A_N, help="E0a population (32)")
-            q.add_argument("--e0b-seeds", default="0", help="E0b arrival seeds (0)")
-            q.add_argument("--runs-dir", help="where the run directories go (default OUT/runs)")
-        else:
-            q.add_argument("--seeds", help="comma-separated seeds (stage-c and e0b default 0; e0a default 0,1,2)")
-        if name in ("stage-c", "e0a"):
-            q.add_argument("--n", help="stage-c: comma-separated populations (default the nine of record); e0a: population (32)")
-        if name in ("e0a", "all"):
-            q.add_argument("--check-n", type=int, default=E0A_CHECK_N, help="saturation check population (0: none)")
-        if name in ("e0b", "all"):
-            _e0b_options(q)
-        if name == "e0b":
-            q.add_argument("--lambda-ref", type=float, help="the unit of the grid (default: the cell's lambda_ref)")
-        q.add_argument("--warmup", type=float, default=WARMUP, help="closed runs: seconds before the window (900)")
-        q.add_argument("--window", type=float, default=WINDOW, help="closed runs: window length, seconds (1800)")
-        q.add_argument("--out", required=name == "all", help="directory for run records and summaries")
-        from harness.protocols.cli import add_executor_options
-        from harness.protocols.realrun import add_engine_arguments
-
-        add_engine_arguments(q)
-        add_executor_options(q)
-        q.set_defaults(func=_cmd)
-    from harness.sim2real.cli import add_costs_stage
-
-    add_costs_stage(sub)

@@ -76,13 +76,45 @@ def _lateness(res: Any) -> str:
     return f"; session starts late p50 {1e3 * ol['p50_s']:.1f} ms, p99 {1e3 * ol['p99_s']:.1f} ms, max {1e3 * ol['max_s']:.1f} ms"
 
 
+def registered_bundle(path: str) -> tuple[Any, dict[str, Any]]:
+    """The test a registration fixes (its own configs, plans at its top rate) and the meta.json
+    values of a run made from it: the binding (name, repository-relative path, SHA-256, and the
+    commit that last changed the file, None when it is not committed: such a run binds nothing
+    decisive) and the registered rule's name."""
+    from prereg.registration import load_registration
+
+    reg = load_registration(path)
+    if reg.status == "INCOMPLETE":
+        from harness.cli import CLIError
+
+        raise CLIError(f"{path}: status INCOMPLETE ({'; '.join(reg.status_reasons)}): it binds no run")
+    rel, commit = str(path), None
+    try:
+        from provenance.git import GitError, Repo
+
+        repo = Repo.containing(path)
+        rel = repo.relpath(path)
+        if repo.file_state(rel) == "committed":
+            commit = repo.last_commit_of(rel)
+    except (GitError, OSError):
+        pass
+    return reg.bundle(), {"registration": reg.binding(path=rel, commit=commit), "rule": str(reg.rule.get("name") or "")}
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.cli import CLIError
     from harness.config import load_test
     from harness.protocols.arms import execute_run, run_name
 
-    bundle = load_test(args.config)
+    if bool(args.config) == bool(args.registration):
+        raise CLIError("run: give the test as --config TEST.yaml or as --registration REG.yaml (one of them)")
+    extra = None
+    if args.registration:
+        bundle, extra = registered_bundle(args.registration)
+    else:
+        bundle = load_test(args.config)
     out = Path(args.out) if args.out else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
-    res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle))
+    res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle), extra_meta=extra)
     print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -165,7 +197,8 @@ def freeze_test_predictions(bundle: Any, spec: Any, out: Path) -> Path:
 def register(cli: Any) -> None:
     """Add `run` and `test run` to the agentload command."""
     p = cli.command("run", group="execute", help="drive one arm x rate x seed of a test into a run directory")
-    p.add_argument("--config", required=True, help="test YAML (names the cell, workload, protocol and arms)")
+    p.add_argument("--config", help="test YAML (names the cell, workload, protocol and arms)")
+    p.add_argument("--registration", help="a FILLED registration instead of --config: its configs and plans, and the run bound to it")
     p.add_argument("--arm", required=True, help="arm name, e.g. BURST")
     p.add_argument("--rate", required=True, type=float, help="arrival rate in multiples of the cell's lambda_ref")
     p.add_argument("--seed", required=True, type=int)

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 import signal
 import time
@@ -153,6 +154,7 @@ def run_real(
 
     t0 = time.monotonic()
     run_dir = Path(run_dir)
+    load = HostLoad()
     adapter = get_adapter(
         options.engine,
         cell=cell,
@@ -182,6 +184,8 @@ def run_real(
             checks = asyncio.run(_preflight(adapter, base_url, cell, model_name, options))
             _meta(recorder, {"preflight": checks})
             alive = _liveness(handle)
+            group = handle.pid if handle is not None else None
+            load.mark("drive_start", group)
             result = asyncio.run(
                 drive(
                     client,
@@ -198,6 +202,7 @@ def run_real(
                 )
             )
             _install_interrupt()
+            load.mark("drive_end", group)
         except EngineStartError as exc:
             result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
@@ -210,8 +215,70 @@ def run_real(
                     adapter.stop(handle)
     if result.status == FAILED and handle is not None and handle.log_path is not None:
         result.reason += _log_tail_note(handle.log_path)
+    _meta(recorder, {"host_load": load.as_meta()})
     _finish(recorder, result)
     return result
+
+
+class HostLoad:
+    """The host's load averages and the engine's CPU time at the start of a run, when the drive
+    starts and when it ends.
+
+    Why: a real engine on a shared CPU node runs as fast as the cores it is left, so a rate
+    measured under one load and a test run under another are not comparable; every real run
+    records the load it ran under (os.getloadavg: 1, 5, 15 minutes) and the share of a core the
+    engine's processes actually got during the drive (their CPU seconds over the wall seconds:
+    the server's process group, read from /proc), next to what it measured.
+    """
+
+    def __init__(self) -> None:
+        self.cpus = os.cpu_count()
+        self.marks: dict[str, dict[str, Any]] = {}
+        self.mark("start")
+
+    def mark(self, name: str, group: int | None = None) -> None:
+        m: dict[str, Any] = {"wall": time.monotonic()}
+        try:
+            m["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+        except OSError:  # pragma: no cover - no load averages on this platform
+            pass
+        if group is not None:
+            m["engine_cpu_s"] = group_cpu_seconds(group)
+        self.marks[name] = m
+
+    def as_meta(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cpus": self.cpus}
+        for name, m in self.marks.items():
+            if "loadavg_1_5_15" in m:
+                out[f"loadavg_{name}"] = m["loadavg_1_5_15"]
+        a, b = self.marks.get("drive_start", {}), self.marks.get("drive_end", {})
+        if a.get("engine_cpu_s") is not None and b.get("engine_cpu_s") is not None and b["wall"] > a["wall"]:
+            cpu = b["engine_cpu_s"] - a["engine_cpu_s"]
+            out["engine_cpu_s"] = round(cpu, 3)
+            out["engine_cpu_share"] = round(cpu / (b["wall"] - a["wall"]), 4)
+        return out
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """User + system CPU seconds of the live processes of process group `pgid` (Linux /proc)."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        names = os.listdir("/proc")
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - not Linux
+        return None
+    total = 0
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open(f"/proc/{n}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 12 and int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 class PreflightError(RuntimeError):

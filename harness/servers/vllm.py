@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from harness.config import CellConfig
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+ENGINE_CACHE_ENV = "AGENTLOAD_ENGINE_CACHE"  # when set, every launched server keeps its caches under it
 RESET_PATH = "/reset_prefix_cache"
 
 
@@ -101,7 +102,11 @@ class VLLMAdapter(EngineAdapter):
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
         argv.extend(extra_args)
-        return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        cache = os.environ.get(ENGINE_CACHE_ENV)
+        if cache:
+            env.update(private_cache_env(cache))
+        return argv, env
 
     async def flush_cache(self, http: aiohttp.ClientSession, base_url: str, *, timeout: float = 60.0) -> None:
         """POST /reset_prefix_cache until the body says success.
