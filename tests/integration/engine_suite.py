@@ -39,6 +39,14 @@ from live_engines import CONTEXT, D, POOL, REPO, Live
 LONGEST_PROMPT = {"vllm": CONTEXT - 1, "sglang": CONTEXT - 7}
 # What each engine answers to a flush while a request runs (measured on SGLang 0.5.22 and vLLM 0.32).
 FLUSH_REFUSED = {"sglang": (400, b"Flush cache failed.\n"), "vllm": (200, b'{"success":false}')}
+# Plan seconds a fixed-horizon run gets, per engine: the real SGLang serves the tiny model 10-25x
+# slower than vLLM on this CPU (torch-native attention, Python decode steps of 0.1-1.6 s on a loaded
+# 2-core machine), so its first turns can take longer than a vLLM run lasts.
+HORIZON_FACTOR = {"sglang": 2.5}
+
+
+def horizon(live: Live, seconds: float) -> float:
+    return seconds * HORIZON_FACTOR.get(live.engine, 1.0)
 
 
 def run(coro: Any) -> Any:
@@ -231,8 +239,9 @@ def case_flush_refused_while_running(live: Live) -> None:
     want_status, want_body = FLUSH_REFUSED[live.flavor]
     assert status == want_status and body.replace(b" ", b"") == want_body.replace(b" ", b""), (status, body)
     if live.flavor == "sglang":
-        status, body, _secs, finished = out["waited"]
-        assert status == 200 and body.startswith(b"Cache flushed.") and finished  # answered once idle
+        # answered once the engine was idle (the completion's own reply may reach us a moment later)
+        status, body, _secs, _finished = out["waited"]
+        assert status == 200 and body.startswith(b"Cache flushed."), (status, body)
     assert out["completion_tokens"] == 64
     assert out["canary"].passed and out["canary"].after == 0, out["canary"].reason
 
@@ -378,7 +387,7 @@ def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
     it; the smoke checks through the command run in the SIGTERM case)."""
     from harness.recording.record import load_run
 
-    test = _tiny_test_files(live, tmp_path, duration=12.0)
+    test = _tiny_test_files(live, tmp_path, duration=horizon(live, 12.0))
     out = tmp_path / "out"
     cmd = _cli("run", "--config", str(test), "--arm", "burst", "--rate", "1.0", "--seed", "0", "--engine", live.engine,
                "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--no-smoke")  # fmt: skip
@@ -407,9 +416,10 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
     out = tmp_path / "cal"
     kind, _, flavor = live.engine.partition(":")
     engine = ["--engine", kind] + (["--flavor", flavor] if flavor else [])
+    warmup, window = horizon(live, 3.0), horizon(live, 12.0)
     cmd = _cli("calibrate", "stage-c", "--cell", str(live.cell_path), "--workload", str(tmp_path / "wl.yaml"), *engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--n", "4", "--warmup", "3", "--window", "12",
-               "--no-smoke", "--out", str(out))  # fmt: skip
+               "--base-url", live.url, "--served-model-name", live.model_name, "--n", "4", "--warmup", f"{warmup:g}",
+               "--window", f"{window:g}", "--no-smoke", "--out", str(out))  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     tag(live, f"stage C ({time.monotonic() - t0:.1f} s):\n{proc.stdout.strip()}")
@@ -420,7 +430,7 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
     assert data.meta["status"] == "COMPLETED" and data.meta["population"] == 4
     assert data.meta["preflight"]["canary"]["after"] == 0
     workload = WorkloadConfig.model_validate(wl)
-    again = window_stats(data.turns, data.sessions, 3.0, 15.0, expected_turns(workload), n=4, seed=0)
+    again = window_stats(data.turns, data.sessions, warmup, warmup + window, expected_turns(workload), n=4, seed=0)
     assert row == json.loads(json.dumps(again.as_dict()))
     assert row["turns_completed"] > 0 and row["mu_turns"] > 0
     assert check_follow_ups(data.turns, live.block, workload) > 0

@@ -51,6 +51,9 @@ MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launc
 # vLLM: 256 MiB of KV memory holds the 1,024 blocks; eager mode starts ~2x faster than compiling on
 # a fresh machine and the test's requests are tiny.
 VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
+# SGLang: an idle scheduler polls its sockets in a busy loop (20-25 % of a core here) unless told to
+# sleep; two idle test servers would take that from the cases running on the others.
+SGLANG_ARGS = ("--sleep-on-idle",)
 START_TIMEOUT = {"vllm": 600.0, "sglang": 900.0}
 
 
@@ -208,6 +211,8 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
         extra = [*VLLM_ARGS]
         if os.environ.get("AGENTLOAD_VLLM_COMPILE") != "1":
             extra.append("--enforce-eager")
+    else:
+        extra = [*SGLANG_ARGS]
     adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
     return Launch(key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine])
 
