@@ -16,12 +16,12 @@
 #      .engine-venv/tiny-model), AGENTLOAD_ENGINE_CACHE (default .engine-venv/cache: the engines'
 #      private compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
 # Needs: the harness installed in .venv (pip install -e '.[dev]'), python3.11, ~7 GB of disk.
-# Time on a 2-core machine (README, "What the real engines cost"): installs ~100-150 s (vLLM) and
-# ~190-290 s (SGLang) the first time, ~1 s each when reused; model ~7-11 s; tests: one shared
-# server per engine plus one launched by the SIGTERM case, each start 25-90 s (vLLM) or 36-170 s
-# (SGLang), then the cases; plus ~8-9 min for the reduced registered CPU test
-# (tests/integration/test_cpu_trap.py: BURST and NOBURST of seed 0 at one registered rate on a
-# fresh vLLM server; -k 'not cpu_trap' in PYTEST_ARGS skips it).
+# Time on a shared 2-core machine (README, "What the real engines cost"): installs ~100-150 s
+# (vLLM) and ~190-290 s (SGLang) the first time, 0-40 s when kept; model ~7-24 s; tests: one
+# server per engine for the session (SGLang: two page sizes), all booting together at its start
+# (25-290 s each, depending on the load), then 13 cases per engine: 11-14 min in all at load 8-18.
+# Plus ~8-9 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
+# NOBURST of seed 0 at one registered rate on a fresh vLLM server; -k 'not cpu_trap' skips it).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +34,7 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done

@@ -89,6 +89,28 @@ def test_engine_dies_mid_run(tmp_path: Path) -> None:
     assert data.meta["preflight"]["canary"]["passed"] is True
 
 
+def test_server_dying_on_the_last_turn_of_an_attached_run_fails_it(tmp_path: Path) -> None:
+    """A server that dies on the plan's last request leaves the client finished (its last session
+    ended on that connection error) before the probe has answered: the run is still FAILED with
+    'server died', not COMPLETED. Attached (no process to watch), as the real-engine tests drive
+    their shared servers; found on a real SGLang killed while its last sessions ran."""
+    from harness.servers import free_port, get_adapter
+
+    cell, path = cell_file(tmp_path)
+    sessions = plan(2, gap=0.5, turns=2)  # 4 requests; the server exits when the 4th arrives
+    adapter = get_adapter("emulator", cell=cell, cell_ref=str(path), time_scale=SCALE, server_cmd=[sys.executable, "-m", "harness.emulator"])
+    port = free_port()
+    argv, env = adapter.launch_command(cell, model="tiny", host="127.0.0.1", port=port, extra_args=["--fault", "die-after:4", "--log-level", "WARNING"])
+    handle = adapter.start(argv, env, tmp_path / "server", host="127.0.0.1", port=port, health_timeout=30.0)
+    try:
+        opts = options(path, canary=False, base_url=handle.base_url)
+        res, data = run_with(tmp_path, opts, cell, sessions)
+    finally:
+        adapter.stop(handle)
+    assert res.status == "FAILED" and "server died" in res.reason, res.reason
+    assert (data.turns["status"] == "ok").sum() == 3 and (data.turns["status"] == "error").sum() == 1
+
+
 def test_bad_responses_are_per_turn_errors_and_flag_the_run(tmp_path: Path) -> None:
     cell, path = cell_file(tmp_path, "vllm")
     res, data = run_with(tmp_path, options(path, "5xx:6", "malformed:7", "no-usage:11", canary=False), cell, plan(10, turns=5))

@@ -167,7 +167,9 @@ class _Driver:
         self.done.set()
 
     def _check_finished(self) -> None:
-        if self.status is None and self.client.finished():
+        # While a dropped connection is being looked into, the client may have ended its last
+        # session on that very error: wait for the probe, which says whether the server died.
+        if self.status is None and self.client.finished() and not self._probing:
             self.finish(COMPLETED, "client finished")
 
     # ------------------------------------------------------------------ commands
@@ -293,6 +295,7 @@ class _Driver:
                 self.finish(FAILED, f"server died: {reason}")
         finally:
             self._probing = False
+            self._check_finished()
 
     async def _health_reason(self) -> str | None:
         try:

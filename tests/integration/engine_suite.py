@@ -39,6 +39,18 @@ from live_engines import CONTEXT, D, POOL, REPO, Live
 LONGEST_PROMPT = {"vllm": CONTEXT - 1, "sglang": CONTEXT - 7}
 # What each engine answers to a flush while a request runs (measured on SGLang 0.5.22 and vLLM 0.32).
 FLUSH_REFUSED = {"sglang": (400, b"Flush cache failed.\n"), "vllm": (200, b'{"success":false}')}
+# Decode tokens of the request a flush is sent under: on a quiet machine the CPU vLLM finishes 64
+# tokens of the tiny model before the flush's reply comes back, so its request decodes longer.
+FLUSH_DECODE = {"vllm": 512, "sglang": 64}
+FLUSH_TRIES = 5
+# Plan seconds a fixed-horizon run gets, per engine: the real SGLang serves the tiny model 10-25x
+# slower than vLLM on this CPU (torch-native attention, Python decode steps of 0.1-1.6 s on a loaded
+# 2-core machine), so its first turns can take longer than a vLLM run lasts.
+HORIZON_FACTOR = {"sglang": 2.5}
+
+
+def horizon(live: Live, seconds: float) -> float:
+    return seconds * HORIZON_FACTOR.get(live.engine, 1.0)
 
 
 def run(coro: Any) -> Any:
@@ -204,9 +216,9 @@ def case_flush_refused_while_running(live: Live) -> None:
 
     async def go(http: aiohttp.ClientSession) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for attempt in range(3):  # a request may finish between the gauge read and the flush
+        for attempt in range(FLUSH_TRIES):  # a request may finish between the gauge read and the flush
             prompt = ids(3000, seed=200 + attempt)
-            task = asyncio.create_task(live.adapter.complete(http, live.url, prompt, 64, live.model_name))
+            task = asyncio.create_task(live.adapter.complete(http, live.url, prompt, FLUSH_DECODE[live.flavor], live.model_name))
             if not await _until_running(live, http, task):
                 await task
                 continue
@@ -226,14 +238,15 @@ def case_flush_refused_while_running(live: Live) -> None:
 
     out = run(with_http(go))
     tag(live, f"flush while running: {out}")
-    assert "refused" in out, "no request was still running when the flush was answered (3 tries)"
+    assert "refused" in out, f"no request was still running when the flush was answered ({FLUSH_TRIES} tries)"
     status, body = out["refused"]
     want_status, want_body = FLUSH_REFUSED[live.flavor]
     assert status == want_status and body.replace(b" ", b"") == want_body.replace(b" ", b""), (status, body)
     if live.flavor == "sglang":
-        status, body, _secs, finished = out["waited"]
-        assert status == 200 and body.startswith(b"Cache flushed.") and finished  # answered once idle
-    assert out["completion_tokens"] == 64
+        # answered once the engine was idle (the completion's own reply may reach us a moment later)
+        status, body, _secs, _finished = out["waited"]
+        assert status == 200 and body.startswith(b"Cache flushed."), (status, body)
+    assert out["completion_tokens"] == FLUSH_DECODE[live.flavor]
     assert out["canary"].passed and out["canary"].after == 0, out["canary"].reason
 
 
@@ -327,7 +340,7 @@ async def _evictable_after(live: Live, http: aiohttp.ClientSession, prompt: np.n
 
 
 def case_run_real_attached(live: Live, tmp_path: Path) -> None:
-    """The run command's real-engine path against the running server: canary, drive, meta."""
+    """The run command's real-engine path against the running server: smoke, canary, drive, meta."""
     from harness.client.openloop import PlanClient
     from harness.protocols import realrun
     from harness.recording.record import RunRecorder, load_run
@@ -336,15 +349,14 @@ def case_run_real_attached(live: Live, tmp_path: Path) -> None:
                                               "turns": {"mean": 2.0, "cap": 3}, "tool_time": {"mean": 0.2}})  # fmt: skip
     rec = RunRecorder(tmp_path / "run", {"test": "run_real"})
     client = PlanClient(sessions(workload, 4, rate=4.0, seed=3), workload, sink=rec)
-    # the smoke checks run in the CLI case below; here the canary alone precedes the drive
-    opts = realrun.EngineOptions(engine=live.engine, base_url=live.url, served_model_name=live.model_name, cell_ref=str(live.cell_path), smoke=False)
+    opts = realrun.EngineOptions(engine=live.engine, base_url=live.url, served_model_name=live.model_name, cell_ref=str(live.cell_path))
     result = realrun.run_real(client, cell=live.cell, options=opts, run_dir=tmp_path / "run", recorder=rec, gauge_interval=1.0)
     rec.close()
     assert result.status == "COMPLETED", result.reason
     data = load_run(tmp_path / "run")
     pre = data.meta.get("preflight", {})
-    assert "smoke" not in pre and pre.get("canary", {}).get("after") == 0, pre
-    assert pre["canary"]["before"] == expected_cached(1024, live.block)
+    assert pre.get("smoke", {}).get("passed") is True, pre
+    assert pre.get("canary", {}).get("after") == 0 and pre["canary"]["before"] == expected_cached(1024, live.block), pre
     assert check_follow_ups(data.turns, live.block, workload) > 0
 
 
@@ -375,10 +387,10 @@ def _cli(*args: str) -> list[str]:
 def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
     """`agentload run --engine ... --base-url ...`: a BURST arm of a tiny test from config files to a
     COMPLETED run directory, through the runner, against the running server (the canary before
-    it; the smoke checks through the command run in the SIGTERM case)."""
+    it; the run command's smoke checks are the case above)."""
     from harness.recording.record import load_run
 
-    test = _tiny_test_files(live, tmp_path, duration=12.0)
+    test = _tiny_test_files(live, tmp_path, duration=horizon(live, 12.0))
     out = tmp_path / "out"
     cmd = _cli("run", "--config", str(test), "--arm", "burst", "--rate", "1.0", "--seed", "0", "--engine", live.engine,
                "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--no-smoke")  # fmt: skip
@@ -407,9 +419,10 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
     out = tmp_path / "cal"
     kind, _, flavor = live.engine.partition(":")
     engine = ["--engine", kind] + (["--flavor", flavor] if flavor else [])
+    warmup, window = horizon(live, 3.0), horizon(live, 12.0)
     cmd = _cli("calibrate", "stage-c", "--cell", str(live.cell_path), "--workload", str(tmp_path / "wl.yaml"), *engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--n", "4", "--warmup", "3", "--window", "12",
-               "--no-smoke", "--out", str(out))  # fmt: skip
+               "--base-url", live.url, "--served-model-name", live.model_name, "--n", "4", "--warmup", f"{warmup:g}",
+               "--window", f"{window:g}", "--no-smoke", "--out", str(out))  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     tag(live, f"stage C ({time.monotonic() - t0:.1f} s):\n{proc.stdout.strip()}")
@@ -420,7 +433,7 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
     assert data.meta["status"] == "COMPLETED" and data.meta["population"] == 4
     assert data.meta["preflight"]["canary"]["after"] == 0
     workload = WorkloadConfig.model_validate(wl)
-    again = window_stats(data.turns, data.sessions, 3.0, 15.0, expected_turns(workload), n=4, seed=0)
+    again = window_stats(data.turns, data.sessions, warmup, warmup + window, expected_turns(workload), n=4, seed=0)
     assert row == json.loads(json.dumps(again.as_dict()))
     assert row["turns_completed"] > 0 and row["mu_turns"] > 0
     assert check_follow_ups(data.turns, live.block, workload) > 0
@@ -518,8 +531,8 @@ def case_hung_server_times_out(live: Live, tmp_path: Path) -> None:
 
 
 def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
-    """`agentload run --engine ENGINE --base-url ...` passes the smoke checks and the canary on the
-    server and records follow-ups hitting whole pages; SIGTERM to the client then ends the run
+    """`agentload run --engine ENGINE --base-url ...` passes the canary on the server and records
+    follow-ups hitting whole pages; SIGTERM to the client then ends the run
     INTERRUPTED with its records kept, and leaves alone the server it did not launch: that one
     drops the abandoned requests and passes the canary again. (A server the run launched is
     stopped on the way out: tests/test_faults.py with the emulator; the pool's stop checks the
@@ -529,7 +542,8 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
     test = _tiny_test_files(live, tmp_path / "cfg", duration=900.0)
     out = tmp_path / "out"
     cmd = _cli("run", "--config", str(test), "--arm", "burst", "--rate", "1.0", "--seed", "0", "--engine", live.engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--request-timeout", "120")  # fmt: skip
+               "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--request-timeout", "120",
+               "--no-smoke")  # fmt: skip
     t0 = time.monotonic()
     child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -544,15 +558,13 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=30)
     meta = json.loads((out / "meta.json").read_text())
-    tag(live, f"SIGTERM: {ready:.1f} s to 2 recorded follow-ups (smoke and canary included); exit {child.returncode} "
+    tag(live, f"SIGTERM: {ready:.1f} s to 2 recorded follow-ups (canary included); exit {child.returncode} "
               f"{stop:.1f} s after the signal; {meta['status']}: {meta.get('status_reason')}")  # fmt: skip
     assert child.returncode == 1 and "INTERRUPTED" in stdout, stdout[-2000:] + stderr[-2000:]
     assert meta["status"] == "INTERRUPTED" and "SIGTERM" in meta["status_reason"]
     assert "engine_launch" not in meta  # attached: nothing launched, nothing to stop
     pre = meta["preflight"]
-    assert pre["smoke"]["passed"] is True and pre["canary"]["passed"] is True
-    checks = {c["name"]: c["detail"] for c in pre["smoke"]["checks"]}
-    assert checks["cached_tokens_reported"]["repeat"] == expected_cached(64, live.block)  # 63 or 32
+    assert "smoke" not in pre and pre["canary"]["passed"] is True
     assert pre["canary"]["before"] == expected_cached(1024, live.block)  # 1023 or 992
     data = load_run(out)
     workload = WorkloadConfig.model_validate({k: v for k, v in yaml.safe_load((tmp_path / "cfg" / "workload.yaml").read_text()).items() if k != "kind"})

@@ -1,11 +1,14 @@
 """Real engine servers for the integration tests, started once per test session.
 
-Why one server per engine and session: a real server starts in 25-170 s on a 2-core CI machine
-(SGLang's tokenizer process alone takes 19-119 s), while each test needs seconds of it. Every test
-that can share a server gets the pool's one (`EnginePool.get`); the pool starts it on first use,
-starts it again only when a test killed it on purpose (the dead-server fault), and stops them all
-at the end of the session. Tests that must launch their own (SIGTERM during a launched run) do
-so through the harness, as a real run would.
+Why one server per engine (and page size) and session: a real server starts in 25-290 s on a
+shared 2-core machine (SGLang's tokenizer process alone takes 19-119 s), while each test needs
+seconds of it. Every test gets the pool's server (`EnginePool.get`); conftest.py boots all the
+real servers the selected tests need in the background when the session starts, so their boots
+overlap each other and the first cases; the pool starts a server again only when a test killed it
+on purpose (the dead-server fault) and a later one asks for it, and each test module stops its
+servers when it is done. No test launches a real server of its own: a server the harness launches
+and stops is the pool's (whose stop checks that no process is left) and, for SIGTERM during a run
+that launched its own, the emulator's (tests/test_faults.py).
 
 Engines: "vllm" (AGENTLOAD_VLLM_PYTHON), "sglang" (AGENTLOAD_SGLANG_PYTHON) and our emulator in
 either dialect ("emulator:vllm", "emulator:sglang"), which runs the same tests so that it keeps
@@ -15,7 +18,7 @@ names the tiny local model when set; otherwise it is built with the engine's pyt
 
 Cells (scaled down for a CPU, where a 40k-token prefill takes ~8 s): a 32,768-token pool, an
 8,192-token context, 16 running, chunked prefill 8,192. vLLM needs 32-token blocks on a CPU;
-SGLang runs with 1-token pages (the paper's setting) and, in the launched-run test, 32-token pages.
+SGLang runs with 1-token pages (the paper's setting) and, for the fault cases, 32-token pages.
 The SGLang cell carries its CPU launch settings as data (device cpu, mem_fraction_static 0.5).
 """
 
@@ -51,6 +54,10 @@ MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launc
 # vLLM: 256 MiB of KV memory holds the 1,024 blocks; eager mode starts ~2x faster than compiling on
 # a fresh machine and the test's requests are tiny.
 VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
+# SGLang: an idle scheduler loops over its sockets without blocking unless told to sleep on them
+# (measured with the flag: 1 % of a core); an idle test server would otherwise take CPU from the
+# cases running on another.
+SGLANG_ARGS = ("--sleep-on-idle",)
 START_TIMEOUT = {"vllm": 600.0, "sglang": 900.0}
 
 
@@ -208,6 +215,8 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
         extra = [*VLLM_ARGS]
         if os.environ.get("AGENTLOAD_VLLM_COMPILE") != "1":
             extra.append("--enforce-eager")
+    else:
+        extra = [*SGLANG_ARGS]
     adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
     return Launch(key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine])
 

@@ -93,8 +93,8 @@ def test_hung_server_times_out(live: Live, tmp_path: Path) -> None:
 
 
 def test_sigterm_interrupts_an_attached_run_page_32(live32: Live, tmp_path: Path) -> None:
-    """Also Stage 0 and the canary on 32-token pages (the run's preflight), and open-loop
-    follow-ups hitting whole pages: 128 + 16 -> 128, 176 + 16 -> 160."""
+    """Also the canary on 32-token pages (992 before the flush, 0 after) and open-loop follow-ups
+    hitting whole pages: 128 + 16 -> 128, 176 + 16 -> 160."""
     suite.case_sigterm_interrupts_an_attached_run(live32, tmp_path)
 
 
