@@ -361,10 +361,23 @@ def dump_yaml(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
+# Cell fields added after registrations were first written, that only some engines read (SGLang's
+# CPU launch settings): left out of the file while unset, so a registration written before they
+# existed keeps its bytes, its SHA-256 and every run bound to it. Reading the file back gives the
+# same object (the fields default to None).
+_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static")
+
+
 def registration_dict(reg: Registration) -> dict[str, Any]:
-    """The registration as plain data, in the documented key order. Every field is written, defaults
-    included, so a reviewer reads the whole test from the file without knowing this code's defaults."""
-    return reg.model_dump(mode="json")
+    """The registration as plain data, in the documented key order. Every other field is written,
+    defaults included, so a reviewer reads the whole test from the file."""
+    data = reg.model_dump(mode="json")
+    cell = data.get("cell")
+    if isinstance(cell, dict):
+        for key in _CELL_OMITTED_WHEN_UNSET:
+            if cell.get(key) is None:
+                cell.pop(key, None)
+    return data
 
 
 def dump_registration(reg: Registration) -> bytes:

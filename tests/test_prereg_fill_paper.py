@@ -125,3 +125,26 @@ def test_committed_registration_is_the_fill(filled: dict[str, FillResult], cell:
     reg = load_registration(path)
     for inp in reg.inputs:
         assert (ROOT / inp.path).is_file() and inp.path.startswith(f"prereg/inputs/paper/{cell}/")
+
+
+def test_every_committed_registration_is_its_fill() -> None:
+    """scripts/refill_registrations.py --check: each file under prereg/registrations/ (paper,
+    simulator, CPU and derived ones) equals the fill of the template and inputs it records."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refill", ROOT / "scripts/refill_registrations.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    assert mod.main(["--check"]) == 0
+
+
+def test_cell_launch_fields_written_only_when_set() -> None:
+    """An SGLang CPU launch field left unset is not in the file (older registrations keep their
+    bytes); set, it is written and reads back."""
+    import yaml
+
+    reg = load_registration(ROOT / "prereg/registrations/e2-sglang-a100-300k.yaml")
+    assert "device" not in yaml.safe_load(dump_registration(reg))["cell"]
+    cpu = reg.model_copy(update={"cell": reg.cell.model_copy(update={"device": "cpu", "mem_fraction_static": 0.5})})
+    cell = yaml.safe_load(dump_registration(cpu))["cell"]
+    assert cell["device"] == "cpu" and cell["mem_fraction_static"] == 0.5
