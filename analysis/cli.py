@@ -145,6 +145,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def register(cli: Any) -> None:
     """Add `analyze` to the agentload command."""
+    from analysis.expr import RuleError
+
+    cli.user_errors(RuleError)  # an unknown rule or a bad spec: the user's to fix, no traceback
     a = cli.command("analyze", group="judge", help="score run directories with a registered rule; write verdict, report, figure")
     a.add_argument("runs", nargs="+", help="run directories, or folders holding them")
     a.add_argument("--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)")

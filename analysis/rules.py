@@ -72,12 +72,16 @@ _parse = parse
 # specs
 # ---------------------------------------------------------------------------------------------
 RULESPEC_DIR = Path(__file__).resolve().parent / "rulespecs"
+# A project's own rules (e.g. a scaled cell's, configs/rules/e2-cpu.yaml) load by name too, after
+# the built-in ones: `analyze --rule e2-cpu` names the same spec a test config names.
+CONFIG_RULE_DIR = Path(__file__).resolve().parent.parent / "configs" / "rules"
 BUILTIN_RULES: dict[str, dict[str, Any]] = {"e2": E2_RULE}
 
 
 def rule_names() -> list[str]:
-    """Every rule loadable by name: the built-in E2 rule and the specs under analysis/rulespecs/."""
-    return sorted({*BUILTIN_RULES, *(p.stem for p in RULESPEC_DIR.glob("*.yaml"))})
+    """Every rule loadable by name: the built-in E2 rule, the specs under analysis/rulespecs/ and
+    those under configs/rules/."""
+    return sorted({*BUILTIN_RULES, *(p.stem for d in (RULESPEC_DIR, CONFIG_RULE_DIR) for p in d.glob("*.yaml"))})
 
 
 def _read_spec(source: str | Path) -> dict[str, Any]:
@@ -95,6 +99,8 @@ def _read_spec(source: str | Path) -> dict[str, Any]:
         return _read_spec(RULESPEC_DIR / f"{source}.yaml")
     elif (RULESPEC_DIR / "bases" / f"{source}.yaml").is_file():  # shared pieces, for `extends` only
         return _read_spec(RULESPEC_DIR / "bases" / f"{source}.yaml")
+    elif (CONFIG_RULE_DIR / f"{source}.yaml").is_file():
+        return _read_spec(CONFIG_RULE_DIR / f"{source}.yaml")
     else:
         raise RuleError(f"rule {str(source)!r}: no such file and no such rule; known rules: {rule_names()}")
     if not isinstance(data, dict):

@@ -97,3 +97,11 @@ def test_unknown_rule_and_circular_extends(tmp_path: Path) -> None:
     a.write_text(yaml.safe_dump({"name": "a", "extends": str(a)}))
     with pytest.raises(RuleError, match="circular"):
         load_rule(a)
+
+
+def test_a_project_rule_under_configs_rules_loads_by_name() -> None:
+    """`analyze --rule e2-cpu` names the scaled cell's rule as its test config does."""
+    from analysis.rules import CONFIG_RULE_DIR, load_rule, rule_names
+
+    assert (CONFIG_RULE_DIR / "e2-cpu.yaml").is_file() and "e2-cpu" in rule_names()
+    assert load_rule("e2-cpu")["name"] == load_rule(str(CONFIG_RULE_DIR / "e2-cpu.yaml"))["name"]
