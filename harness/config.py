@@ -120,6 +120,12 @@ class CellConfig(_Strict):
         "(right on a GPU). A CPU cell must give it: there the derived value can be negative and the "
         "server does not start",
     )
+    engine_cpu_quota: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs the engine's processes may use, enforced by the kernel (harness/servers/cpuquota.py); "
+        "a CPU cell sets it so its speed does not move with the host's load. Absent = no quota (a GPU cell)",
+    )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"

@@ -361,11 +361,11 @@ def dump_yaml(data: Any) -> bytes:
     return text.encode("utf-8")
 
 
-# Cell fields added after registrations were first written, that only some engines read (SGLang's
-# CPU launch settings): left out of the file while unset, so a registration written before they
+# Cell fields added after registrations were first written, that only CPU cells set (SGLang's CPU
+# launch settings, the engine's CPU quota): left out of the file while unset, so a registration written before they
 # existed keeps its bytes, its SHA-256 and every run bound to it. Reading the file back gives the
 # same object (the fields default to None).
-_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static")
+_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota")
 
 
 def registration_dict(reg: Registration) -> dict[str, Any]:

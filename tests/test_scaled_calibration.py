@@ -163,12 +163,13 @@ def test_a_fast_cell_fills_only_with_a_top_rate_that_holds_its_rates(tmp_path: P
         registration_from_data(data)
 
 
-def test_a_registration_at_the_paper_top_rate_keeps_its_bytes() -> None:
+def test_every_registration_writes_its_top_rate_and_keeps_its_bytes() -> None:
+    """The top rate is part of every plan's identity, so every registration states it (the paper's
+    2.0 included) and reads back to the same bytes."""
     root = Path(__file__).resolve().parents[1]
     for p in sorted((root / "prereg" / "registrations").glob("*.yaml")):
         reg = load_registration(p)
-        if reg.top_rate == 2.0:
-            assert "top_rate" not in p.read_text() and dump_registration(reg) == p.read_bytes(), p.name
+        assert f"top_rate: {reg.top_rate}" in p.read_text() and dump_registration(reg) == p.read_bytes(), p.name
 
 
 # -------------------------------------------------------------------------------------------------

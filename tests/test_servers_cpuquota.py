@@ -1,0 +1,53 @@
+"""The engine CPU quota (harness/servers/cpuquota.py): the kernel, not the harness, caps the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.servers import cpuquota
+
+BUSY = "import time\nt=time.monotonic()\nwhile time.monotonic()-t<1.5: pass\nprint(open('/proc/self/cgroup').read())"
+
+
+def _available() -> bool:
+    try:
+        cpuquota._controller_root()
+        return True
+    except cpuquota.QuotaError:
+        return False
+
+
+@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+def test_a_busy_command_under_a_quarter_core_is_throttled_by_the_kernel() -> None:
+    name = f"test-{os.getpid()}"
+    proc = subprocess.run(cpuquota.wrap([sys.executable, "-c", BUSY], 0.25, name), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"agentload/{name}" in proc.stdout, proc.stdout
+    # the kernel's own account: a busy loop under a quarter core is throttled in most periods
+    stat = dict(line.split() for line in (cpuquota.quota_group(name, 0.25) / "cpu.stat").read_text().splitlines() if line.strip())
+    assert int(stat.get("nr_throttled", 0)) > 0, f"the busy loop was never throttled: the quota was not enforced ({stat})"
+    group = cpuquota.quota_group(name, 0.25)
+    assert cpuquota.quota_of(group) == pytest.approx(0.25)
+    group.rmdir()  # empty once the command exited
+
+
+def test_refuses_a_nonpositive_quota_and_a_missing_command() -> None:
+    with pytest.raises(cpuquota.QuotaError, match="positive"):
+        cpuquota.quota_group("x", 0.0)
+    with pytest.raises(SystemExit):
+        cpuquota.main(["--cores", "1", "--name", "x"])
+
+
+def test_a_cell_with_a_quota_launches_its_engine_under_the_wrapper() -> None:
+    from harness.config import config_ref, load_config, CellConfig
+    from harness.servers.vllm import VLLMAdapter
+
+    cell = load_config(config_ref("vllm-cpu-tiny-131k", "cells"), CellConfig).model_copy(update={"engine_cpu_quota": 0.5})
+    argv, _ = VLLMAdapter().launch_command(cell, model="m", host="127.0.0.1", port=8123)
+    assert argv[1:7] == ["-m", "harness.servers.cpuquota", "--cores", "0.5", "--name", "vllm-8123"] and argv[7] == "--"
+    plain, _ = VLLMAdapter().launch_command(cell.model_copy(update={"engine_cpu_quota": None}), model="m", host="127.0.0.1", port=8123)
+    assert "harness.servers.cpuquota" not in plain and plain == argv[8:]
