@@ -48,6 +48,20 @@ def test_a_cell_with_a_quota_launches_its_engine_under_the_wrapper() -> None:
 
     cell = load_config(config_ref("vllm-cpu-tiny-131k", "cells"), CellConfig).model_copy(update={"engine_cpu_quota": 0.5})
     argv, _ = VLLMAdapter().launch_command(cell, model="m", host="127.0.0.1", port=8123)
-    assert argv[1:7] == ["-m", "harness.servers.cpuquota", "--cores", "0.5", "--name", "vllm-8123"] and argv[7] == "--"
-    plain, _ = VLLMAdapter().launch_command(cell.model_copy(update={"engine_cpu_quota": None}), model="m", host="127.0.0.1", port=8123)
-    assert "harness.servers.cpuquota" not in plain and plain == argv[8:]
+    assert argv[1:8] == ["-m", "harness.servers.cpuquota", "--cores", "0.5", "--name", "vllm-8123", "--after-healthy"] and argv[8] == "--"
+    adapter = VLLMAdapter()
+    adapter.launch_command(cell, model="m", host="127.0.0.1", port=8123)
+    assert adapter.cpu_quota == ("vllm-8123", 0.5)  # set once the server is healthy (EngineAdapter.start)
+    plain, _ = adapter.launch_command(cell.model_copy(update={"engine_cpu_quota": None}), model="m", host="127.0.0.1", port=8123)
+    assert "harness.servers.cpuquota" not in plain and plain == argv[9:] and adapter.cpu_quota is None
+
+
+@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+def test_after_healthy_starts_unthrottled_and_apply_sets_the_quota() -> None:
+    name = f"test-late-{os.getpid()}"
+    proc = subprocess.run(cpuquota.wrap([sys.executable, "-c", "print(1)"], 0.5, name, after_healthy=True), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "once healthy" in proc.stderr, proc.stderr
+    group = cpuquota.quota_group(name, None)
+    assert cpuquota.quota_of(group) == float("inf")
+    assert cpuquota.apply(name, 0.5) == pytest.approx(0.5)
+    group.rmdir()

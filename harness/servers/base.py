@@ -208,6 +208,9 @@ class EngineAdapter(abc.ABC):
 
     name: str = "abstract"
     block_size: int = 1
+    # (cgroup name, cores) of the cell last launched with an engine CPU quota (harness/servers/cpuquota.py),
+    # applied once the server is healthy; set from the cell by launch_command, like block_size
+    cpu_quota: tuple[str, float] | None = None
 
     def __init__(self, *, server_cmd: Sequence[str] | None = None, block_size: int | None = None) -> None:
         self.server_cmd = list(server_cmd) if server_cmd else None
@@ -265,6 +268,12 @@ class EngineAdapter(abc.ABC):
         handle = ServerHandle(base_url=base_url, process=proc, log_path=log_path, pid=proc.pid)
         try:
             wait_healthy(base_url, timeout=health_timeout, process=proc, health_path=self.health_path)
+            if self.cpu_quota is not None:  # the cell's CPU quota, from now on (the start is not measured)
+                from harness.servers.cpuquota import apply
+
+                got = apply(*self.cpu_quota)
+                with log_path.open("ab") as log:
+                    log.write(f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
             raise EngineStartError(exc.reason, str(exc), log_tail(log_path)) from None

@@ -8,9 +8,11 @@ v1) makes the engine's speed a property of the cell (`engine_cpu_quota`, in core
 the host has that much CPU to spare, the engine gets exactly that much, idle host or not.
 
 The wrapper creates (or reuses) the cgroup `agentload/<name>` under the mounted `cpu` hierarchy,
-sets the quota, moves itself into it and then execs ARGV, so the engine and every process it
-starts (vLLM's EngineCore, SGLang's scheduler) are inside. The argv on record (meta.json
-engine_launch) therefore shows the quota. It refuses, with what to do, when no writable cgroup
+moves itself into it and then execs ARGV, so the engine and every process it starts (vLLM's
+EngineCore, SGLang's scheduler) are inside; the argv on record (meta.json engine_launch) shows
+the quota. With `--after-healthy` the group starts unthrottled and the adapter sets the quota
+once the server answers its health check (`apply`): a server start is not measured, and under a
+half-core quota it took several minutes of a run's budget. It refuses, with what to do, when no writable cgroup
 `cpu` controller exists (a container without it, a non-root user without a delegated subtree).
 """
 
@@ -45,9 +47,10 @@ def _controller_root() -> tuple[Path, int]:
     )
 
 
-def quota_group(name: str, cores: float) -> Path:
-    """Create or reuse the cgroup agentload/<name> with a quota of `cores` CPUs; returns its path."""
-    if not cores > 0:
+def quota_group(name: str, cores: float | None) -> Path:
+    """Create or reuse the cgroup agentload/<name> with a quota of `cores` CPUs (None: no quota
+    yet); returns its path."""
+    if cores is not None and not cores > 0:
         raise QuotaError(f"engine_cpu_quota: expected a positive number of cores, got {cores!r}")
     root, version = _controller_root()
     group = root / "agentload" / name
@@ -61,12 +64,17 @@ def quota_group(name: str, cores: float) -> Path:
         if "cpu" not in pctl.read_text().split():
             pctl.write_text("+cpu")
         group.mkdir(exist_ok=True)
-        (group / "cpu.max").write_text(f"{round(cores * PERIOD_US)} {PERIOD_US}")
+        (group / "cpu.max").write_text(f"{'max' if cores is None else round(cores * PERIOD_US)} {PERIOD_US}")
     else:
         group.mkdir(parents=True, exist_ok=True)
         (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(round(cores * PERIOD_US)))
+        (group / "cpu.cfs_quota_us").write_text(str(-1 if cores is None else round(cores * PERIOD_US)))
     return group
+
+
+def apply(name: str, cores: float) -> float:
+    """Set the quota of the running group agentload/<name> (the server is up); returns it as read back."""
+    return quota_of(quota_group(name, cores))
 
 
 def quota_of(group: Path) -> float:
@@ -74,7 +82,8 @@ def quota_of(group: Path) -> float:
     if (group / "cpu.max").exists():
         q, p = (group / "cpu.max").read_text().split()
         return float("inf") if q == "max" else int(q) / int(p)
-    return int((group / "cpu.cfs_quota_us").read_text()) / int((group / "cpu.cfs_period_us").read_text())
+    q = int((group / "cpu.cfs_quota_us").read_text())
+    return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
 
 
 def join(group: Path, pid: int = 0) -> None:
@@ -83,27 +92,30 @@ def join(group: Path, pid: int = 0) -> None:
     procs.write_text(str(pid or os.getpid()))
 
 
-def wrap(argv: list[str], cores: float, name: str, python: str | None = None) -> list[str]:
+def wrap(argv: list[str], cores: float, name: str, python: str | None = None, *, after_healthy: bool = False) -> list[str]:
     """The argv that runs `argv` under the quota (the harness's interpreter runs the wrapper)."""
-    return [python or sys.executable, "-m", "harness.servers.cpuquota", "--cores", f"{cores:g}", "--name", name, "--", *argv]
+    return [python or sys.executable, "-m", "harness.servers.cpuquota", "--cores", f"{cores:g}", "--name", name,
+            *(["--after-healthy"] if after_healthy else []), "--", *argv]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.servers.cpuquota", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", type=float, required=True, help="CPUs the command may use (e.g. 0.5)")
     ap.add_argument("--name", required=True, help="cgroup name under agentload/ (one per concurrent server)")
+    ap.add_argument("--after-healthy", action="store_true", help="start unthrottled; the adapter sets the quota once the server is up")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to exec")
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         ap.error("give the command to run after --")
     try:
-        group = quota_group(args.name, args.cores)
+        group = quota_group(args.name, None if args.after_healthy else args.cores)
         join(group)
     except (QuotaError, OSError) as exc:
         print(f"cpuquota: {exc}", file=sys.stderr)
         return 2
-    print(f"cpuquota: {group} enforces {quota_of(group):g} CPU; exec {cmd[0]}", file=sys.stderr, flush=True)
+    when = f"{args.cores:g} CPU once healthy" if args.after_healthy else f"{quota_of(group):g} CPU"
+    print(f"cpuquota: {group} enforces {when}; exec {cmd[0]}", file=sys.stderr, flush=True)
     os.execvp(cmd[0], cmd)
     return 127  # not reached
 
