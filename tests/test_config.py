@@ -84,6 +84,10 @@ def test_cell_values() -> None:
 
     e0a = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / cpu.name).e0a, cpu.name)
     assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (e0a.lambda_ref, e0a.all_miss_token_rate, "0.32.0")
+    sg = c.pop("sglang-cpu-tiny-32k")  # the CPU SGLang cell: the real-SGLang tests' cell, no E0a yet
+    assert (sg.kv_pool_tokens, sg.page_size, sg.max_running, sg.context_length) == (32768, 1, 16, 8192)
+    assert (sg.device, sg.mem_fraction_static, sg.attention_backend, sg.engine.version) == ("cpu", 0.5, "torch_native", "0.5.22")
+    assert sg.lambda_ref is None and sg.all_miss_token_rate is None
     for cell in c.values():  # the paper's cells
         assert (cell.chunked_prefill, cell.max_running, cell.schedule_policy) == (8192, 256, "fcfs")
         assert cell.cost.model().a == pytest.approx(9.24e-3)

@@ -1,0 +1,135 @@
+"""docs/tutorial.md step 12, run: one arm on the real CPU SGLang, as the page writes it.
+
+After the page's clone and environment (the first two blocks of step 0; the same snapshot of this
+checkout, fresh folder and fresh HOME as tests/integration/test_tutorial.py), the `sh` block of
+step 12 is run as written: the tiny random model built offline with SGLang's own python, then
+`agentload run` of NOBURST on the `sglang-cpu-tiny-32k` cell with a launched SGLang 0.5.22 server
+on its CPU engine. The run must complete on a server that passed Stage 0 smoke and the flush +
+canary and was started with the cell's CPU settings; a handful of sessions must finish, and the
+prefix-cache hits must be the engine's own: per request (usage.prompt_tokens_details, which
+--enable-cache-report turns on) every follow-up reuses the previous prompt and output but its last
+token, the radix cache's rule on 1-token pages, and SGLang's cumulative cached-token counter
+grows during the run.
+
+Needs AGENTLOAD_SGLANG_PYTHON (SGLang's python; scripts/setup-sglang-cpu.sh prints it,
+scripts/ci-engine-tests.sh sets it); skipped without it or with
+AGENTLOAD_SKIP_SGLANG=1. Marker sglang. Time on a shared 2-core
+machine: see docs/tutorial.md step 12 (the server's start is most of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_tutorial import DOC, _git_env, snapshot, stage_times, tutorial_blocks, tutorial_script
+
+SGLANG_PYTHON = os.environ.get("AGENTLOAD_SGLANG_PYTHON")
+RUN = "results/tutorial-sglang/noburst-r0.50-s0"
+CELL = "sglang-cpu-tiny-32k"
+
+
+def test_the_tutorials_sglang_cell_is_the_one_the_real_sglang_suite_tests() -> None:
+    """Step 12 launches SGLang from configs/cells/sglang-cpu-tiny-32k.yaml; the engine suite
+    (test_sglang_real.py) proves the CPU server with the cell live_engines.py writes. They must be
+    the same engine settings, so that what the suite found holds for the tutorial's server."""
+    from harness.config import CellConfig, load_config
+    from live_engines import cell_data
+
+    shipped = load_config(f"cells/{CELL}", CellConfig).model_dump(exclude={"name", "description", "gpu"})
+    suite = CellConfig.model_validate(cell_data("sglang")).model_dump(exclude={"name", "description", "gpu"})
+    assert shipped == suite
+    (block,) = [c for s, c in tutorial_blocks(DOC.read_text(encoding="utf-8"), lang="sh") if s.startswith("12.")]
+    assert "configs/tests/tutorial-sglang.yaml" in block and f"--out {RUN}" in block and "--engine sglang" in block
+
+
+def follow_up_hits(turns: Any, page: int) -> tuple[int, int, list[tuple[int, int, int, int]]]:
+    """(follow-ups, those whose cached tokens are exactly the previous prompt + output but its last
+    token in whole pages, the others as (session, turn, cached, expected)). A follow-up is an
+    answered turn right after its session's answered previous turn."""
+    from harness.servers.smoke import expected_cached
+
+    n, exact, other = 0, 0, []
+    for sid, g in turns.sort_values(["session", "turn"]).groupby("session"):
+        g = g[g["status"] == "ok"].reset_index(drop=True)
+        for k in range(1, len(g)):
+            if int(g.loc[k, "turn"]) != int(g.loc[k - 1, "turn"]) + 1:
+                break
+            want = expected_cached(int(g.loc[k - 1, "prompt_tokens"]) + int(g.loc[k - 1, "n_output_ids"]), page)
+            got = int(g.loc[k, "cached_tokens"])
+            n += 1
+            if got == want:
+                exact += 1
+            else:
+                other.append((int(sid), int(g.loc[k, "turn"]), got, want))
+    return n, exact, other
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not SGLANG_PYTHON, reason="AGENTLOAD_SGLANG_PYTHON is not set (SGLang's python; scripts/setup-sglang-cpu.sh)")
+@pytest.mark.skipif(os.environ.get("AGENTLOAD_SKIP_SGLANG") == "1", reason="AGENTLOAD_SKIP_SGLANG=1: the real-SGLang tests are skipped")
+@pytest.mark.timeout(1200)
+def test_one_tutorial_arm_on_the_real_cpu_sglang(tmp_path: Path, record_property: Any) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    setup = [(s, c) for s, c in tutorial_blocks(text) if s.startswith("0.") and "cluster.sh" not in c]
+    real = [(s, c) for s, c in tutorial_blocks(text, lang="sh") if s.startswith("12.")]
+    assert len(setup) == 2 and len(real) == 1, (setup, real)
+    home, folder = tmp_path / "home", tmp_path / "newcomer"
+    home.mkdir()
+    folder.mkdir()
+    src = snapshot(tmp_path / "agentload-src")
+    env = {**_git_env(home), "AGENTLOAD_REPO": str(src), "AGENTLOAD_SGLANG_PYTHON": str(SGLANG_PYTHON)}
+    script = tutorial_script(setup + real, pip=os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1", browser=False, python=sys.executable)
+    (tmp_path / "tutorial-sglang.sh").write_text(script)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(tmp_path / "tutorial-sglang.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=1170)
+    total = time.monotonic() - t0
+    log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
+    (tmp_path / "tutorial-sglang.log").write_text(log)
+    times = stage_times(proc.stdout)
+    print("\n".join(f"stage {s:<55} {t:7.1f} s" for s, t in times) + f"\ntotal {total:.0f} s")
+    record_property("stage_wall_s", json.dumps(times))
+    assert proc.returncode == 0, f"step 12 failed (exit {proc.returncode}); the last output:\n{log[-6000:]}"
+
+    from harness.recording.record import load_run
+
+    run_dir = folder / "agentload" / RUN
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status"] == "COMPLETED" and meta["engine_backend"] == "sglang", (meta["status"], meta.get("status_reason"))
+    assert meta["cell"]["name"] == CELL and meta["references"]["lambda_ref"] == 0.4, (meta["cell"], meta["references"])
+    pre = meta["preflight"]
+    assert pre["smoke"]["passed"] and pre["canary"]["passed"], pre
+    # the CPU engine was selected by the cell's fields, not by anything the command added
+    launch = meta["engine_launch"]
+    argv = launch["argv"]
+    assert argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--mem-fraction-static") + 1] == "0.5", argv
+    assert "--sleep-on-idle" in argv and launch["env"].get("SGLANG_USE_CPU_ENGINE") == "1", launch
+
+    run = load_run(run_dir)
+    turns, sessions, gauges = run.turns, run.sessions, run.gauges
+    ok = turns[turns["status"] == "ok"]
+    completed = int((sessions["outcome"] == "completed").sum())
+    assert completed >= 3 and len(ok) >= 15, (completed, sessions["outcome"].value_counts().to_dict(), len(ok))
+    n, exact, other = follow_up_hits(turns, page=1)
+    # On 1-token pages a follow-up whose session's KV is still in the radix cache reuses exactly the
+    # previous prompt and output but its last token; the pool (32,768 tokens) holds every session
+    # this load keeps open, so at most a stray eviction of a long-idle prefix may differ.
+    assert n >= 10 and exact >= 0.9 * n and all(got <= want for _, _, got, want in other), (n, exact, other[:10])
+    counter = gauges["cached_tokens_total"].dropna()
+    assert len(counter) >= 2 and counter.iloc[-1] > counter.iloc[0], counter.tolist()
+
+    start = float(meta["engine_start"]["seconds"])
+    drive = float(meta["drive"]["wall_seconds"])
+    rest = float(meta["wall_s"]) - start - drive
+    record_property("run_wall_s", json.dumps({"server_start": start, "drive": drive, "preflight_and_stop": rest, "run": meta["wall_s"]}))
+    print(f"SGLang arm: {completed} of {len(sessions)} sessions completed, {len(ok)} turns answered, {exact} of {n} follow-ups "
+          f"with exactly the expected cached tokens ({int(ok['cached_tokens'].sum())} cached of {int(ok['prompt_tokens'].sum())} prompt "
+          f"tokens); the engine's counter rose by {counter.iloc[-1] - counter.iloc[0]:.0f}. Run {float(meta['wall_s']):.1f} s: server "
+          f"start {start:.1f} s, smoke + canary + stop {rest:.1f} s, drive {drive:.1f} s; host load {meta.get('host_load')}")  # fmt: skip
