@@ -22,6 +22,10 @@
 # (25-290 s each, depending on the load), then 13 cases per engine: 11-14 min in all at load 8-18.
 # Plus ~8-9 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
 # NOBURST of seed 0 at one registered rate on a fresh vLLM server; -k 'not cpu_trap' skips it).
+# Plus the tutorial's real-engine steps, each on a fresh server of its own (-k 'not tutorial' skips
+# them): step 11 on vLLM (tests/integration/test_tutorial_vllm.py) ~6 min at load 11-14, 5 of them
+# the server's start; step 12 on SGLang (test_tutorial_sglang.py) 133 s at load ~2: model 16 s,
+# server start 39 s (94-169 s at load 6-18), smoke + canary + stop 19 s, 57 s of drive.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +38,7 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
