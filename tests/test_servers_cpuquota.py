@@ -64,4 +64,4 @@ def test_after_healthy_starts_unthrottled_and_apply_sets_the_quota() -> None:
     group = cpuquota.quota_group(name, None)
     assert cpuquota.quota_of(group) == float("inf")
     assert cpuquota.apply(name, 0.5) == pytest.approx(0.5)
-    group.rmdir()
+    assert cpuquota.remove(name) and not group.exists()

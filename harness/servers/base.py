@@ -82,6 +82,7 @@ class ServerHandle:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     pid: int | None = None
+    cpu_group: str | None = None  # the engine CPU quota's cgroup (harness/servers/cpuquota.py), removed at stop
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,7 @@ class EngineAdapter(abc.ABC):
                 from harness.servers.cpuquota import apply
 
                 got = apply(*self.cpu_quota)
+                handle.cpu_group = self.cpu_quota[0]
                 with log_path.open("ab") as log:
                     log.write(f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
         except EngineStartError as exc:
@@ -314,6 +316,10 @@ class EngineAdapter(abc.ABC):
             proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             pass
+        if handle.cpu_group is not None:
+            from harness.servers.cpuquota import remove
+
+            remove(handle.cpu_group)  # empty now; a leftover process keeps it (and says so by failing)
 
     health_path: str = HEALTH_PATH
 

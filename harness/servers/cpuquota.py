@@ -86,6 +86,17 @@ def quota_of(group: Path) -> float:
     return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
 
 
+def remove(name: str) -> bool:
+    """Remove the group agentload/<name> once its processes are gone; False if it is still in use
+    (or there is no controller): a stopped server leaves no cgroup behind, a live one keeps its own."""
+    try:
+        root, _ = _controller_root()
+        (root / "agentload" / name).rmdir()
+        return True
+    except (QuotaError, OSError):
+        return False
+
+
 def join(group: Path, pid: int = 0) -> None:
     """Move process `pid` (0: this one) into the cgroup; its later children follow."""
     procs = group / "cgroup.procs"
