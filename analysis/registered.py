@@ -38,8 +38,9 @@ import yaml
 CODE_DIRS = ("harness/", "analysis/", "prereg/", "slurm/")
 #: Data that lives under a code folder and changes no run or verdict: registrations, their inputs
 #: and templates are added as tests are registered (the paper's native E2 runs counted after the
-#: checkout moved to a78ce07, a commit that added grid-cell registrations and no code).
-DATA_DIRS = ("prereg/registrations/", "prereg/inputs/", "prereg/templates/")
+#: checkout moved to a78ce07, a commit that added grid-cell registrations and no code); freeze
+#: records are written by `predict freeze` when predictions are frozen before a test's runs.
+DATA_DIRS = ("prereg/registrations/", "prereg/inputs/", "prereg/templates/", "prereg/freezes/")
 
 
 def is_code_path(path: str) -> bool:

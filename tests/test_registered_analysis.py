@@ -135,3 +135,15 @@ def test_cli_prints_the_registered_report(project, capsys) -> None:
     out = capsys.readouterr().out
     assert "Registered analysis: e2-test (FILLED)" in out and "Kill conditions" in out
     assert json.loads((p["tmp"] / "out3" / "registered-verdict.json").read_text())["registered"]["rule"] == "e2"
+
+
+def test_registrations_inputs_and_freeze_records_are_data_not_code() -> None:
+    """Registering a test or freezing its predictions after the registration's commit changes no
+    run or verdict, so runs made after such a commit stay bound; a change under harness/ does not."""
+    from analysis.registered import is_code_path
+
+    for p in ("prereg/registrations/x.yaml", "prereg/inputs/c/e0a.yaml", "prereg/templates/t.yaml", "prereg/freezes/pred-x.json",
+              "predictions/x.yaml", "docs/x.md", "configs/cells/c.yaml"):  # fmt: skip
+        assert not is_code_path(p), p
+    for p in ("harness/servers/base.py", "analysis/rules.py", "prereg/fill.py", "slurm/job.py"):
+        assert is_code_path(p), p
