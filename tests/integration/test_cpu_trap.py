@@ -14,11 +14,12 @@ Time: two runs of 174 s plus a server start (25-90 s) and the smoke and canary c
 8-9 minutes on a 2-core machine. The rate is the registration's lower one unless
 AGENTLOAD_CPU_TRAP_RATE names another registered multiple.
 
-What can make it fail without a bug: the engine's speed is the CPU it is left. The calibration and
-this test share a machine with whatever else runs on it, so each run's record carries the host's
-load averages and the engine's CPU share (meta.json host_load); a failure message prints them
-beside the calibration's, so a verdict that moved with the load can be told from one that moved
-with the code.
+The engine's speed is the cell's, not the host's: the cell runs vLLM under a kernel-enforced quota of
+half a CPU (engine_cpu_quota, harness/servers/cpuquota.py), the quota the calibration ran under, so
+the registered rates mean the same on an idle CI machine as on the machine that calibrated it, as
+long as half a CPU is free for the engine. Each run's record still carries the host's load averages
+and the engine's CPU share (meta.json host_load); a failure message prints them beside the
+calibration's, so a verdict that moved with the load can be told from one that moved with the code.
 """
 
 from __future__ import annotations
