@@ -65,3 +65,41 @@ def test_after_healthy_starts_unthrottled_and_apply_sets_the_quota() -> None:
     assert cpuquota.quota_of(group) == float("inf")
     assert cpuquota.apply(name, 0.5) == pytest.approx(0.5)
     assert cpuquota.remove(name) and not group.exists()
+
+
+HEALTH_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(open('/proc/self/cgroup').read().encode())
+    def log_message(self, *a): pass
+http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+def test_a_started_server_gets_its_quota_once_healthy_and_loses_its_cgroup_at_stop(tmp_path) -> None:
+    """EngineAdapter.start applies the cell's quota after the health check and records the cgroup
+    on the handle; stop removes it."""
+    import socket
+    import urllib.request
+
+    from harness.servers.vllm import VLLMAdapter
+
+    with socket.socket() as s_:
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    adapter = VLLMAdapter()
+    name = f"test-start-{port}"
+    adapter.cpu_quota = (name, 0.5)
+    argv = cpuquota.wrap([sys.executable, "-c", HEALTH_SERVER, str(port)], 0.5, name, after_healthy=True)
+    handle = adapter.start(argv, {}, tmp_path, host="127.0.0.1", port=port, health_timeout=30)
+    try:
+        assert handle.cpu_group == name
+        assert cpuquota.quota_of(cpuquota.quota_group(name, 0.5)) == pytest.approx(0.5)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read().decode()
+        assert f"agentload/{name}" in body  # the server runs inside the group
+    finally:
+        adapter.stop(handle, grace=5.0)
+    root, _ = cpuquota._controller_root()
+    assert not (root / "agentload" / name).exists()

@@ -13,6 +13,7 @@ Keep the public names stable: the driver, the runner and the emulator adapter co
 from __future__ import annotations
 
 import abc
+import dataclasses
 import errno
 import os
 import shlex
@@ -273,7 +274,7 @@ class EngineAdapter(abc.ABC):
                 from harness.servers.cpuquota import apply
 
                 got = apply(*self.cpu_quota)
-                handle.cpu_group = self.cpu_quota[0]
+                handle = dataclasses.replace(handle, cpu_group=self.cpu_quota[0])
                 with log_path.open("ab") as log:
                     log.write(f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
         except EngineStartError as exc:
