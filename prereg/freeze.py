@@ -118,6 +118,13 @@ def _prediction_meta(data: bytes, path: str) -> dict[str, Any]:
             "registration_sha256": (pf.registration or {}).get("sha256"), "n_predictions": len(pf.predictions)}  # fmt: skip
 
 
+def _status_path(line: str) -> str:
+    """The path of one `git status --porcelain` line ("XY path"), whether or not its leading space
+    (an unstaged change: " M path") survived: a re-made prediction file, tracked and modified, is
+    the file being frozen, not another change."""
+    return line[2:].strip().strip('"')
+
+
 def freeze(
     files: Sequence[str | Path],
     *,
@@ -141,7 +148,7 @@ def freeze(
             raise FreezeError(f"{p}: not in the same repository as {paths[0]}")
     metas = {r: _prediction_meta(p.read_bytes(), str(p)) for p, r in zip(paths, rels)}
     dirty = [line for line in repo.git("status", "--porcelain", "--untracked-files=no").splitlines()
-             if line and line[3:].strip().strip('"') not in rels]  # fmt: skip
+             if line and _status_path(line) not in rels]  # fmt: skip
     if dirty:
         raise FreezeError(
             f"{repo.path}: the tree has uncommitted changes besides the files to freeze ({'; '.join(dirty)}); "

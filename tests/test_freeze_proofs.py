@@ -53,6 +53,17 @@ def test_freeze_refuses_a_dirty_tree(tmp_path: Path) -> None:
     assert Repo(work).local_tag("t1") is None
 
 
+def test_a_remade_tracked_prediction_file_is_frozen_again(tmp_path: Path) -> None:
+    """A prediction file already committed, then re-made (tracked and modified), is the file being
+    frozen, not another change: the second freeze commits and tags it."""
+    work, _ = make_repo(tmp_path)
+    f = _predictions(work / "predictions" / "p.yaml", 0.5)
+    freeze([f], tag="pred-first")
+    _predictions(f, 0.7)
+    rec = freeze([f], tag="pred-second")
+    assert parse_tag_message(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)} and rec.data["new_commit"]
+
+
 def test_errata_and_edits_never_move_the_tag(tmp_path: Path) -> None:
     work, _ = make_repo(tmp_path)
     f = _predictions(work / "p.yaml", 0.5)
