@@ -59,6 +59,21 @@ def resolve_predictions(value: str | None, out_dir: Path, test_path: str | None)
     return p
 
 
+def registration_binding(ref: str, test_path: Path) -> dict[str, str]:
+    """What a staged rule's `run.bound` compares with when the test names a registration: the
+    SHA-256 of the registration file (a path as given, else beside the test); a run counts only if
+    its meta.json binds it to those bytes."""
+    import hashlib
+
+    p = Path(ref)
+    if not p.is_file() and not p.is_absolute():
+        p = test_path.parent / ref
+    try:
+        return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    except OSError as exc:
+        raise FileNotFoundError(f"{test_path}: registration: {ref!r} cannot be read ({exc}); expected the registration file the runs are bound to") from None
+
+
 def report_runs(
     run_dirs: Sequence[str],
     out_dir: Path,
@@ -79,6 +94,7 @@ def report_runs(
 
     arms = rates = seeds = None
     name = cell = None
+    expect_registration = None
     rule_params = None
     pred_value = predictions
     if test_path:
@@ -91,6 +107,8 @@ def report_runs(
         rule = rule or (str(b.rule_path) if b.rule_path else b.test.rule)  # the test's own rule unless overridden
         rule_params = b.test.rule_params
         pred_value = pred_value or b.test.predictions
+        if b.test.registration:
+            expect_registration = registration_binding(b.test.registration, Path(test_path))
     if not test_path:  # no test given: the rule and overrides the runs themselves recorded
         m = _first_meta(run_dirs)
         rule = rule or m.get("rule") or None
@@ -112,7 +130,7 @@ def report_runs(
         pp = resolve_predictions(pred_value, Path(out_dir), test_path)
         preds = Predictions.load(pp) if pp else None
         verdict, analyzed = analyze_staged(run_dirs, spec, arms=arm_names if test_path else None, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
-                                           test_name=name, expect_cell=cell)  # fmt: skip
+                                           test_name=name, expect_cell=cell, expect_registration=expect_registration)  # fmt: skip
         paths, md = write_staged_report(verdict, analyzed, out_dir)
         print()
         print(md)

@@ -19,6 +19,13 @@ the paper's (App. E.5, E.11; rules digest §2.4, Decision 19):
 
 The kill conditions are then evaluated on the judged per-seed states (analysis/kill.py) and reported
 beside the rate verdicts.
+
+A registration whose rule is a staged family rule (BASIN, TOOLSLOW, SHED, rescue, CUT, MIRROR, the
+scores; analysis.rules.is_staged) is judged by the staged analysis (analysis/staged_analysis.py)
+with the registration's frozen rule spec, arms, rates, seeds and references, the same code path a
+plain `analyze --test` takes; a run counts there only if it names this registration. Rules that
+compare with a model prediction read a frozen prediction file (`--predictions`, else the
+predictions.json a `test run` froze beside the runs); the verdict records its SHA-256.
 """
 
 from __future__ import annotations
@@ -147,14 +154,57 @@ def _code_moved(repo: Any, reg_commit: str) -> list[str]:
     return sorted(changed)
 
 
-def _judge_here(reg: Any, dirs: list[Path]) -> tuple[dict[str, Any], list[Any]]:
+def is_family(reg: Any) -> bool:
+    """A registration judged by the staged engine (every family but the paired-test E2 form)."""
+    from analysis.rules import is_staged
+
+    return is_staged(reg.rule)
+
+
+def arm_names(reg: Any) -> list[str]:
+    """The registered arms by their own names (a staged rule's roles name arms so, whatever key
+    the registration lists an arm config under)."""
+    return [reg.arm_configs[a].name if a in reg.arm_configs else a for a in reg.arms]
+
+
+def find_predictions(reg: Any, dirs: Sequence[Path], given: str | Path | None) -> Path | None:
+    """The frozen prediction file a family rule reads: the one given, else the predictions.json a
+    `test run` froze beside the runs (their common folder or its parent). None for a rule that
+    reads no prediction; a rule that reads one and finds none is a clear error, not a silent NaN."""
+    if given is not None:
+        p = Path(given)
+        if not p.is_file():
+            raise RegisteredAnalysisError(f"--predictions {p}: no such file")
+        return p
+    if not is_family(reg) or not reg.rule.get("predictions"):
+        return None
+    if dirs:
+        common = Path(os.path.commonpath([str(d) for d in dirs]))
+        for cand in (common / "predictions.json", common.parent / "predictions.json"):
+            if cand.is_file():
+                return cand
+    raise RegisteredAnalysisError(
+        f"rule {reg.rule.get('name')!r} compares with frozen predictions, and no predictions.json is beside the runs; "
+        "pass --predictions FILE (the file frozen before the runs)"
+    )
+
+
+def _judge_here(reg: Any, dirs: list[Path], predictions: Path | None = None) -> tuple[dict[str, Any], list[Any]]:
+    refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
+    if is_family(reg):
+        from analysis.predictions import Predictions
+        from analysis.staged_analysis import analyze_staged
+
+        preds = Predictions.load(predictions) if predictions is not None else None
+        return analyze_staged(dirs, reg.rule, arms=arm_names(reg), rates=reg.multiples(), seeds=list(reg.seeds), refs_override=refs,
+                              predictions=preds, test_name=reg.test, expect_cell=reg.cell.name,
+                              expect_registration={"sha256": reg.sha256})  # fmt: skip
     from analysis.report import analyze
 
-    refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
     return analyze(dirs, rule=reg.rule, arms=list(reg.arms), rates=reg.multiples(), seeds=list(reg.seeds), refs_override=refs, test_name=reg.test)
 
 
-def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: Path) -> dict[str, Any]:
+def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: Path, predictions: Path | None = None) -> dict[str, Any]:
     """Run `analyze` of the registration's commit on the bound runs, in a temporary worktree."""
     tmp = Path(tempfile.mkdtemp(prefix="agentload-judge-"))
     wt = tmp / "tree"
@@ -167,6 +217,8 @@ def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: 
         cmd = [sys.executable, "-m", "harness.cli", "analyze", *[str(d.resolve()) for d in dirs], "--rule", str(files / "rule.yaml"),
                "--lambda-ref", repr(reg.references.lambda_ref), "--all-miss-rate", repr(reg.references.all_miss_token_rate),
                "--out", str(out.resolve())]  # fmt: skip
+        if predictions is not None:
+            cmd += ["--predictions", str(predictions.resolve())]
         probe = subprocess.run([sys.executable, "-c", "import analysis, sys; sys.stdout.write(analysis.__file__)"], cwd=wt, env=env,
                                capture_output=True, text=True, timeout=120)  # fmt: skip
         module = probe.stdout.strip()
@@ -210,14 +262,21 @@ def _frozen_test(reg: Any, folder: Path) -> Path:
     prot = dump("protocol.yaml", reg.protocol.model_dump(mode="json"))
     for a in reg.arms:  # bare arm names resolve to arms/<name>.yaml beside the test file
         dump(f"arms/{a}.yaml", reg.arm_configs[a].model_dump(mode="json"))
-    test = {"kind": "test", "name": reg.test, "rule": "e2", "cell": cell, "workload": wl, "protocol": prot, "arms": list(reg.arms),
+    rule = str(reg.rule.get("name") or "e2") if is_family(reg) else "e2"  # the --rule file judges; the name reads in that commit's configs
+    test = {"kind": "test", "name": reg.test, "rule": rule, "cell": cell, "workload": wl, "protocol": prot, "arms": list(reg.arms),
             "rates": reg.multiples(), "seeds": list(reg.seeds), "cap": reg.cap}  # fmt: skip
+    if is_family(reg) and reg.path is not None:  # a staged rule counts only runs bound to the registration the test names
+        test["registration"] = str(Path(reg.path).resolve())
     return Path(dump("test.yaml", test))
 
 
 def registered_analysis(registration: str | Path, runs: Sequence[str | Path], out_dir: str | Path | None = None, *,
-                        pool_tolerance_tokens: int = 0, force_worktree: bool = False) -> dict[str, Any]:  # fmt: skip
-    """The registered verdict of `runs` under `registration`; writes verdict.json and report.md."""
+                        pool_tolerance_tokens: int = 0, force_worktree: bool = False,
+                        predictions: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The registered verdict of `runs` under `registration`; writes verdict.json and report.md.
+
+    `predictions`: the frozen prediction file a family rule that compares with a model reads
+    (default: the predictions.json beside the runs)."""
     from analysis.kill import evaluate_kill_conditions
     from prereg.labels import git_facts
     from prereg.registration import load_registration
@@ -228,7 +287,7 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     if reg.status == "INCOMPLETE":
         raise RegisteredAnalysisError(f"{reg_path}: status INCOMPLETE ({'; '.join(reg.status_reasons)}): it binds no test")
     if abs(reg.references.lambda_miss - reg.references.lambda_ref) > 1e-12 * reg.references.lambda_ref:
-        raise RegisteredAnalysisError(f"{reg_path}: references.lambda_miss differs from lambda_ref; the E2 analysis judges with lambda_miss = lambda_ref")
+        raise RegisteredAnalysisError(f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = lambda_ref")
     repo = None
     reg_commit = None
     state = "outside a git repository"
@@ -242,6 +301,7 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     dirs = _expand(runs)
     bindings = [bind_run(d, reg, repo, reg_commit, pool_tolerance_tokens=pool_tolerance_tokens) for d in dirs]
     bound = [Path(b.run_dir) for b in bindings if b.bound]
+    pred_path = find_predictions(reg, dirs, predictions)
     out = Path(out_dir) if out_dir is not None else (Path(os.path.commonpath([str(d) for d in dirs])) / "registered-analysis" if dirs else Path("registered-analysis"))
     out.mkdir(parents=True, exist_ok=True)
 
@@ -249,17 +309,20 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     if repo is not None and reg_commit is not None:
         moved = _code_moved(repo, reg_commit)
     if repo is not None and reg_commit is not None and (moved or force_worktree):
-        verdict = _judge_in_worktree(repo, reg_commit, reg, bound, out / "judged")
+        verdict = _judge_in_worktree(repo, reg_commit, reg, bound, out / "judged", pred_path)
         judge = {"commit": reg_commit, "mode": "worktree", "moved_paths": moved[:20],
                  "reason": "the checkout's code differs from the registration's commit, so that commit's analysis judged",
                  **verdict.pop("_judge")}  # fmt: skip
         analyzed = None
     else:
-        verdict, analyzed = _judge_here(reg, bound)
+        verdict, analyzed = _judge_here(reg, bound, pred_path)
         head = repo.head() if repo is not None else None
         judge = {"commit": head, "mode": "in-process",
                  "reason": ("the checkout's code is the registration's commit's" if reg_commit else
                             f"the registration is not committed ({state}): the checkout's code judged, and nothing is decisive")}  # fmt: skip
+    from provenance.meta import sha256_file
+
+    preds_block = {"path": str(pred_path), "sha256": sha256_file(pred_path)} if pred_path is not None else None
     kills = evaluate_kill_conditions([k.model_dump() for k in reg.kill_conditions], verdict, reg.rule, reg.multiples(), list(reg.seeds))
     result = {
         **verdict,
@@ -269,7 +332,9 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
             "decisive": reg.status == "FILLED" and reg_commit is not None,
             "judged_by": judge,
             "rule": reg.rule.get("name"),
+            "family": is_family(reg),
             "references": reg.references.model_dump(),
+            "predictions": preds_block,
             "runs_counted": [b.run_dir for b in bindings if b.bound],
             "runs_excluded": [b.to_json() for b in bindings if not b.bound],
             "kill_conditions": kills,
@@ -280,11 +345,31 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     return result
 
 
+def verdict_markdown(result: dict[str, Any]) -> str:
+    """The verdict's own table: the E2 rate table, or the family's table (analysis/reports)."""
+    if result.get("registered", {}).get("family"):
+        from analysis.reports import module_for
+
+        return str(module_for(result).markdown({k: v for k, v in result.items() if k != "registered"}))
+    from analysis.report import markdown_table
+
+    return markdown_table(result)
+
+
 def _write(result: dict[str, Any], analyzed: Any, out: Path) -> None:
     from analysis.report import markdown_table, runs_table
 
     (out / "registered-verdict.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     (out / "registered-report.md").write_text(registered_markdown(result))
+    if result["registered"]["family"]:
+        plain = {k: v for k, v in result.items() if k != "registered"}
+        if analyzed is not None:
+            from analysis.reports import write_staged_report
+
+            write_staged_report(plain, analyzed, out)
+        else:
+            (out / "report.md").write_text(verdict_markdown(result) + "\n")
+        return
     if analyzed is not None:
         from analysis.report import write_report
 
@@ -295,8 +380,6 @@ def _write(result: dict[str, Any], analyzed: Any, out: Path) -> None:
 
 def registered_markdown(result: dict[str, Any]) -> str:
     """The registered block as a reader sees it: who judged, which runs counted, the kill conditions."""
-    from analysis.report import markdown_table
-
     r = result["registered"]
     j = r["judged_by"]
     reg = r["registration"]
@@ -309,9 +392,11 @@ def registered_markdown(result: dict[str, Any]) -> str:
         f"all-miss = {r['references']['all_miss_token_rate']} tokens/s (from the registration; no overrides)",
         f"- runs counted: {len(r['runs_counted'])}; left out: {len(r['runs_excluded'])}",
     ]
+    if r.get("predictions"):
+        lines.insert(-1, f"- frozen predictions `{r['predictions']['path']}`, SHA-256 `{r['predictions']['sha256']}`")
     for x in r["runs_excluded"]:
         lines.append(f"  - `{x['run_dir']}`: {'; '.join(x['reasons'])}")
-    lines += ["", markdown_table(result), "", "### Kill conditions", "", "| id | condition | triggered |", "| --- | --- | --- |"]
+    lines += ["", verdict_markdown(result), "", "### Kill conditions", "", "| id | condition | triggered |", "| --- | --- | --- |"]
     for k in r["kill_conditions"]:
         t = {True: "**TRIGGERED**", False: "no", None: "undetermined"}[k["triggered"]]
         lines.append(f"| {k['id']} | {k['description']} | {t} |")
@@ -323,6 +408,8 @@ def cmd(args: Any) -> int:
     given = [o for o, v in (("--rule", args.rule), ("--lambda-ref", args.lambda_ref), ("--all-miss-rate", args.all_miss_rate), ("--test", args.test)) if v]
     if given:
         raise RegisteredAnalysisError(f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references and test are the registered ones)")
-    res = registered_analysis(args.registration, args.runs, args.out)
+    res = registered_analysis(args.registration, args.runs, args.out, predictions=getattr(args, "predictions", None))
     print(registered_markdown(res))
+    if res["registered"]["family"]:  # a family's outcomes are findings either way (as a plain analyze)
+        return 0 if res["verdict"] != "INCOMPLETE" else 1
     return 0 if res["verdict"] == "PASS" else 1
