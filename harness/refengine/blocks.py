@@ -15,11 +15,26 @@ The rules that matter for the trap (vLLM V1, 0.32.0; paper App. E.2, E.14):
 Prefix hashes are computed with numpy for a whole sequence at once: each block's tokens are
 folded with per-position random multipliers (mod 2^64) and cumulatively summed, so key i
 identifies tokens[:(i+1)*B]. This is a simulator stand-in for vLLM's chained SHA hashes.
+
+The pool keeps its per-block state in numpy arrays and works on a request's blocks a batch at a
+time (a turn allocates, hashes and frees thousands of blocks in the trap, where every prompt is
+recomputed). Two structures make that possible without changing a single outcome:
+
+- the free queue is an array with lazy deletion: a block's entry is live while `_pos[block]`
+  points at it, so taking a cached block out of the middle of the queue, vLLM's
+  `remove`, marks nothing but the block; popping from the head skips dead entries;
+- a hash is an *entry* `sid * num_blocks + block` (sid counts hashing events), valid while the
+  block's `_stamp` is that entry. Reusing a block just clears its stamp; the key -> entry maps are
+  resolved when they are read (the first valid entry in hashing order is the block a lookup
+  finds, the rest are the duplicates), which is what vLLM's eager bookkeeping gives.
+
+tests/blockpool_reference.py keeps the direct one-block-at-a-time formulation; a randomized test
+checks that both give the same blocks, hits and gauges operation by operation.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from itertools import compress, islice, repeat
 
 import numpy as np
 
@@ -60,10 +75,17 @@ class BlockPool:
 
     Like vLLM's BlockHashToBlockMap, a key can map to several blocks: a block is hashed when it
     fills, without checking whether identical content is already cached (two requests computing
-    the same prefix at once, or a fully cached prompt recomputing its last block). `cached` holds
-    the block a lookup returns (the first one hashed that is still cached) and `dups` the others in
-    the order they were hashed.
+    the same prefix at once, or a fully cached prompt recomputing its last block). A lookup finds
+    the first block hashed with the key that still carries it; the others are its duplicates
+    (`cached` and `dups` show both views). A request's block list holds distinct blocks.
     """
+
+    #: batches up to this size go block by block (numpy's per-call cost is larger below it)
+    SMALL = 8
+    #: the maps are pruned once they hold PRUNE_FACTOR x the pool's blocks (plus PRUNE_SLACK) keys,
+    #: so a prune's cost is spread over many hashings
+    PRUNE_FACTOR = 8
+    PRUNE_SLACK = 1024
 
     def __init__(self, num_blocks: int, block: int, caching: bool = True) -> None:
         self.block = block
@@ -73,98 +95,240 @@ class BlockPool:
         self.reset()
 
     def reset(self) -> None:
-        self.ref = [0] * self.num_blocks
-        self.hash: list[int | None] = [None] * self.num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
-        self.cached: dict[int, int] = {}  # prefix key -> the block a lookup finds
-        self.dups: dict[int, list[int]] = {}  # prefix key -> further blocks with that content
+        n = self.num_blocks
+        self._ref = np.zeros(n, dtype=np.int64)
+        self._stamp = np.full(n, -1, dtype=np.int64)  # the block's hash entry; -1: no hash
+        self._key = np.empty(n, dtype=object)  # the key of that entry (for the views)
+        self._sid = 0  # hashing events so far
+        self._map: dict[int, int] = {}  # key -> its first entry (possibly stale)
+        self._dups: dict[int, list[int]] = {}  # key -> later entries, in hashing order (possibly stale)
+        self._prune_at = self.PRUNE_FACTOR * n + self.PRUNE_SLACK
+        # the free queue: buf[head:tail], an entry i live iff _pos[buf[i]] == i
+        self._off = n + 32
+        self._buf = np.zeros(4 * n + 64, dtype=np.int64)
+        self._buf[self._off : self._off + n] = np.arange(n)
+        self._pos = np.arange(self._off, self._off + n, dtype=np.int64)
+        self._head, self._tail = self._off, self._off + n
+        self._nfree = n
         self.free_cached = 0  # free blocks that still carry a hash (evictable cache)
         self.n_hashed = 0  # blocks carrying a hash (cached content, duplicates included)
 
+    # -- the key -> block maps -----------------------------------------------------------------
+    def _resolve(self, k: int) -> int:
+        """The valid entry a lookup of k finds (-1: none), with k's maps tidied: the first valid
+        entry in hashing order becomes k's first entry, the valid ones after it its duplicates."""
+        n = self.num_blocks
+        stamp = self._stamp
+        entries = [e for e in [self._map.get(k, -1), *self._dups.pop(k, ())] if e >= 0 and stamp[e % n] == e]
+        if not entries:
+            self._map.pop(k, None)
+            return -1
+        self._map[k] = entries[0]
+        if len(entries) > 1:
+            self._dups[k] = entries[1:]
+        return entries[0]
+
+    def _insert(self, k: int, e: int) -> None:
+        """Entry e hashed with key k: the key's block if it has none, else a duplicate."""
+        old = self._map.get(k, -1)
+        if (old >= 0 and self._stamp[old % self.num_blocks] == old) or (k in self._dups and self._resolve(k) >= 0):
+            self._dups.setdefault(k, []).append(e)
+        else:
+            self._map[k] = e
+
+    def _prune(self) -> None:
+        """Drop stale entries once the maps hold many (amortised: at least num_blocks hashings apart)."""
+        n = self.num_blocks
+        keys = list(self._map)
+        ents = np.fromiter(self._map.values(), dtype=np.int64, count=len(keys))
+        ok = (self._stamp[ents % n] == ents).tolist()
+        kept = dict(zip(compress(keys, ok), compress(ents.tolist(), ok)))
+        for k in list(self._dups):
+            if k in self._map and k not in kept:
+                kept[k] = self._map[k]
+        self._map = kept
+        for k in list(self._dups):
+            self._resolve(k)
+        self._prune_at = max(2 * len(self._map), self.PRUNE_FACTOR * n) + self.PRUNE_SLACK
+
     # -- lookup ----------------------------------------------------------------------------------
     def lookup(self, keys: list[int], max_blocks: int) -> list[int]:
-        """Blocks of the longest cached run of `keys`, at most max_blocks (no side effects)."""
+        """Blocks of the longest cached run of `keys`, at most max_blocks (no change to what is
+        cached, free or referenced)."""
         out: list[int] = []
         if not self.caching:
             return out
-        cached = self.cached
-        for k in keys[:max_blocks]:
-            b = cached.get(k)
-            if b is None:
+        mp = self._map
+        stamp = self._stamp
+        n = self.num_blocks
+        for k in islice(keys, max_blocks):
+            e = mp.get(k)
+            if e is None:
                 break
+            b = e % n
+            if stamp[b] != e:
+                e = self._resolve(k)
+                if e < 0:
+                    break
+                b = e % n
             out.append(b)
         return out
 
     def free_count(self) -> int:
-        return len(self.free)
+        return self._nfree
 
     def needed(self, hit: list[int], new_blocks: int) -> int:
         """Free blocks an allocation would consume: the new ones plus hit blocks now in the queue."""
-        ref = self.ref
-        return new_blocks + sum(1 for b in hit if ref[b] == 0)
+        if not hit:
+            return new_blocks
+        return new_blocks + int(np.count_nonzero(self._ref[hit] == 0))
+
+    # -- the free queue ----------------------------------------------------------------------------
+    def _live(self, lo: int, hi: int) -> np.ndarray:
+        seg = self._buf[lo:hi]
+        return seg[self._pos[seg] == np.arange(lo, hi)]
+
+    def _compact(self) -> None:
+        live = self._live(self._head, self._tail)
+        off = self._off
+        self._buf[off : off + live.size] = live
+        self._pos[live] = np.arange(off, off + live.size)
+        self._head, self._tail = off, off + live.size
+
+    def _append(self, blocks: np.ndarray) -> None:
+        m = blocks.size
+        if not m:
+            return
+        if self._tail + m > self._buf.size:
+            self._compact()
+        t = self._tail
+        self._buf[t : t + m] = blocks
+        self._pos[blocks] = np.arange(t, t + m)
+        self._tail = t + m
+        self._nfree += m
+
+    def _prepend(self, blocks: np.ndarray) -> None:
+        m = blocks.size
+        if not m:
+            return
+        if self._head - m < 0:
+            self._compact()
+        h = self._head - m
+        self._buf[h : h + m] = blocks
+        self._pos[blocks] = np.arange(h, h + m)
+        self._head = h
+        self._nfree += m
+
+    def _popleft(self, m: int) -> np.ndarray:
+        """The first m live blocks of the queue, removed from it."""
+        buf, pos, h, tail = self._buf, self._pos, self._head, self._tail
+        w = m + 16
+        while True:
+            end = min(h + w, tail)
+            seg = buf[h:end]
+            idx = np.flatnonzero(pos[seg] == np.arange(h, end))
+            if idx.size >= m or end == tail:
+                break
+            w = 2 * w
+        idx = idx[:m]
+        out = seg[idx]
+        pos[out] = -1
+        self._head = h + int(idx[-1]) + 1
+        self._nfree -= m
+        return out
+
+    def peek_free(self, m: int) -> list[int]:
+        """The first m blocks of the free queue (the next ones `allocate` takes), in order."""
+        out: list[int] = []
+        lo = self._head
+        while len(out) < m and lo < self._tail:
+            hi = min(self._tail, lo + max(2 * (m - len(out)), 64))
+            out += self._live(lo, hi).tolist()
+            lo = hi
+        return out[:m]
 
     # -- allocation ------------------------------------------------------------------------------
     def take(self, hit: list[int]) -> None:
         """Reference cached blocks found by lookup (pulling free ones out of the queue)."""
-        ref = self.ref
-        for b in hit:
-            if ref[b] == 0:
-                del self.free[b]
-                if self.hash[b] is not None:
-                    self.free_cached -= 1
-            ref[b] += 1
-
-    def _unhash(self, b: int, h: int) -> None:
-        """Drop block b's hash (it is being reused): the content stays findable through a duplicate."""
-        if self.cached.get(h) == b:
-            more = self.dups.get(h)
-            if more:
-                self.cached[h] = more.pop(0)
-                if not more:
-                    del self.dups[h]
-            else:
-                del self.cached[h]
-        else:
-            more = self.dups.get(h)
-            if more and b in more:
-                more.remove(b)
-                if not more:
-                    del self.dups[h]
-        self.hash[b] = None
-        self.n_hashed -= 1
+        if not hit:
+            return
+        h = np.asarray(hit, dtype=np.int64)
+        ref = self._ref
+        z = h[ref[h] == 0]
+        if z.size:
+            self._pos[z] = -1
+            self._nfree -= z.size
+            self.free_cached -= int(np.count_nonzero(self._stamp[z] >= 0))
+        ref[h] += 1
 
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks from the LRU end of the free queue; their old hashes are dropped."""
-        if n > len(self.free):
-            raise RuntimeError(f"block pool: {n} blocks requested, {len(self.free)} free")
-        out: list[int] = []
-        free = self.free
-        for _ in range(n):
-            b, _ = free.popitem(last=False)
-            h = self.hash[b]
-            if h is not None:
-                self.free_cached -= 1
-                self._unhash(b, h)
-            self.ref[b] = 1
-            out.append(b)
-        return out
+        if n > self._nfree:
+            raise RuntimeError(f"block pool: {n} blocks requested, {self._nfree} free")
+        if n <= 0:
+            return []
+        out = self._popleft(n)
+        stamp = self._stamp
+        had = out[stamp[out] >= 0]
+        if had.size:
+            stamp[had] = -1  # the content stays findable through a duplicate, if one is cached
+            self.free_cached -= had.size
+            self.n_hashed -= had.size
+        self._ref[out] = 1
+        return out.tolist()
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
         already carry their hash are left as they are)."""
-        if not self.caching:
+        if not self.caching or not blocks:
             return
-        hashes = self.hash
-        cached = self.cached
-        for b, k in zip(blocks, keys):
-            if hashes[b] is not None:
-                continue
-            hashes[b] = k
-            self.n_hashed += 1
-            if k not in cached:
-                cached[k] = b
-            else:
-                self.dups.setdefault(k, []).append(b)
+        n = self.num_blocks
+        stamp = self._stamp
+        if len(blocks) <= self.SMALL:
+            for b, k in zip(blocks, keys):
+                if stamp[b] >= 0:
+                    continue
+                e = self._sid * n + b
+                self._sid += 1
+                stamp[b] = e
+                self._key[b] = k
+                self.n_hashed += 1
+                self._insert(k, e)
+        else:
+            m = min(len(blocks), len(keys))  # pairs, as zip makes them
+            b = np.asarray(blocks[:m], dtype=np.int64)
+            fresh = stamp[b] < 0
+            ks = list(keys[:m])
+            if not fresh.all():
+                ks = list(compress(ks, fresh.tolist()))
+                b = b[fresh]
+            m = b.size
+            if not m:
+                return
+            e = (self._sid + np.arange(m, dtype=np.int64)) * n + b
+            self._sid += m
+            stamp[b] = e
+            self._key[b] = ks
+            self.n_hashed += m
+            mp = self._map
+            old = np.fromiter(map(mp.get, ks, repeat(-1)), dtype=np.int64, count=m)
+            live = old >= 0
+            live[live] = stamp[old[live] % n] == old[live]  # the key's block still carries it
+            el = e.tolist()
+            if self._dups:  # a key with duplicates on record is resolved one by one
+                ind = self._dups.keys() & ks
+                if ind:
+                    live |= np.fromiter((k in ind for k in ks), dtype=bool, count=m)
+            if live.any():  # the key's block is cached: this block is a duplicate of it
+                one = live.tolist()
+                for i in compress(range(m), one):
+                    self._insert(ks[i], el[i])
+                rest = [not x for x in one]
+                mp.update(zip(compress(ks, rest), compress(el, rest)))
+            else:  # new content, or content whose blocks were all reused: this block is its block
+                mp.update(zip(ks, el))
+        if len(self._map) > self._prune_at:
+            self._prune()
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference to each block, tail first (vLLM's BlockPool.free_blocks).
@@ -174,24 +338,57 @@ class BlockPool:
         to the *front*, in the same order, to be reused first (so they never push cached blocks
         out early).
         """
-        ref = self.ref
-        front: list[int] = []
-        for b in reversed(blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                if self.hash[b] is not None:
-                    self.free[b] = None
-                    self.free_cached += 1
-                else:
-                    front.append(b)
-            elif ref[b] < 0:
-                raise AssertionError("block ref count below zero")
-        free = self.free
-        for b in reversed(front):
-            free[b] = None
-            free.move_to_end(b, last=False)
+        if not blocks:
+            return
+        rb = np.asarray(blocks[::-1], dtype=np.int64)
+        ref = self._ref
+        ref[rb] -= 1
+        left = ref[rb]
+        if (left < 0).any():
+            raise AssertionError("block ref count below zero")
+        z = rb[left == 0]
+        if z.size:
+            hashed = self._stamp[z] >= 0
+            back = z[hashed]
+            self._append(back)
+            self.free_cached += back.size
+            self._prepend(z[~hashed])
+
+    # -- views (tests, the differential driver) -------------------------------------------------
+    @property
+    def free(self) -> list[int]:
+        """The free queue in order, head (next allocated) first."""
+        return self._live(self._head, self._tail).tolist()
+
+    @property
+    def ref(self) -> list[int]:
+        return self._ref.tolist()
+
+    def block_hash(self, b: int) -> int | None:
+        """The key block b carries, None if it has none."""
+        return self._key[b] if self._stamp[b] >= 0 else None
+
+    @property
+    def hash(self) -> list[int | None]:
+        return [self.block_hash(b) for b in range(self.num_blocks)]
+
+    @property
+    def cached(self) -> dict[int, int]:
+        """key -> the block a lookup finds."""
+        out = {}
+        for k in list(self._map):
+            e = self._resolve(k)
+            if e >= 0:
+                out[k] = e % self.num_blocks
+        return out
+
+    @property
+    def dups(self) -> dict[int, list[int]]:
+        """key -> the further blocks carrying it, in hashing order."""
+        self.cached  # noqa: B018 - resolves every key
+        return {k: [e % self.num_blocks for e in v] for k, v in self._dups.items()}
 
     # -- gauges ----------------------------------------------------------------------------------
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
+        return self.num_blocks - self._nfree

@@ -176,7 +176,9 @@ class BlockKV:
         """Hash req's blocks that `tokens` scheduled tokens fill (vLLM caches at schedule time)."""
         nfull = tokens // self.B
         if self.caching and nfull > req.ncached:
-            self.pool.register(req.blocks[req.ncached : nfull], self._keys(req, nfull)[req.ncached :])
+            if req.keys_len < 0:
+                self._keys(req, 0)
+            self.pool.register(req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull])
             req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:
@@ -184,7 +186,9 @@ class BlockKV:
             req.hit = []
             return 0
         maxb = (req.target - 1) // self.B
-        req.hit = self.pool.lookup(self._keys(req, maxb), maxb)
+        if req.keys_len < 0:
+            self._keys(req, 0)
+        req.hit = self.pool.lookup(req.keys, maxb)
         return len(req.hit) * self.B
 
     def touch(self, req: Req) -> None:
@@ -222,6 +226,9 @@ class BlockKV:
 
     def grow_req(self, req: Req, tokens: int) -> bool:
         """Blocks for a decode step that brings req's KV to `tokens` tokens."""
+        B = self.B
+        if tokens <= len(req.blocks) * B and (not self.caching or tokens // B <= req.ncached):
+            return True  # most decode steps: the token goes into the last block, which does not fill
         need = self._new_blocks(req, tokens)
         if need > self.pool.free_count():
             return False

@@ -72,9 +72,9 @@ class OurEngine:
         allocate = pool.allocate
 
         def observed_allocate(n: int) -> list[int]:
-            for b in list(pool.free)[:n]:
-                h = pool.hash[b]
-                if h is not None and pool.cached.get(h) == b:
+            for b in pool.peek_free(n):
+                h = pool.block_hash(b)
+                if h is not None and pool.lookup([h], 1) == [b]:
                     self.evicted.append(self._key_digest.get(h, "?"))
             return allocate(n)
 
