@@ -94,11 +94,12 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
     rng = np.random.default_rng(seed)
     p, r = BlockPool(num_blocks, 16), Reference(num_blocks, 16)
     reqs: list[list[int]] = []
+    chains: list[list[int]] = []
     big = [int(x) * 2 + 1 for x in rng.integers(0, 2**63, keyspace, dtype=np.int64)]  # keys across the uint64 range
     for step in range(3000):
         op = rng.integers(0, 6)
         if op <= 1 and p.free_count():
-            n = int(rng.integers(1, min(p.free_count(), 3 * BlockPool.SMALL) + 1))
+            n = int(rng.integers(1, min(p.free_count(), 12 * BlockPool.SMALL) + 1))
             a, b = p.allocate(n), r.allocate(n)
             assert a == b
             reqs.append(a)
@@ -107,9 +108,12 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
             keys = [big[i] for i in rng.choice(keyspace, size=min(len(blocks), keyspace), replace=False)]
             p.register(blocks[: len(keys)], keys)
             r.register(blocks[: len(keys)], keys)
+            chains.append(keys)
         elif op == 3:
             # distinct keys, as a prefix chain's are (a request's blocks are distinct blocks)
             keys = [big[i] for i in rng.choice(keyspace, size=min(int(rng.integers(1, 40)), keyspace), replace=False)]
+            if chains and rng.random() < 0.5:  # what was hashed before, as a returning session's prefix
+                keys = chains[-int(rng.integers(1, min(len(chains), 8) + 1))]
             hit = p.lookup(keys, len(keys))
             assert hit == r.lookup(keys, len(keys))
             new = int(rng.integers(0, 4))

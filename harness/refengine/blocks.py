@@ -34,7 +34,7 @@ checks that both give the same blocks, hits and gauges operation by operation.
 
 from __future__ import annotations
 
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -154,24 +154,49 @@ class BlockPool:
     # -- lookup ----------------------------------------------------------------------------------
     def lookup(self, keys: list[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached run of `keys`, at most max_blocks (no change to what is
-        cached, free or referenced)."""
+        cached, free or referenced). The first keys are read one by one, then in growing batches: a
+        miss usually comes first (the trap) or late (a session's whole history hits)."""
         out: list[int] = []
         if not self.caching:
             return out
         mp = self._map
         stamp = self._stamp
         n = self.num_blocks
-        for k in islice(keys, max_blocks):
+        m = min(max_blocks, len(keys))
+        i = 0
+        while i < m and i < 4:  # the first keys one by one: in the trap the first one misses
+            k = keys[i]
             e = mp.get(k)
             if e is None:
-                break
+                return out
             b = e % n
             if stamp[b] != e:
                 e = self._resolve(k)
                 if e < 0:
-                    break
+                    return out
                 b = e % n
             out.append(b)
+            i += 1
+        w = 32
+        while i < m:
+            j = min(m, i + w)
+            ents = np.fromiter(map(mp.get, keys[i:j], repeat(-1)), dtype=np.int64, count=j - i)
+            blocks = ents % n
+            ok = (ents >= 0) & (stamp[blocks] == ents)
+            if ok.all():
+                out += blocks.tolist()
+                i, w = j, 4 * w
+                continue
+            bad = int(np.argmin(ok))  # the first key whose first entry is not its block now
+            out += blocks[:bad].tolist()
+            i += bad
+            if ents[bad] < 0:
+                break  # never hashed, or every block with it reused
+            e = self._resolve(keys[i])  # a duplicate may still hold the content
+            if e < 0:
+                break
+            out.append(e % n)
+            i += 1
         return out
 
     def free_count(self) -> int:

@@ -1,0 +1,139 @@
+"""The engine model's speed against its direct formulation, on the same runs, in one process.
+
+The batched block pool (harness/refengine/blocks.py), the decode fast path of BlockKV and the
+reset per-thread generator of a turn's ids (harness/workload/draws.py) replaced one-block-at-a-time
+and build-per-call code. This benchmark plays a fixed set of runs of the registered tests twice:
+once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
+methods and token generator, kept below), once as the code is, alternating, and checks that every
+record (turns, sessions, gauges, gate events) is byte-identical. It prints CPU seconds per run
+and the ratio, and writes benchmarks/refengine.json.
+
+    nice -n 19 .venv/bin/python benchmarks/bench_refengine.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
+
+from harness.config import load_test  # noqa: E402
+from harness.protocols.arms import execute_run  # noqa: E402
+from harness.refengine import kv as kvmod  # noqa: E402
+from harness.workload import draws  # noqa: E402
+
+# (test config, arm, rate, seed): vLLM trapped and good, SGLang trapped
+RUNS = [
+    ("configs/tests/e2-vllm-300k.yaml", "burst", 1.65, 0),
+    ("configs/tests/e2-vllm-300k.yaml", "noburst", 1.35, 1),
+    ("configs/tests/e2-sglang-300k.yaml", "burst", 1.65, 0),
+]
+RECORDS = ("turns.parquet", "sessions.parquet", "gauges.parquet", "gate_events.parquet")
+
+
+# -- the former BlockKV methods (before the decode fast path) ---------------------------------------
+def _ref_cache_full(self: Any, req: Any, tokens: int) -> None:
+    nfull = tokens // self.B
+    if self.caching and nfull > req.ncached:
+        self.pool.register(req.blocks[req.ncached : nfull], self._keys(req, nfull)[req.ncached :])
+        req.ncached = nfull
+
+
+def _ref_match(self: Any, req: Any, touch: bool = True) -> int:
+    if not self.caching:
+        req.hit = []
+        return 0
+    maxb = (req.target - 1) // self.B
+    req.hit = self.pool.lookup(self._keys(req, maxb), maxb)
+    return len(req.hit) * self.B
+
+
+def _ref_grow_req(self: Any, req: Any, tokens: int) -> bool:
+    need = self._new_blocks(req, tokens)
+    if need > self.pool.free_count():
+        return False
+    if need:
+        req.blocks.extend(self.pool.allocate(need))
+    self._cache_full(req, tokens)
+    return True
+
+
+@contextmanager
+def reference_code() -> Iterator[None]:
+    """Swap the reference formulation in (and back out)."""
+    saved = (kvmod.BlockPool, kvmod.BlockKV._cache_full, kvmod.BlockKV.match, kvmod.BlockKV.grow_req, draws._scratch_generator)
+    kvmod.BlockPool = ReferencePool  # type: ignore[misc]
+    kvmod.BlockKV._cache_full = _ref_cache_full  # type: ignore[method-assign]
+    kvmod.BlockKV.match = _ref_match  # type: ignore[method-assign]
+    kvmod.BlockKV.grow_req = _ref_grow_req  # type: ignore[method-assign]
+    draws._scratch_generator = draws._generator  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        kvmod.BlockPool, kvmod.BlockKV._cache_full, kvmod.BlockKV.match, kvmod.BlockKV.grow_req, draws._scratch_generator = saved  # type: ignore[misc]
+
+
+def one(test: str, arm: str, rate: float, seed: int, out: Path) -> float:
+    bundle = load_test(ROOT / test)
+    c0 = time.process_time()
+    res = execute_run(bundle, arm, rate, seed, "sim", out)
+    cpu = time.process_time() - c0
+    if res.status != "COMPLETED":
+        raise SystemExit(f"{test} {arm} {rate} {seed}: {res.status}: {res.reason}")
+    return cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the SGLang run and the vLLM good run")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "refengine.json"))
+    args = ap.parse_args(argv)
+    runs = RUNS[1:] if args.quick else RUNS
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-refengine-") as tmp:
+        for i, (test, arm, rate, seed) in enumerate(runs):
+            d_ref, d_new = Path(tmp) / f"{i}-ref", Path(tmp) / f"{i}-new"
+            with reference_code():
+                t_ref = one(test, arm, rate, seed, d_ref)
+            t_new = one(test, arm, rate, seed, d_new)
+            same = all((d_ref / f).read_bytes() == (d_new / f).read_bytes() for f in RECORDS)
+            turns = pq.read_metadata(d_new / "turns.parquet").num_rows
+            row = {"test": Path(test).stem, "arm": arm, "rate": rate, "seed": seed, "turns": turns, "reference_cpu_s": round(t_ref, 2),
+                   "cpu_s": round(t_new, 2), "ratio": round(t_ref / t_new, 2), "records_identical": same}  # fmt: skip
+            rows.append(row)
+            print(f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
+                  f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}", flush=True)  # fmt: skip
+    tot_ref = sum(r["reference_cpu_s"] for r in rows)
+    tot_new = sum(r["cpu_s"] for r in rows)
+    result = {
+        "benchmark": "refengine",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "runs": rows,
+        "reference_cpu_s": round(tot_ref, 2),
+        "cpu_s": round(tot_new, 2),
+        "ratio": round(tot_ref / tot_new, 2),
+        "all_identical": all(r["records_identical"] for r in rows),
+    }
+    print(f"total: reference {tot_ref:.1f} s CPU, now {tot_new:.1f} s CPU: x{result['ratio']:.2f}; records identical: {result['all_identical']}")
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["all_identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
