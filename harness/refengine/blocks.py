@@ -292,6 +292,8 @@ class BlockPool:
             raise RuntimeError(f"block pool: {n} blocks requested, {self._nfree} free")
         if n <= 0:
             return []
+        if n <= self.SMALL:  # a decode step's block: walk the queue head one entry at a time
+            return self._allocate_few(n)
         out = self._popleft(n)
         stamp = self._stamp
         had = out[stamp[out] >= 0]
@@ -301,6 +303,25 @@ class BlockPool:
             self.n_hashed -= had.size
         self._ref[out] = 1
         return out.tolist()
+
+    def _allocate_few(self, n: int) -> list[int]:
+        buf, pos, stamp, ref = self._buf, self._pos, self._stamp, self._ref
+        h = self._head
+        out: list[int] = []
+        while len(out) < n:
+            b = int(buf[h])
+            if pos[b] == h:
+                pos[b] = -1
+                if stamp[b] >= 0:
+                    stamp[b] = -1
+                    self.free_cached -= 1
+                    self.n_hashed -= 1
+                ref[b] = 1
+                out.append(b)
+            h += 1
+        self._head = h
+        self._nfree -= n
+        return out
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
