@@ -95,6 +95,7 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
     p, r = BlockPool(num_blocks, 16), Reference(num_blocks, 16)
     reqs: list[list[int]] = []
     chains: list[list[int]] = []
+    memo: dict[int, np.ndarray] = {}
     big = [int(x) * 2 + 1 for x in rng.integers(0, 2**63, keyspace, dtype=np.int64)]  # keys across the uint64 range
     for step in range(3000):
         op = rng.integers(0, 6)
@@ -112,8 +113,13 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
         elif op == 3:
             # distinct keys, as a prefix chain's are (a request's blocks are distinct blocks)
             keys = [big[i] for i in rng.choice(keyspace, size=min(int(rng.integers(1, 40)), keyspace), replace=False)]
+            known = None
             if chains and rng.random() < 0.5:  # what was hashed before, as a returning session's prefix
-                keys = chains[-int(rng.integers(1, min(len(chains), 8) + 1))]
+                c = len(chains) - int(rng.integers(1, min(len(chains), 8) + 1))
+                keys, known = chains[c], memo.get(c)
+                ents = p.lookup_entries(keys, len(keys), known)  # a waiting request's lookup, step after step
+                memo[c] = ents
+                assert (ents % num_blocks).tolist() == r.lookup(keys, len(keys))
             hit = p.lookup(keys, len(keys))
             assert hit == r.lookup(keys, len(keys))
             new = int(rng.integers(0, 4))
@@ -132,3 +138,5 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
     p.reset()
     r.reset()
     _same(p, r)
+    for c, ents in memo.items():  # entries known before a flush find nothing after it
+        assert (p.lookup_entries(chains[c], len(chains[c]), ents) % num_blocks).tolist() == r.lookup(chains[c], len(chains[c])) == []

@@ -38,6 +38,7 @@ from itertools import compress, repeat
 
 import numpy as np
 
+_NO_ENTRIES = np.empty(0, dtype=np.int64)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
@@ -99,7 +100,7 @@ class BlockPool:
         self._ref = np.zeros(n, dtype=np.int64)
         self._stamp = np.full(n, -1, dtype=np.int64)  # the block's hash entry; -1: no hash
         self._key = np.empty(n, dtype=object)  # the key of that entry (for the views)
-        self._sid = 0  # hashing events so far
+        self._sid = getattr(self, "_sid", 0)  # hashing events so far (never reset: an entry stays unique)
         self._map: dict[int, int] = {}  # key -> its first entry (possibly stale)
         self._dups: dict[int, list[int]] = {}  # key -> later entries, in hashing order (possibly stale)
         self._prune_at = self.PRUNE_FACTOR * n + self.PRUNE_SLACK
@@ -154,50 +155,65 @@ class BlockPool:
     # -- lookup ----------------------------------------------------------------------------------
     def lookup(self, keys: list[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached run of `keys`, at most max_blocks (no change to what is
-        cached, free or referenced). The first keys are read one by one, then in growing batches: a
-        miss usually comes first (the trap) or late (a session's whole history hits)."""
-        out: list[int] = []
+        cached, free or referenced)."""
+        return (self.lookup_entries(keys, max_blocks) % self.num_blocks).tolist()
+
+    def lookup_entries(self, keys: list[int], max_blocks: int, known: np.ndarray | None = None) -> np.ndarray:
+        """The hash entries of `lookup(keys, max_blocks)` (entry % num_blocks is the block).
+
+        `known`: the entries an earlier lookup of the same keys returned (a waiting request is
+        looked up at every step). Entries are never revalidated once stale (a block hashed again
+        gets a new one), so each still valid is still the block its key finds; the lookup goes on
+        from the first that is not. Otherwise the first keys are read one by one, then in growing
+        batches: a miss usually comes first (the trap) or late (a session's whole history hits)."""
         if not self.caching:
-            return out
+            return _NO_ENTRIES
         mp = self._map
         stamp = self._stamp
         n = self.num_blocks
         m = min(max_blocks, len(keys))
+        parts: list[np.ndarray] = []
         i = 0
-        while i < m and i < 4:  # the first keys one by one: in the trap the first one misses
-            k = keys[i]
-            e = mp.get(k)
-            if e is None:
-                return out
-            b = e % n
-            if stamp[b] != e:
-                e = self._resolve(k)
-                if e < 0:
-                    return out
-                b = e % n
-            out.append(b)
-            i += 1
+        if known is not None and known.size:
+            kn = known[:m]
+            ok = stamp[kn % n] == kn
+            i = kn.size if ok.all() else int(np.argmin(ok))
+            if i:
+                parts.append(kn[:i])
+        if i == 0:
+            few: list[int] = []
+            while i < m and i < 4:  # in the trap the first key misses
+                k = keys[i]
+                e = mp.get(k)
+                if e is None or (stamp[e % n] != e and (e := self._resolve(k)) < 0):
+                    return np.array(few, dtype=np.int64) if few else _NO_ENTRIES
+                few.append(e)
+                i += 1
+            if few:
+                parts.append(np.array(few, dtype=np.int64))
         w = 32
         while i < m:
             j = min(m, i + w)
             ents = np.fromiter(map(mp.get, keys[i:j], repeat(-1)), dtype=np.int64, count=j - i)
-            blocks = ents % n
-            ok = (ents >= 0) & (stamp[blocks] == ents)
+            ok = (ents >= 0) & (stamp[ents % n] == ents)
             if ok.all():
-                out += blocks.tolist()
+                parts.append(ents)
                 i, w = j, 4 * w
                 continue
             bad = int(np.argmin(ok))  # the first key whose first entry is not its block now
-            out += blocks[:bad].tolist()
+            if bad:
+                parts.append(ents[:bad])
             i += bad
             if ents[bad] < 0:
                 break  # never hashed, or every block with it reused
             e = self._resolve(keys[i])  # a duplicate may still hold the content
             if e < 0:
                 break
-            out.append(e % n)
+            parts.append(np.array([e], dtype=np.int64))
             i += 1
-        return out
+        if not parts:
+            return _NO_ENTRIES
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def free_count(self) -> int:
         return self._nfree

@@ -188,7 +188,9 @@ class BlockKV:
         maxb = (req.target - 1) // self.B
         if req.keys_len < 0:
             self._keys(req, 0)
-        req.hit = self.pool.lookup(req.keys, maxb)
+        ents = self.pool.lookup_entries(req.keys, maxb, req.hit_entries)
+        req.hit_entries = ents
+        req.hit = (ents % self.pool.num_blocks).tolist()
         return len(req.hit) * self.B
 
     def touch(self, req: Req) -> None:
@@ -212,6 +214,7 @@ class BlockKV:
         req.blocks = list(req.hit)
         req.ncached = len(req.hit)
         req.hit = []
+        req.hit_entries = None
 
     def alloc(self, req: Req, n: int) -> bool:
         """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.

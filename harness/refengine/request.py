@@ -64,7 +64,7 @@ class Req:
     __slots__ = (
         "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
         "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
-        "preemptions", "node", "blocks", "hit", "reserve", "keys", "keys_len", "ncached", "in_tree", "admitted", "state",
+        "preemptions", "node", "blocks", "hit", "hit_entries", "reserve", "keys", "keys_len", "ncached", "in_tree", "admitted", "state",
     )
 
     def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:
@@ -91,6 +91,7 @@ class Req:
         self.node = None
         self.blocks: list[int] = []
         self.hit: list[int] = []
+        self.hit_entries = None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
         self.reserve = 0
         self.keys: list[int] = []
         self.keys_len = -1
