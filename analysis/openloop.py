@@ -73,10 +73,12 @@ def run_open_loop(meta: Mapping[str, Any], sessions: pd.DataFrame) -> dict[str, 
 
 
 def verdict_block(entries: Sequence[tuple[str, str, float, int, dict[str, Any] | None]]) -> dict[str, Any]:
-    """The verdict's `open_loop` entry from (run, arm, rate, seed, summary) per run."""
+    """The verdict's `open_loop` entry from (run, arm, rate, seed, summary) per run, in a fixed
+    order (arm, rate, seed, run): the verdict of the same runs does not depend on the order they
+    were given in (a test run lists them as they finished, `analyze` as it finds them)."""
     runs = [
         {"run": name, "arm": arm, "rate": rate, "seed": seed, **s}
-        for name, arm, rate, seed, s in entries
+        for name, arm, rate, seed, s in sorted(entries, key=lambda e: (str(e[1]), e[2] if e[2] == e[2] else math.inf, int(e[3]), str(e[0])))
         if s is not None
     ]
     return {"runs": runs, "not_within": [r["run"] for r in runs if r["within_bound"] is False]}
