@@ -86,6 +86,40 @@ def _child_cpu() -> float:
     return t.children_user + t.children_system
 
 
+def _kind(path: Path) -> tuple[str, float, int]:
+    """(engine, protocol duration, runs) of a test config: runs of one kind cost alike."""
+    sys.path.insert(0, str(ROOT))
+    from harness.config import load_test
+
+    b = load_test(path)
+    return b.cell.engine.name, float(b.protocol.duration), len(b.arms) * len(b.test.rates) * len(b.test.seeds)
+
+
+def extrapolate(rows: list[dict], every: list[Path]) -> dict:
+    """The test-run wall of every config from a subset: each config's runs at the measured wall per
+    run of the subset's tests of the same engine and duration (the nearest duration of that engine
+    when none matches), measured tests at their own figure."""
+    per: dict[tuple[str, float], list[float]] = {}
+    measured = {r["test"]: r for r in rows if r.get("runs")}
+    for r in measured.values():
+        eng, dur, _ = _kind(ROOT / "configs" / "tests" / f"{r['test']}.yaml")
+        per.setdefault((eng, dur), []).append(r["wall_s"] / r["runs"])
+    total, runs, basis = 0.0, 0, {}
+    for t in every:
+        eng, dur, n = _kind(t)
+        runs += n
+        if t.stem in measured:
+            total += measured[t.stem]["wall_s"]
+            continue
+        same = [k for k in per if k[0] == eng] or list(per)
+        key = min(same, key=lambda k: (k[1] != dur, abs(k[1] - dur)))
+        rate = sum(per[key]) / len(per[key])
+        total += n * rate
+        basis[t.stem] = {"runs": n, "s_per_run": round(rate, 2), "from": f"{key[0]} {key[1]:g} s"}
+    return {"runs": runs, "test_run_wall_s": round(total, 1), "budget_s": BUDGET_S, "within_budget": total <= BUDGET_S,
+            "method": "unmeasured configs: runs x the subset's wall per run of the same engine and protocol duration", "basis": basis}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
@@ -124,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({cpu:6.1f} s CPU)  {row['simulated']}  | paper: {row['paper']}"
               f"{'' if same else '  [analyze DIFFERS]'}", flush=True)  # fmt: skip
     total = time.monotonic() - t_all
+    every = sorted((ROOT / "configs" / "tests").glob("*.yaml"))
     result = {
         "benchmark": "all_tests",
         "jobs": args.jobs,
@@ -140,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
     }
+    if args.only:  # a subset: what every config would take, from the measured wall per run of its kind
+        result["only"] = list(args.only)
+        result["extrapolation"] = extrapolate(rows, every)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if "extrapolation" in result:
+        x = result["extrapolation"]
+        print(f"every config ({x['runs']} runs), extrapolated from this subset: {x['test_run_wall_s']:.0f} s of test runs "
+              f"({x['method']})", flush=True)  # fmt: skip
     print(f"\n{len(rows)} tests, {result['runs']} runs, {total:.0f} s wall ({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} "
           f"(budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); wrote {args.out}")  # fmt: skip
     if tmp:

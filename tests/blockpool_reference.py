@@ -1,4 +1,11 @@
-"""vLLM-flavour KV: a pool of fixed-size blocks with hash-addressed prefix caching.
+"""The direct formulation of the vLLM-flavour block pool: the reference harness/refengine/blocks.py
+is checked against (tests/test_refengine_blocks.py, operation by operation) and timed against
+(benchmarks/bench_refengine.py). One block at a time, an OrderedDict free queue, eager hash
+bookkeeping: slow in the trap, where every turn allocates, hashes and frees thousands of blocks,
+but plain to read against vLLM's own BlockPool. It is the engine model's block pool as it was
+before the batched one, unchanged.
+
+vLLM-flavour KV: a pool of fixed-size blocks with hash-addressed prefix caching.
 
 The rules that matter for the trap (vLLM V1, 0.32.0; paper App. E.2, E.14):
 - only *full* blocks are cached, addressed by a hash of the block's tokens chained to its prefix,
