@@ -221,8 +221,12 @@ def test_sglang_flush_refused_while_busy_then_waits_with_timeout() -> None:
                 assert r.status == 400 and await r.text() == "Flush cache failed.\n"
             async with http.get(url + "/flush_cache?timeout=30") as r:
                 assert r.status == 200 and (await r.text()).startswith("Cache flushed.\n")
-                assert task.done()  # answered only once the request had finished
-            st, _ = await task
+            # answered only once the request had finished: nothing runs now (the completion's own
+            # reply may reach this client a moment after the flush's on a loaded machine)
+            async with http.get(url + "/metrics") as r:
+                running = [ln for ln in (await r.text()).splitlines() if ln.startswith("sglang:num_running_reqs")]
+            assert running and all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in running), running
+            st, _ = await asyncio.wait_for(task, 30)
             assert st == 200
             async with http.get(url + "/flush_cache") as r:
                 assert r.status == 200
