@@ -232,6 +232,18 @@ class EngineAdapter(abc.ABC):
     ) -> tuple[list[str], dict[str, str]]:
         """argv and the environment additions that start this engine as `cell` describes."""
 
+    def under_cpu_quota(self, cell: CellConfig, argv: list[str], port: int) -> list[str]:
+        """`argv` wrapped to run under the cell's engine CPU quota (harness/servers/cpuquota.py), which
+        `start` applies once the server is healthy; `argv` unchanged for a cell without one."""
+        self.cpu_quota = None
+        if cell.engine_cpu_quota is None:
+            return argv
+        from harness.servers.cpuquota import wrap
+
+        name = f"{self.name}-{port}"
+        self.cpu_quota = (name, cell.engine_cpu_quota)
+        return wrap(argv, cell.engine_cpu_quota, name, after_healthy=True)
+
     def start(
         self,
         argv: Sequence[str],

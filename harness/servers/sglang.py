@@ -86,12 +86,7 @@ class SGLangAdapter(EngineAdapter):
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
         argv.extend(extra_args)
-        self.cpu_quota = None
-        if cell.engine_cpu_quota is not None:  # the kernel caps the engine's CPU: its speed is the cell's
-            from harness.servers.cpuquota import wrap
-
-            argv = wrap(argv, cell.engine_cpu_quota, f"sglang-{port}", after_healthy=True)
-            self.cpu_quota = (f"sglang-{port}", cell.engine_cpu_quota)
+        argv = self.under_cpu_quota(cell, argv, port)
         return argv, dict(CPU_ENGINE_ENV) if cell.device == "cpu" else {}
 
     def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:

@@ -102,12 +102,7 @@ class VLLMAdapter(EngineAdapter):
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
         argv.extend(extra_args)
-        self.cpu_quota = None
-        if cell.engine_cpu_quota is not None:  # the kernel caps the engine's CPU: its speed is the cell's
-            from harness.servers.cpuquota import wrap
-
-            argv = wrap(argv, cell.engine_cpu_quota, f"vllm-{port}", after_healthy=True)
-            self.cpu_quota = (f"vllm-{port}", cell.engine_cpu_quota)
+        argv = self.under_cpu_quota(cell, argv, port)
         env = {"VLLM_SERVER_DEV_MODE": "1"}
         cache = os.environ.get(ENGINE_CACHE_ENV)
         if cache:
