@@ -24,7 +24,7 @@ from harness.servers.emulator import EmulatorAdapter
 from harness.servers.metrics import COMMON_METRICS, SGLANG_RULES, VLLM_RULES, map_metrics, parse_prometheus
 from harness.servers.sglang import SGLangAdapter
 from harness.servers.smoke import CanaryResult, SmokeReport, Check, canary_prompt, expected_cached
-from harness.servers.vllm import VLLMAdapter, private_cache_env
+from harness.servers.vllm import ENGINE_CACHE_ENV, VLLMAdapter, private_cache_env
 
 
 def _cell(**over: object) -> CellConfig:
@@ -38,6 +38,13 @@ def _cell(**over: object) -> CellConfig:
 
 def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch environments are asserted whole, so the caller's engine cache (CI exports one for the
+    real-engine tests) must not leak in; test_vllm_launch_command_engine_cache sets it on purpose."""
+    monkeypatch.delenv(ENGINE_CACHE_ENV, raising=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,6 +67,13 @@ def test_vllm_launch_command_paper_cell() -> None:
     assert argv[-2:] == ["--dtype", "bfloat16"]
     assert env == {"VLLM_SERVER_DEV_MODE": "1"}
     assert a.block_size == 16
+
+
+def test_vllm_launch_command_engine_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ENGINE_CACHE_ENV, str(tmp_path / "cache"))
+    _, env = VLLMAdapter().launch_command(_cell(), model="m", host="127.0.0.1", port=1)
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", **private_cache_env(tmp_path / "cache")}
+    assert Path(env["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path / "cache")
 
 
 def test_vllm_launch_command_variants() -> None:
