@@ -38,5 +38,5 @@ fi
 
 # One rerun for a failed test (reported as "rerun" in the summary): the wall-clock and real-engine
 # tests time a 2-core machine, where a scheduler stall can make a single try late; a real fault
-# fails both tries and still fails the run.
-exec .venv/bin/python -m pytest -q -ra --reruns 1 --reruns-delay 5 "$@"
+# fails both tries and still fails the run. --durations lists the slowest tests, to keep CI's time in view.
+exec .venv/bin/python -m pytest -q -ra --reruns 1 --reruns-delay 5 --durations=30 "$@"
