@@ -67,10 +67,7 @@ class TokenKV:
         node = req.node if req is not None else None
         if node is None or not self.caching:
             return self.free_slots() + self.tree.evictable
-        self.tree.lock(node)
-        ev = self.tree.evictable
-        self.tree.unlock(node)
-        return self.free_slots() + ev
+        return self.free_slots() + self.tree.evictable_if_locked(node)
 
     def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:  # the scheduler decides
         raise AssertionError("radix admission is decided by the scheduler's budget")

@@ -29,7 +29,7 @@ from harness.config import CellConfig
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.request import EngineCompletion, EngineRequest, Req
 from harness.refengine.scheduler import WaitingPolicy
-from harness.refengine.separate import SeparateBatching
+from harness.refengine.separate import CLIP_MAX_NEW, SeparateBatching
 
 __all__ = ["EngineModel", "EngineRequest", "EngineCompletion"]
 
@@ -56,6 +56,14 @@ class EngineModel(SeparateBatching):
         self.prefilling: list[Req] = []  # admitted, prefill not complete (admission order)
         self.n_decode = 0
         self.ctx_sum = 0  # summed context of decoding requests (drives decode attention cost)
+        # What the decoding requests will still decode, kept as it changes so the radix admission
+        # budget (separate.py: _decode_offset) costs O(1), not O(running), per prefill round: a
+        # request decodes max_tokens - gen - (dstep - join) more tokens, so the sum over decoders
+        # with at most CLIP_MAX_NEW left at their join is _left_sum - _left_n * dstep; the few
+        # that start above the clip are summed one by one (_left_big).
+        self._left_sum = 0
+        self._left_n = 0
+        self._left_big: dict[int, Req] = {}
         self.dstep = 0  # decode iterations so far; a decoding request's count derives from it
         self._finish: list[tuple[int, int, int, Req]] = []  # (dstep at which done, seq, stint, req)
         self._batch_full = False
@@ -397,6 +405,7 @@ class EngineModel(SeparateBatching):
             self.n_decode += 1
             self.ctx_sum += req.L + req.gen
             req.join = self.dstep
+            self._left_join(req)
             self._finish_req(req, now, out)
             return
         if self.radix:
@@ -406,10 +415,34 @@ class EngineModel(SeparateBatching):
         req.stint += 1
         self.n_decode += 1
         self.ctx_sum += req.L + req.gen
+        self._left_join(req)
         self._seq += 1
         heapq.heappush(self._finish, (self.dstep + req.max_tokens - req.gen, self._seq, req.stint, req))
 
+    def _left_join(self, req: Req) -> None:
+        """`req` starts a decode stint (gen and join fixed until it ends): count what it has left."""
+        if req.max_tokens - req.gen > CLIP_MAX_NEW:
+            self._left_big[req.rid] = req
+        else:
+            self._left_sum += req.max_tokens - req.gen + req.join
+            self._left_n += 1
+
+    def _left_leave(self, req: Req) -> None:
+        """`req`'s decode stint ends (finished or preempted), before its gen or join change."""
+        if self._left_big.pop(req.rid, None) is None:
+            self._left_sum -= req.max_tokens - req.gen + req.join
+            self._left_n -= 1
+
+    def decode_left(self) -> int:
+        """Tokens the decoding requests will still decode, each counted at most CLIP_MAX_NEW (the
+        decode reservation of SGLang's admission budget)."""
+        tot = self._left_sum - self._left_n * self.dstep
+        for req in self._left_big.values():
+            tot += min(req.max_tokens - req.gen - (self.dstep - req.join), CLIP_MAX_NEW)
+        return tot
+
     def _finish_req(self, req: Req, now: float, out: list[EngineCompletion]) -> None:
+        self._left_leave(req)
         self.n_decode -= 1
         self.ctx_sum -= req.L + req.max_tokens
         req.state = "done"
@@ -443,6 +476,7 @@ class EngineModel(SeparateBatching):
         if req.state == "decode":
             gen_now = req.gen + (self.dstep - req.join)
             computed = req.L + gen_now - 1
+            self._left_leave(req)
             self.n_decode -= 1
             self.ctx_sum -= req.L + gen_now
             req.gen = gen_now

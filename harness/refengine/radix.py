@@ -148,6 +148,17 @@ class RadixCache:
                 raise AssertionError("radix lock count below zero")
             node = node.parent  # type: ignore[assignment]
 
+    def evictable_if_locked(self, node: Node) -> int:
+        """`evictable` as it would be with the path ending at `node` locked, without locking it:
+        lock(node) followed by unlock(node) would give the same number but queue every leaf it
+        touches for eviction again (harmless stale entries, but one per admission check)."""
+        ev = self.evictable
+        while node is not self.root:
+            if node.lock == 0:
+                ev -= node.n
+            node = node.parent  # type: ignore[assignment]
+        return ev
+
     # -- insert ----------------------------------------------------------------------------------
     def insert(self, ids: bytes) -> tuple[int, Node]:
         """Insert the page-aligned part of `ids`; returns (tokens newly added, last node).

@@ -31,6 +31,11 @@ class EngineCompletion:
 
 _M64 = (1 << 64) - 1
 _VOCAB = 32000  # output ids stay inside the client's id range
+_U_VOCAB = np.uint64(_VOCAB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_COUNTERS: dict[int, np.ndarray] = {}  # n -> (1..n) * golden ratio, read-only
 
 
 def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
@@ -43,12 +48,24 @@ def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
     tail = np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes()
     seed = (zlib.crc32(tail) << 32 | zlib.crc32(len(prompt).to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
     seed &= _M64
-    # splitmix64 over a counter; unsigned array arithmetic wraps mod 2^64 without warnings
-    z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return (z % np.uint64(_VOCAB)).astype(np.int32)
+    # splitmix64 over a counter; unsigned array arithmetic wraps mod 2^64 without warnings. The
+    # counter's multiples are kept per length and the steps run in place (one request per turn).
+    base = _COUNTERS.get(n)
+    if base is None:
+        base = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
+        if n <= 8192 and len(_COUNTERS) < 256:
+            _COUNTERS[n] = base
+    z = base + np.uint64(seed)
+    t = z >> _S30
+    z ^= t
+    z *= _C1
+    np.right_shift(z, _S27, out=t)
+    z ^= t
+    z *= _C2
+    np.right_shift(z, _S31, out=t)
+    z ^= t
+    np.remainder(z, _U_VOCAB, out=z)
+    return z.astype(np.int32)
 
 
 class Req:

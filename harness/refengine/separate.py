@@ -50,12 +50,9 @@ class SeparateBatching:
         return req.gen
 
     def _decode_offset(self) -> int:
-        """What the running batch will still decode (ignore_eos: the full max_tokens)."""
-        tot = 0
-        for req in self.running.values():  # type: ignore[attr-defined]
-            if req.state == "decode":
-                tot += min(req.max_tokens - self._gen_now(req), CLIP_MAX_NEW)
-        return tot
+        """What the running batch will still decode (ignore_eos: the full max_tokens), each request
+        clipped at CLIP_MAX_NEW; kept by EngineModel as requests start and stop decoding."""
+        return self.decode_left()  # type: ignore[attr-defined]
 
     def _allocatable(self, chunked: Req | None) -> int:
         running = len(self.running)  # type: ignore[attr-defined]

@@ -31,12 +31,78 @@ MAX_TURN_DRAWS = 64
 _TOKEN_DOMAIN = 0x746F6B  # separates token streams from spec streams
 
 
-def _philox_key(key: tuple[int, ...]) -> np.ndarray:
-    return np.random.SeedSequence(list(key)).generate_state(2, np.uint64)
+# numpy's SeedSequence (pool of 4 32-bit words, hashmix / mix, then generate_state), written out
+# for the key shapes drawn here: building a SeedSequence costs more than drawing a turn's ids, and
+# every turn of every session derives one. The hash constants run through a fixed sequence, so
+# they are tabulated. tests/test_workload_draws.py checks it against numpy key by key.
+_M32 = 0xFFFFFFFF
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _hash_consts(init: int, mult: int, n: int) -> list[tuple[int, int]]:
+    out = []
+    h = init
+    for _ in range(n):
+        x = h
+        h = (h * mult) & _M32
+        out.append((x, h))
+    return out
+
+
+_SS_WORDS = 16  # longer entropy (never drawn here) goes through numpy itself
+_SS_A = _hash_consts(0x43B0D7E5, 0x931E8875, 16 + 4 * _SS_WORDS)  # mix_entropy's hashmix constants
+_SS_B = _hash_consts(0x8B51F9DD, 0x58F38DED, 4)  # generate_state's
+_SS_PAIRS = [(s, d) for s in range(4) for d in range(4) if s != d]
+
+
+def _philox_key(key: tuple[int, ...]) -> tuple[int, int] | np.ndarray:
+    """The two 64-bit words `np.random.SeedSequence(list(key)).generate_state(2, np.uint64)` gives."""
+    ent: list[int] = []
+    for v in key:
+        if v < 0:
+            return np.random.SeedSequence(list(key)).generate_state(2, np.uint64)  # numpy's own error
+        if v <= _M32:
+            ent.append(v)
+        else:
+            while v:
+                ent.append(v & _M32)
+                v >>= 32
+    if len(ent) > _SS_WORDS:
+        return np.random.SeedSequence(list(key)).generate_state(2, np.uint64)
+    if len(ent) < 4:
+        ent += [0] * (4 - len(ent))
+    consts = _SS_A
+    pool = []
+    for i in range(4):
+        x, m = consts[i]
+        v = ((ent[i] ^ x) * m) & _M32
+        pool.append(v ^ (v >> 16))
+    i = 4
+    for s, d in _SS_PAIRS:
+        x, m = consts[i]
+        i += 1
+        v = ((pool[s] ^ x) * m) & _M32
+        v ^= v >> 16
+        r = (_MIX_L * pool[d] - _MIX_R * v) & _M32
+        pool[d] = r ^ (r >> 16)
+    for s in range(4, len(ent)):
+        for d in range(4):
+            x, m = consts[i]
+            i += 1
+            v = ((ent[s] ^ x) * m) & _M32
+            v ^= v >> 16
+            r = (_MIX_L * pool[d] - _MIX_R * v) & _M32
+            pool[d] = r ^ (r >> 16)
+    st = []
+    for j in range(4):
+        x, m = _SS_B[j]
+        v = ((pool[j] ^ x) * m) & _M32
+        st.append(v ^ (v >> 16))
+    return (st[0] | st[1] << 32, st[2] | st[3] << 32)
 
 
 def _generator(*key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.Philox(key=_philox_key(key)))
+    return np.random.Generator(np.random.Philox(key=np.array(_philox_key(key), dtype=np.uint64)))
 
 
 _ZERO4 = np.zeros(4, dtype=np.uint64)
@@ -51,7 +117,7 @@ def _scratch_generator(*key: int) -> np.random.Generator:
     g = getattr(_local, "g", None)
     if g is None:
         g = _local.g = np.random.Generator(np.random.Philox(key=_ZERO4[:2]))
-    g.bit_generator.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": _philox_key(key)}, "buffer": _ZERO4,
+    g.bit_generator.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": np.array(_philox_key(key), dtype=np.uint64)}, "buffer": _ZERO4,
                              "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}  # fmt: skip
     return g
 

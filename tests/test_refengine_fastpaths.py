@@ -1,0 +1,146 @@
+"""The engine model's and the workload's fast paths give exactly what their direct formulations give.
+
+Each fast path replaced a direct formulation for speed only (benchmarks/bench_refengine.py); these
+tests keep the direct one beside it and compare them value by value, so a run record cannot
+change because a fast path did."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from harness.refengine.model import EngineModel, EngineRequest
+from harness.refengine.radix import RadixCache
+from harness.refengine.request import output_ids
+from harness.refengine.separate import CLIP_MAX_NEW
+from harness.workload.draws import _TOKEN_DOMAIN, _philox_key
+
+from tests.test_refengine_model import cell, toks
+
+
+# -- the Philox keys of the token and session streams -----------------------------------------------
+def _numpy_key(key: tuple[int, ...]) -> tuple[int, int]:
+    return tuple(int(x) for x in np.random.SeedSequence(list(key)).generate_state(2, np.uint64))  # type: ignore[return-value]
+
+
+def test_philox_key_is_numpys_seed_sequence() -> None:
+    rng = np.random.default_rng(7)
+    keys: list[tuple[int, ...]] = []
+    for _ in range(3000):  # the token streams: (domain, seed low word, seed high word, turn)
+        seed = int(rng.integers(0, 2**63 - 1))
+        keys.append((_TOKEN_DOMAIN, seed & 0xFFFFFFFF, seed >> 32, int(rng.integers(1, 65))))
+    for _ in range(3000):  # the session streams: (plan seed, stream, index)
+        keys.append((int(rng.integers(0, 2**31)), int(rng.integers(0, 3)), int(rng.integers(0, 10**6))))
+    keys += [(), (0,), (0, 0, 0, 0), (2**32,), (2**64 + 5, 0, 2**96), tuple(range(1, 12)), tuple(range(30))]
+    for key in keys:
+        got = _philox_key(key)
+        assert tuple(int(x) for x in got) == _numpy_key(key), key
+
+
+def test_philox_key_refuses_what_numpy_refuses() -> None:
+    with pytest.raises(ValueError):
+        _philox_key((1, -2))
+
+
+# -- the engine's stand-in outputs --------------------------------------------------------------------
+def _direct_output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
+    tail = np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes()
+    seed = (zlib.crc32(tail) << 32 | zlib.crc32(len(prompt).to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
+    seed &= (1 << 64) - 1
+    z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z % np.uint64(32000)).astype(np.int32)
+
+
+def test_output_ids_are_the_direct_splitmix() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(600):
+        p = rng.integers(4, 32000, size=int(rng.integers(1, 3000)), dtype=np.int32)
+        n, salt = int(rng.integers(1, 10_000)), int(rng.integers(0, 4))
+        want = _direct_output_ids(p, n, salt)
+        for _twice in range(2):  # the second call reads the cached counter multiples
+            got = output_ids(p, n, salt)
+            assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+# -- SGLang's admission budget ------------------------------------------------------------------------
+def _direct_decode_left(e: EngineModel) -> int:
+    tot = 0
+    for req in e.running.values():
+        if req.state == "decode":
+            tot += min(req.max_tokens - (req.gen + (e.dstep - req.join)), CLIP_MAX_NEW)
+    return tot
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_decode_left_is_the_sum_over_decoders(mixed: bool) -> None:
+    """Requests of every size (some above the clip), arriving while others decode, in a pool small
+    enough that admission waits on the budget; checked before every iteration."""
+    c = cell(kv_pool_tokens=60_000, context_length=40_000, max_running=12, chunked_prefill=2048,
+             batching="mixed" if mixed else "separate")  # fmt: skip
+    e = EngineModel(c)
+    rng = np.random.default_rng(11)
+    t, rid, checks, big = 0.0, 0, 0, 0
+    for wave in range(8):
+        for _ in range(6):
+            rid += 1
+            d = int(rng.choice([1, 3, 40, 300, CLIP_MAX_NEW + 500, 9000]))
+            big += d > CLIP_MAX_NEW
+            e.submit(EngineRequest(rid, toks(int(rng.integers(50, 6000)), rid), d), t)
+        for _ in range(int(rng.integers(20, 200))):
+            if not e.has_work():
+                break
+            assert e.decode_left() == _direct_decode_left(e)
+            checks += 1
+            end = e.step(t, t + 0.05)
+            assert end is not None
+            t = end
+            e.complete(t)
+    while e.has_work():
+        assert e.decode_left() == _direct_decode_left(e)
+        checks += 1
+        t = e.step(t, t + 0.05)  # type: ignore[assignment]
+        e.complete(t)
+    assert e.decode_left() == 0 and checks > 200 and big > 0
+
+
+def test_decode_left_through_vllm_preemptions() -> None:
+    e = EngineModel(cell("vllm", kv_pool_tokens=8_000, max_running=8, chunked_prefill=1024))
+    for rid in range(1, 9):
+        e.submit(EngineRequest(rid, toks(900, rid), 600), 0.0)
+    t = 0.0
+    while e.has_work():
+        assert e.decode_left() == _direct_decode_left(e)
+        t = e.step(t)  # type: ignore[assignment]
+        e.complete(t)
+    assert e.counters["preemptions"] > 0 and e.decode_left() == 0
+
+
+# -- the radix tree's admission check -----------------------------------------------------------------
+def test_evictable_if_locked_is_lock_then_read() -> None:
+    rng = np.random.default_rng(5)
+    tree = RadixCache(page_size=1)
+    nodes = []
+    base = toks(400, 0)
+    for i in range(60):
+        cut = int(rng.integers(1, 400))
+        ids = np.concatenate((base[:cut], toks(int(rng.integers(1, 300)), 100 + i)))
+        _n, node = tree.insert(ids.tobytes())
+        nodes.append(node)
+        if rng.random() < 0.3:
+            tree.lock(node)
+        if rng.random() < 0.2:
+            tree.evict(int(rng.integers(1, 200)))
+        for probe in rng.choice(len(nodes), size=5):
+            nd = nodes[int(probe)]
+            if not nd.alive:
+                continue
+            got = tree.evictable_if_locked(nd)
+            tree.lock(nd)
+            want = tree.evictable
+            tree.unlock(nd)
+            assert got == want
