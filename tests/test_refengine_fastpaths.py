@@ -144,3 +144,45 @@ def test_evictable_if_locked_is_lock_then_read() -> None:
             want = tree.evictable
             tree.unlock(nd)
             assert got == want
+
+
+# -- fused vLLM decode steps --------------------------------------------------------------------------
+def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, **cell_kw: object):
+    import harness.refengine.model as model_mod
+    from harness.client.openloop import PlanClient
+    from harness.config import WorkloadConfig
+    from harness.drivers.virtual import simulate
+    from harness.recording.record import RunRecorder, load_run
+    from harness.workload.draws import STREAM_BASE, draw_session
+
+    from tests.test_driver_virtual import cell as sim_cell
+
+    wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
+    specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
+    kw: dict[str, object] = dict(engine={"name": "vllm", "version": "t"}, batching="mixed", page_size=16, kv_pool_tokens=40_000)
+    kw.update(cell_kw)
+    with monkeypatch.context() as mp:
+        if not fuse:
+            mp.setattr(model_mod, "plan_fused_decode", lambda *_a: None)
+        with RunRecorder(tmp / name, {"what": "test"}) as rec:
+            pc = PlanClient(specs, wl, sink=rec)
+            res = simulate(pc, EngineModel(sim_cell(**kw)), recorder=rec, until=3000.0, gauge_interval=5.0)
+    return res, load_run(tmp / name)
+
+
+@pytest.mark.parametrize("cell_kw", [
+    {},  # roomy: long decode-only stretches
+    {"kv_pool_tokens": 9_000},  # tight: preemptions, fusion cut short where a block is missing
+    {"prefix_cache": False},
+], ids=["roomy", "tight", "cache-off"])  # fmt: skip
+def test_fused_vllm_decode_gives_the_records_of_stepping(tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict) -> None:
+    fused, a = _vllm_run(tmp_path, "fused", True, monkeypatch, **cell_kw)
+    stepped, b = _vllm_run(tmp_path, "stepped", False, monkeypatch, **cell_kw)
+    assert fused.iterations < stepped.iterations * (0.5 if not cell_kw else 0.9)  # it did fuse
+    assert (fused.ok, fused.errors, fused.end_time) == (stepped.ok, stepped.errors, stepped.end_time)
+    for table in ("turns", "sessions", "gauges"):
+        x, y = getattr(a, table), getattr(b, table)
+        cols = [c for c in x.columns if "wall" not in c]
+        assert len(x) > 0 and x[cols].equals(y[cols]), table
+    if cell_kw.get("kv_pool_tokens") == 9_000:
+        assert a.gauges.preemptions_total.iloc[-1] > 0

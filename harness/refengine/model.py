@@ -26,6 +26,7 @@ import heapq
 import math
 
 from harness.config import CellConfig
+from harness.refengine.fused import plan_fused_decode
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.request import EngineCompletion, EngineRequest, Req
 from harness.refengine.scheduler import WaitingPolicy
@@ -351,7 +352,8 @@ class EngineModel(SeparateBatching):
 
     def _plan_mixed(self, now: float, horizon: float | None) -> float | None:
         if self.kv.per_request_decode:
-            return self._plan_mixed_blocks(now)
+            end = plan_fused_decode(self, now, horizon)
+            return end if end is not None else self._plan_mixed_blocks(now)
         # SGLang with mixed chunks: the prefill round takes the budget left by one decode token per
         # running request, and the decoders ride along in the prefill iteration
         R = self.n_decode
