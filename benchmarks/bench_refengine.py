@@ -2,7 +2,11 @@
 
 The batched block pool (harness/refengine/blocks.py), the decode fast path of BlockKV and the
 reset per-thread generator of a turn's ids (harness/workload/draws.py) replaced one-block-at-a-time
-and build-per-call code. This benchmark plays a fixed set of runs of the registered tests twice:
+and build-per-call code; then fused vLLM decode steps (harness/refengine/fused.py), lookups that
+start from a session's last turn (BlockKV._history), SGLang's decode reservation kept as it
+changes, the radix admission check without lock/unlock, Philox keys without a SeedSequence and
+in-place output ids replaced stepping one at a time, full lookups and direct sums (the direct
+forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
 once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
 methods and token generator, kept below), once as the code is, alternating, and checks that every
 record (turns, sessions, gauges, gate events) is byte-identical. It prints CPU seconds per run
@@ -36,13 +40,18 @@ from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
 from harness.config import load_test  # noqa: E402
 from harness.protocols.arms import execute_run  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
+from harness.refengine import model as modelmod  # noqa: E402
+from harness.refengine import request as requestmod  # noqa: E402
+from harness.refengine import separate as separatemod  # noqa: E402
 from harness.workload import draws  # noqa: E402
+from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
 # (test config, arm, rate, seed): vLLM trapped and good, SGLang trapped
 RUNS = [
     ("configs/tests/e2-vllm-300k.yaml", "burst", 1.65, 0),
     ("configs/tests/e2-vllm-300k.yaml", "noburst", 1.35, 1),
     ("configs/tests/e2-sglang-300k.yaml", "burst", 1.65, 0),
+    ("configs/tests/e2-sglang-300k.yaml", "noburst", 1.35, 1),
 ]
 RECORDS = ("turns.parquet", "sessions.parquet", "gauges.parquet", "gate_events.parquet")
 
@@ -74,19 +83,47 @@ def _ref_grow_req(self: Any, req: Any, tokens: int) -> bool:
     return True
 
 
+def _ref_finish(self: Any, req: Any) -> None:
+    self._free(req, req.L + req.max_tokens - 1)
+
+
+def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
+    node = req.node if req is not None else None
+    if node is None or not self.caching:
+        return self.free_slots() + self.tree.evictable
+    self.tree.lock(node)
+    ev = self.tree.evictable
+    self.tree.unlock(node)
+    return self.free_slots() + ev
+
+
+# (module or class, attribute, reference formulation)
+SWAPS: list[tuple[Any, str, Any]] = [
+    (kvmod, "BlockPool", ReferencePool),
+    (kvmod.BlockKV, "_cache_full", _ref_cache_full),
+    (kvmod.BlockKV, "match", _ref_match),
+    (kvmod.BlockKV, "grow_req", _ref_grow_req),
+    (kvmod.BlockKV, "finish", _ref_finish),
+    (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
+    (modelmod, "plan_fused_decode", lambda *_a: None),
+    (separatemod.SeparateBatching, "_decode_offset", _direct_decode_left),
+    (requestmod, "output_ids", _direct_output_ids),
+    (draws, "_scratch_generator", draws._generator),
+    (draws, "_philox_key", _numpy_key),
+]
+
+
 @contextmanager
 def reference_code() -> Iterator[None]:
     """Swap the reference formulation in (and back out)."""
-    saved = (kvmod.BlockPool, kvmod.BlockKV._cache_full, kvmod.BlockKV.match, kvmod.BlockKV.grow_req, draws._scratch_generator)
-    kvmod.BlockPool = ReferencePool  # type: ignore[misc]
-    kvmod.BlockKV._cache_full = _ref_cache_full  # type: ignore[method-assign]
-    kvmod.BlockKV.match = _ref_match  # type: ignore[method-assign]
-    kvmod.BlockKV.grow_req = _ref_grow_req  # type: ignore[method-assign]
-    draws._scratch_generator = draws._generator  # type: ignore[assignment]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ref in SWAPS]
+    for obj, name, ref in SWAPS:
+        setattr(obj, name, ref)
     try:
         yield
     finally:
-        kvmod.BlockPool, kvmod.BlockKV._cache_full, kvmod.BlockKV.match, kvmod.BlockKV.grow_req, draws._scratch_generator = saved  # type: ignore[misc]
+        for obj, name, old in saved:
+            setattr(obj, name, old)
 
 
 def one(test: str, arm: str, rate: float, seed: int, out: Path) -> float:

@@ -17,7 +17,7 @@ from harness.refengine.request import output_ids
 from harness.refengine.separate import CLIP_MAX_NEW
 from harness.workload.draws import _TOKEN_DOMAIN, _philox_key
 
-from tests.test_refengine_model import cell, toks
+from test_refengine_model import cell, toks
 
 
 # -- the Philox keys of the token and session streams -----------------------------------------------
@@ -147,7 +147,8 @@ def test_evictable_if_locked_is_lock_then_read() -> None:
 
 
 # -- fused vLLM decode steps --------------------------------------------------------------------------
-def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, **cell_kw: object):
+def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, history: bool = True, **cell_kw: object):
+    import harness.refengine.kv as kv_mod
     import harness.refengine.model as model_mod
     from harness.client.openloop import PlanClient
     from harness.config import WorkloadConfig
@@ -155,7 +156,7 @@ def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, **cel
     from harness.recording.record import RunRecorder, load_run
     from harness.workload.draws import STREAM_BASE, draw_session
 
-    from tests.test_driver_virtual import cell as sim_cell
+    from test_driver_virtual import cell as sim_cell
 
     wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
     specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
@@ -164,6 +165,8 @@ def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, **cel
     with monkeypatch.context() as mp:
         if not fuse:
             mp.setattr(model_mod, "plan_fused_decode", lambda *_a: None)
+        if not history:
+            mp.setattr(kv_mod, "HISTORY_SESSIONS", 0)
         with RunRecorder(tmp / name, {"what": "test"}) as rec:
             pc = PlanClient(specs, wl, sink=rec)
             res = simulate(pc, EngineModel(sim_cell(**kw)), recorder=rec, until=3000.0, gauge_interval=5.0)
@@ -186,3 +189,27 @@ def test_fused_vllm_decode_gives_the_records_of_stepping(tmp_path, monkeypatch: 
         assert len(x) > 0 and x[cols].equals(y[cols]), table
     if cell_kw.get("kv_pool_tokens") == 9_000:
         assert a.gauges.preemptions_total.iloc[-1] > 0
+
+
+@pytest.mark.parametrize("cell_kw", [{}, {"kv_pool_tokens": 9_000}], ids=["roomy", "tight"])
+def test_vllm_lookups_from_the_last_turn_give_the_records_of_full_lookups(tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict) -> None:
+    import harness.refengine.blocks as blocks_mod
+
+    calls = {"known": 0}
+    real = blocks_mod.BlockPool.lookup_entries
+
+    def counting(self, keys, max_blocks, known=None):  # type: ignore[no-untyped-def]
+        calls["known"] += known is not None and known.size > 0
+        return real(self, keys, max_blocks, known)
+
+    monkeypatch.setattr(blocks_mod.BlockPool, "lookup_entries", counting)
+    _r1, a = _vllm_run(tmp_path, "history", False, monkeypatch, **cell_kw)
+    used = calls["known"]
+    calls["known"] = 0
+    _r2, b = _vllm_run(tmp_path, "full", False, monkeypatch, history=False, **cell_kw)
+    assert used > 2 * calls["known"] + 100  # follow-ups started from their last turn's entries
+    for table in ("turns", "sessions", "gauges"):
+        x, y = getattr(a, table), getattr(b, table)
+        cols = [c for c in x.columns if "wall" not in c]
+        assert x[cols].equals(y[cols]), table
+    assert (a.turns.cached_tokens > 0).mean() > (0.5 if not cell_kw else 0.02)  # the tight pool is trapped

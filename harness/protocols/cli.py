@@ -129,6 +129,11 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     from harness.protocols.arms import run_test
     from harness.recording.progress import TestDisplay
 
+    if len(args.test) > 1:
+        from harness.protocols.suite_cli import run_suite_command
+
+        return run_suite_command(args)
+    args.test = args.test[0]
     bundle = load_test(args.test)
     out = Path(args.out) if args.out else DEFAULT_RESULTS / f"{bundle.test.name}-{args.engine}-{_stamp()}"
     jobs = args.jobs or os.cpu_count() or 1
@@ -211,11 +216,14 @@ def register(cli: Any) -> None:
     t = cli.command("test", group="execute", help="run a whole test (every arm x rate x seed) and score it")
     sub = t.add_subparsers(dest="test_command", metavar="ACTION")
     t.set_defaults(func=None, _parser=t)
-    tr = sub.add_parser("run", help="run every arm x rate x seed of a test, then print its verdict")
-    tr.add_argument("test", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml")
+    tr = sub.add_parser("run", help="run every arm x rate x seed of a test, then print its verdict",
+                        description="Run every arm x rate x seed of a test, then score it. Several tests (e.g. "
+                        "configs/tests/*.yaml) share one pool of --jobs workers; each is scored as soon as its own runs are "
+                        "done, into <out>/<test name>/.")  # fmt: skip
+    tr.add_argument("test", nargs="+", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml (several: one pool for all)")
     tr.add_argument("--engine", default="sim", help="engine backend (default: sim)")
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
-    tr.add_argument("--out", help="output folder (default: results/<test>-<engine>-<time>)")
+    tr.add_argument("--out", help="output folder (default: results/<test>-<engine>-<time>; several tests: results/tests-<engine>-<time>/<test>)")
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)

@@ -100,6 +100,7 @@ class BlockPool:
         self._ref = np.zeros(n, dtype=np.int64)
         self._stamp = np.full(n, -1, dtype=np.int64)  # the block's hash entry; -1: no hash
         self._key = np.empty(n, dtype=object)  # the key of that entry (for the views)
+        self._first = np.zeros(n, dtype=bool)  # the entry was its key's first when it was made
         self._sid = getattr(self, "_sid", 0)  # hashing events so far (never reset: an entry stays unique)
         self._map: dict[int, int] = {}  # key -> its first entry (possibly stale)
         self._dups: dict[int, list[int]] = {}  # key -> later entries, in hashing order (possibly stale)
@@ -214,6 +215,17 @@ class BlockPool:
         if not parts:
             return _NO_ENTRIES
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def first_entries(self, blocks: list[int]) -> np.ndarray:
+        """The entries of the leading `blocks` that carry their hash as their key's first entry:
+        what a lookup of their keys finds while they stay cached (an entry is never valid again
+        once stale, so a first entry stays the first valid one), usable as its `known` entries."""
+        if not blocks:
+            return _NO_ENTRIES
+        b = np.asarray(blocks, dtype=np.int64)
+        st = self._stamp[b]
+        ok = (st >= 0) & self._first[b]
+        return st if ok.all() else st[: int(np.argmin(ok))]
 
     def free_count(self) -> int:
         return self._nfree
@@ -356,6 +368,7 @@ class BlockPool:
                 self._key[b] = k
                 self.n_hashed += 1
                 self._insert(k, e)
+                self._first[b] = self._map.get(k) == e
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them
             b = np.asarray(blocks[:m], dtype=np.int64)
@@ -383,12 +396,16 @@ class BlockPool:
                     live |= np.fromiter((k in ind for k in ks), dtype=bool, count=m)
             if live.any():  # the key's block is cached: this block is a duplicate of it
                 one = live.tolist()
+                first = np.ones(m, dtype=bool)
                 for i in compress(range(m), one):
                     self._insert(ks[i], el[i])
+                    first[i] = mp.get(ks[i]) == el[i]
                 rest = [not x for x in one]
                 mp.update(zip(compress(ks, rest), compress(el, rest)))
+                self._first[b] = first
             else:  # new content, or content whose blocks were all reused: this block is its block
                 mp.update(zip(ks, el))
+                self._first[b] = True
         if len(self._map) > self._prune_at:
             self._prune()
 

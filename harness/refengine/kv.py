@@ -15,6 +15,8 @@ allocate as they go, and a running request that cannot get a block forces a pree
 
 from __future__ import annotations
 
+import numpy as np
+
 from harness.refengine.blocks import BlockPool
 from harness.refengine.radix import RadixCache
 from harness.refengine.request import Req
@@ -143,6 +145,7 @@ class TokenKV:
 
 
 NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
+HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
 
 
 class BlockKV:
@@ -159,6 +162,10 @@ class BlockKV:
         self.M = usable * block
         self.caching = caching
         self.pool = BlockPool(usable, block, caching)
+        # A finished request's cached blocks by the key of its first block (a session's turns all
+        # start with the same blocks): the next turn's lookup validates these entries at once and
+        # reads the hash maps only for what follows them (BlockPool.lookup_entries' `known`).
+        self._history: dict[int, tuple[np.ndarray, int]] = {}
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
         """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
@@ -185,7 +192,12 @@ class BlockKV:
         maxb = (req.target - 1) // self.B
         if req.keys_len < 0:
             self._keys(req, 0)
-        ents = self.pool.lookup_entries(req.keys, maxb, req.hit_entries)
+        known = req.hit_entries
+        if known is None and req.keys:
+            past = self._history.pop(req.keys[0], None)
+            if past is not None and past[0].size <= len(req.keys) and req.keys[past[0].size - 1] == past[1]:
+                known = past[0]  # the same leading blocks: the same prefix keys, the same entries
+        ents = self.pool.lookup_entries(req.keys, maxb, known)
         req.hit_entries = ents
         req.hit = (ents % self.pool.num_blocks).tolist()
         return len(req.hit) * self.B
@@ -244,13 +256,24 @@ class BlockKV:
         req.ncached = 0
 
     def finish(self, req: Req) -> None:
-        self._free(req, req.L + req.max_tokens - 1)
+        kept = req.L + req.max_tokens - 1
+        if self.caching:
+            self._cache_full(req, kept)
+            ents = self.pool.first_entries(req.blocks[: req.ncached])
+            if ents.size:
+                first = req.keys[0]
+                self._history.pop(first, None)
+                self._history[first] = (ents, req.keys[ents.size - 1])
+                if len(self._history) > HISTORY_SESSIONS:
+                    del self._history[next(iter(self._history))]  # the least recently finished
+        self._free(req, kept)
 
     def preempt(self, req: Req, computed: int) -> None:
         self._free(req, computed)
 
     def flush(self) -> None:
         self.pool.reset()
+        self._history.clear()
 
     # -- gauges ----------------------------------------------------------------------------------
     def used_running(self) -> int:

@@ -17,7 +17,9 @@ Iterations:
 
 While only decoding happens and nothing can change, `step(now, horizon)` fuses the decode
 iterations that start before `horizon` (the driver's next event) into one; the boundaries are the
-same as stepping one by one, so results do not depend on fusion.
+same as stepping one by one, so results do not depend on fusion. The vLLM flavour fuses its
+decode-only steps that *end* before `horizon` (harness/refengine/fused.py), with the same block
+operations and the same float sums as stepping, so its records are identical either way.
 """
 
 from __future__ import annotations

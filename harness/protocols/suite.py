@@ -1,0 +1,103 @@
+"""Several tests in one pool of worker processes: `agentload test run A.yaml B.yaml ... --jobs N`.
+
+Tests run one after another leave workers idle twice per test: while its last, longest runs
+finish on fewer workers than there are, and while its verdict, tables and figure are written. One
+pool for the runs of every test keeps each worker busy to the end: a test's runs go in (slowest
+first, as `run_test` orders them) right behind the previous test's, and each test is scored in
+this process as soon as its own runs are done, while the workers go on with later tests' runs.
+Every run is the same call as in `run_test` (`_worker`), into the same folder layout, so a
+test's records, verdict and report are those a `test run` of it alone writes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from harness.config import ConfigError, TestBundle
+from harness.protocols.arms import RunResult, _drain, _init_worker, _worker, check_before_runs, planned_runs, run_name
+
+
+@dataclass
+class SuiteTest:
+    """One test of a suite: where its runs go and what came back."""
+
+    bundle: TestBundle
+    out: Path
+    options: dict[str, Any] | None = None
+    todo: list[tuple[str, float, int]] = field(default_factory=list)
+    results: list[RunResult] = field(default_factory=list)
+    started: float = float("nan")  # monotonic time its first run was handed to the pool
+    wall_s: float = float("nan")  # from then until its last run came back
+
+
+def run_suite(
+    tests: Sequence[SuiteTest],
+    engine: str,
+    *,
+    jobs: int | None = None,
+    every: float = 50.0,
+    on_run_done: Callable[[SuiteTest, RunResult, int, int], None] | None = None,
+    on_test_done: Callable[[SuiteTest], None] | None = None,
+) -> list[SuiteTest]:
+    """Run every arm x rate x seed of every test in one pool of `jobs` processes.
+
+    Each test's runs go to test.out/<arm>-r<rate>-s<seed>/. `on_run_done(test, result, done,
+    total)` is called as each run comes back, `on_test_done(test)` once a test's last run has
+    (its results sorted as `run_test` sorts them). Everything that would fail in every run fails
+    before the first starts: a test's engine backend, references and rule expectations, and an
+    output folder that already holds a run."""
+    names = [t.bundle.test.name for t in tests]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"tests: {', '.join(dup)} given more than once; expected each test once")
+    for t in tests:
+        check_before_runs(t.bundle, engine, None)
+        t.todo = planned_runs(t.bundle)
+        for arm, rate, seed in t.todo:
+            if (t.out / run_name(arm, rate, seed) / "meta.json").exists():
+                raise ConfigError(f"{t.out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+    total = sum(len(t.todo) for t in tests)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, total))
+    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
+    q = ctx.Queue()
+    left = {id(t): len(t.todo) for t in tests}
+    done = 0
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
+        futs: dict[Future[RunResult], tuple[SuiteTest, str, float, int]] = {}
+        for t in tests:  # in the order given: the pool takes them first come, first served
+            t.out.mkdir(parents=True, exist_ok=True)
+            t.started = time.monotonic()
+            for a, r, s in t.todo:
+                f = pool.submit(_worker, str(t.bundle.path), a, r, s, engine, str(t.out / run_name(a, r, s)), every, t.options)
+                futs[f] = (t, a, r, s)
+        pending = set(futs)
+        while pending:
+            _drain(q, None)
+            finished = [f for f in pending if f.done()]
+            for f in finished:
+                pending.discard(f)
+                t, a, r, s = futs[f]
+                try:
+                    res = f.result()
+                except Exception as exc:  # the worker process itself died
+                    res = RunResult(str(t.out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan"))
+                t.results.append(res)
+                done += 1
+                if on_run_done is not None:
+                    on_run_done(t, res, done, total)
+                left[id(t)] -= 1
+                if left[id(t)] == 0:
+                    t.wall_s = time.monotonic() - t.started
+                    t.results.sort(key=lambda x: (x.rate, x.arm, x.seed))
+                    if on_test_done is not None:
+                        on_test_done(t)  # scored here while the workers run later tests
+            if pending:
+                time.sleep(0.2)
+        _drain(q, None)
+    return list(tests)
