@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
-import os
 import queue as queue_mod
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
@@ -336,6 +333,14 @@ def planned_runs(bundle: TestBundle) -> list[tuple[str, float, int]]:
     return sorted(runs, key=cost)
 
 
+def refuse_existing_runs(out: Path, todo: list[tuple[str, float, int]]) -> None:
+    """A run folder of `todo` under `out` that already holds a run: a fresh --out is needed, since
+    runs are never overwritten."""
+    for arm, rate, seed in todo:
+        if (out / run_name(arm, rate, seed) / "meta.json").exists():
+            raise ConfigError(f"{out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+
+
 def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None:
     """What would otherwise fail in every run, or only in the verdict once every run is done:
     the engine backend, the references the plans need, and an expectation in the rule for every
@@ -397,42 +402,18 @@ def run_test(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     todo = planned_runs(bundle)
-    for arm, rate, seed in todo:
-        if (out / run_name(arm, rate, seed) / "meta.json").exists():
-            raise ConfigError(f"{out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+    refuse_existing_runs(out, todo)
     if executor is not None:
         return _run_elsewhere(bundle, engine, out, todo, every, options, executor)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
-    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
-    q = ctx.Queue()
+    from harness.protocols.suite import SuiteTest, drive_pool  # the one local pool loop (several tests share it too)
+
     if display is not None:
         display.start([run_name(a, r, s) for a, r, s in todo], bundle.protocol.duration)
-    results: list[RunResult] = []
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
-        futs = {
-            pool.submit(_worker, str(bundle.path), a, r, s, engine, str(out / run_name(a, r, s)), every, options): (a, r, s)
-            for a, r, s in todo
-        }
-        pending = set(futs)
-        while pending:
-            _drain(q, display)
-            done = [f for f in pending if f.done()]
-            for f in done:
-                pending.discard(f)
-                a, r, s = futs[f]
-                try:
-                    res = f.result()
-                except Exception as exc:  # the worker process itself died
-                    res = RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan"))
-                results.append(res)
-                if display is not None:
-                    display.finished(run_name(a, r, s), res)
-            if pending:
-                time.sleep(0.2)
-    _drain(q, display)
+    test = SuiteTest(bundle, out, options, todo=todo)
+    drive_pool([test], engine, jobs=jobs, every=every, display=display)
     if display is not None:
         display.stop()
-    return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
+    return test.results
 
 
 def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[str, float, int]], every: float,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from harness.config import ConfigError, TestBundle
-from harness.protocols.arms import RunResult, _drain, _init_worker, _worker, check_before_runs, planned_runs, run_name
+from harness.protocols.arms import (RunResult, _drain, _init_worker, _worker, check_before_runs, planned_runs,
+                                    refuse_existing_runs, run_name)
 
 
 @dataclass
@@ -59,9 +60,24 @@ def run_suite(
     for t in tests:
         check_before_runs(t.bundle, engine, None)
         t.todo = planned_runs(t.bundle)
-        for arm, rate, seed in t.todo:
-            if (t.out / run_name(arm, rate, seed) / "meta.json").exists():
-                raise ConfigError(f"{t.out / run_name(arm, rate, seed)} already holds a run; choose a fresh --out")
+        refuse_existing_runs(t.out, t.todo)
+    drive_pool(tests, engine, jobs=jobs, every=every, on_run_done=on_run_done, on_test_done=on_test_done)
+    return list(tests)
+
+
+def drive_pool(
+    tests: Sequence[SuiteTest],
+    engine: str,
+    *,
+    jobs: int | None = None,
+    every: float = 50.0,
+    display: Any = None,
+    on_run_done: Callable[[SuiteTest, RunResult, int, int], None] | None = None,
+    on_test_done: Callable[[SuiteTest], None] | None = None,
+) -> None:
+    """Run each test's `todo` in one local pool (the checks are the caller's: `run_suite`, or
+    `run_test` for one test). `display` (TestDisplay) gets the runs' progress and ends, keyed by
+    run name; results land in each test's `results`, sorted once the test is done."""
     total = sum(len(t.todo) for t in tests)
     jobs = max(1, min(jobs or os.cpu_count() or 1, total))
     ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
@@ -78,7 +94,7 @@ def run_suite(
                 futs[f] = (t, a, r, s)
         pending = set(futs)
         while pending:
-            _drain(q, None)
+            _drain(q, display)
             finished = [f for f in pending if f.done()]
             for f in finished:
                 pending.discard(f)
@@ -88,6 +104,8 @@ def run_suite(
                 except Exception as exc:  # the worker process itself died
                     res = RunResult(str(t.out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan"))
                 t.results.append(res)
+                if display is not None:
+                    display.finished(run_name(a, r, s), res)
                 done += 1
                 if on_run_done is not None:
                     on_run_done(t, res, done, total)
@@ -99,5 +117,4 @@ def run_suite(
                         on_test_done(t)  # scored here while the workers run later tests
             if pending:
                 time.sleep(0.2)
-        _drain(q, None)
-    return list(tests)
+    _drain(q, display)  # after the workers exited: whatever they posted last

@@ -32,8 +32,7 @@ def run_suite_command(args: argparse.Namespace) -> int:
         raise CLIError(f"test run: {', '.join(single)} applies to one test; run those tests one at a time "
                        f"(agentload test run TEST.yaml {single[0].split('/')[0]} ...)")  # fmt: skip
     bundles = [load_test(p) for p in args.test]
-    for b in bundles:  # a bad rule fails before any run of any test
-        load_rule(b.rule_path or b.test.rule, b.test.rule_params)
+    specs = [load_rule(b.rule_path or b.test.rule, b.test.rule_params) for b in bundles]  # a bad rule fails before any run
     out = Path(args.out) if args.out else DEFAULT_RESULTS / f"tests-{args.engine}-{_stamp()}"
     tests = [SuiteTest(b, out / b.test.name, _engine_options(args, b)) for b in bundles]
     n = sum(len(b.arms) * len(b.test.rates) * len(b.test.seeds) for b in bundles)
@@ -60,9 +59,8 @@ def run_suite_command(args: argparse.Namespace) -> int:
         codes[b.test.name] = report_runs([r.run_dir for r in t.results], t.out, test_path=str(b.path), rule=None, refs=None,
                                          predictions=str(t.out / "predictions.json") if b.test.predictions == "freeze" else None)  # fmt: skip
 
-    for t in tests:  # frozen before any run of any test exists
+    for t, spec in zip(tests, specs):  # frozen before any run of any test exists
         if t.bundle.test.predictions == "freeze":
-            spec = load_rule(t.bundle.rule_path or t.bundle.test.rule, t.bundle.test.rule_params)
             freeze_test_predictions(t.bundle, spec, t.out)
     run_suite(tests, args.engine, jobs=jobs, on_run_done=run_done, on_test_done=test_done)
     wall = time.monotonic() - t0
