@@ -21,7 +21,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import HIT_THRESHOLD, hit_fraction, uncached_token_rate
+from harness.recording.schema import HIT_THRESHOLD
+from analysis.metrics import hit_fraction, uncached_token_rate
+from analysis.metrics import interval_bin_means, ls_slope, present_sessions, system_intervals
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,6 @@ def e0b_stats(
     final_max: float = E0B_FINAL_MAX,
     rise_max: float = E0B_RISE_MAX,
 ) -> E0bStats:
-    from analysis.metrics import interval_bin_means, ls_slope, present_sessions, system_intervals
-
     if rise_span > duration or rise_span < 2 * bin_s:
         raise ValueError(f"rise_span {rise_span} s must lie within the run ({duration} s) and cover two {bin_s} s bins")
     n_bins = int(round(duration / bin_s))

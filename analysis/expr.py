@@ -21,13 +21,11 @@ import ast
 import math
 import operator
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from harness.errors import RuleError
 
 NAN = float("nan")
-
-
-class RuleError(ValueError):
-    """A rule spec is malformed or refers to a quantity nobody provides."""
 
 
 _BIN: dict[type, Callable[[Any, Any], Any]] = {
@@ -260,3 +258,59 @@ def _plain(v: Any) -> Any:
 def evaluate(expr: str, env: Mapping[str, Any], functions: Mapping[str, Callable[..., Any]] | None = None) -> Any:
     """Evaluate one condition against `env`."""
     return Evaluator(env, functions)(expr)
+
+
+# ---------------------------------------------------------------------------------------------
+# where expressions read their names: layered environments, and spec sections in order
+# ---------------------------------------------------------------------------------------------
+# Run quantities under these prefixes may be absent (an arm without a gate has no arm.gate.t_on, a
+# run without a frozen prediction no pred.*): they read as NaN, so conditions on them are false.
+RUN_NAN_PREFIXES = ("arm", "pred", "protocol")
+
+
+class Env(Mapping[str, Any]):
+    """Layered lookup (later layers win). Names under a `nan_prefixes` entry that no layer has
+    read as NaN: the quantities of a run that does not exist are missing, not unknown."""
+
+    def __init__(self, *layers: Mapping[str, Any], nan_prefixes: Sequence[str] = (), all_nan: bool = False) -> None:
+        self.layers = [dict(x) for x in layers]
+        self.nan_prefixes = tuple(f"{p}." for p in nan_prefixes)
+        self.all_nan = all_nan
+
+    def set(self, key: str, value: Any) -> None:
+        self.layers[-1][key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        for layer in reversed(self.layers):
+            if key in layer:
+                return layer[key]
+        if self.all_nan or key.startswith(self.nan_prefixes):
+            return NAN
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        seen: set[str] = set()
+        for layer in reversed(self.layers):
+            for k in layer:
+                if k not in seen:
+                    seen.add(k)
+                    yield k
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def ordered(section: Any, where: str) -> list[tuple[str, Any]]:
+    """A mapping, or a list of one-key mappings, as ordered (name, value) pairs."""
+    if section is None:
+        return []
+    if isinstance(section, Mapping):
+        return list(section.items())
+    if isinstance(section, list):
+        out = []
+        for item in section:
+            if not (isinstance(item, Mapping) and len(item) == 1):
+                raise RuleError(f"{where}: expected a mapping or a list of one-key mappings, got {item!r}")
+            out.extend(item.items())
+        return out
+    raise RuleError(f"{where}: expected a mapping, got {type(section).__name__}")

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import metrics as M
-from analysis.expr import Evaluator, RuleError
+from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered
 
 NAN = float("nan")
 LITERAL_ARGS = ("kind", "unit")
@@ -122,12 +122,10 @@ MEASURES: dict[str, Callable[..., Any]] = {
 
 def measure_all(spec_measures: Any, tables: RunTables, env: Mapping[str, Any]) -> dict[str, Any]:
     """Evaluate a spec's measures in order; each sees the earlier ones. Returns flat quantities."""
-    from analysis.engine import RUN_NAN_PREFIXES, Env, _ordered
-
     out: dict[str, Any] = {}
     scope = Env(env, {}, nan_prefixes=RUN_NAN_PREFIXES)
     ev = Evaluator(scope)
-    for name, m in _ordered(spec_measures, "measures"):
+    for name, m in ordered(spec_measures, "measures"):
         fn = MEASURES[m["metric"]]
         kwargs: dict[str, Any] = {}
         for k, v in m.items():

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.recording.schema import HIT_THRESHOLD
+
 NAN = float("nan")
 
 
@@ -141,14 +143,6 @@ def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
     if turns.empty:
         return turns
     return turns[turns["status"] == "ok"]
-
-
-HIT_THRESHOLD = 0.5  # a turn hits if more than this share of its prompt was served from cache
-
-
-def is_hit(cached_tokens: int | None, prompt_tokens: int | None, threshold: float = HIT_THRESHOLD) -> bool:
-    """One turn's hit, for live counters; the same definition as the tables' `_hits`."""
-    return bool(prompt_tokens) and (cached_tokens or 0) > threshold * prompt_tokens  # type: ignore[operator]
 
 
 def _hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:

@@ -92,7 +92,7 @@ def analyze(
     spec = load_rule(rule)
     if is_staged(spec):
         raise RuleError(f"rule {spec['name']!r} is a staged family: judge it with analysis.staged_analysis.analyze_staged "
-                        "(analysis.cli.report_runs dispatches on analysis.rules.is_staged)")  # fmt: skip
+                        "(analysis.judge.report_runs dispatches on analysis.rules.is_staged)")  # fmt: skip
     analyzed = [analyze_run(d, spec, refs_override) for d in run_dirs]
     runs = [a.verdict for a in analyzed]
     metas = [_meta(d) for d in run_dirs]

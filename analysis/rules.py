@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from analysis.expr import RuleError, evaluate, parse
+from analysis.stages import validate_staged
+from analysis.stages import judge_staged, judge_staged_run
 
 # The registered E2 rule (paper App. E.5, Table 6), restated as data.
 E2_RULE: dict[str, Any] = {
@@ -168,8 +170,6 @@ def is_staged(spec: Mapping[str, Any]) -> bool:
 
 def validate_rule(spec: Mapping[str, Any]) -> None:
     if is_staged(spec):
-        from analysis.engine import validate_staged
-
         validate_staged(spec)
         return
     if "group" in spec or "seed" in spec:
@@ -351,8 +351,6 @@ def judge_quantities(
     scored (tests/data/paper/), and how a reviewer re-scores a table without the raw records; a
     quantity the table lacks reads as NaN (so no condition on it holds).
     Returns (verdict, staged runs)."""
-    from analysis.engine import judge_staged, judge_staged_run
-
     runs = [
         judge_staged_run(spec, str(r["arm"]), float(r["rate"]), int(r["seed"]), r.get("quantities"), status=r.get("status", "complete"),
                          missing_as_nan=True)

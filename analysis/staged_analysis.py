@@ -19,11 +19,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import orjson
 
-from analysis.engine import StagedRun, judge_staged, judge_staged_run
+from analysis.stages import StagedRun, judge_staged, judge_staged_run
 from analysis.measures import RunTables, measure_all
 from analysis.metrics import MetricSpec, completions, run_series, run_statistics
 from analysis.predictions import Predictions
 from harness.recording.record import RunFormatError, load_run
+from analysis.metrics import _bins, outstanding_bins
 
 NAN = float("nan")
 
@@ -146,8 +147,6 @@ def run_quantities(
 
 
 def run_series_outstanding(run: Any, mspec: MetricSpec) -> np.ndarray:
-    from analysis.metrics import _bins, outstanding_bins
-
     be = _bins(0.0, mspec.duration, mspec.backlog_bin)
     return outstanding_bins(run.turns, run.sessions, run.gate_events, be, paused=True)
 

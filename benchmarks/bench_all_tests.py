@@ -9,7 +9,7 @@ budget is 15 minutes on a 2-core machine with --jobs 2.
     .venv/bin/python benchmarks/bench_all_tests.py [--jobs 2] [--keep DIR] [--only NAME ...] [--suite]
 
 --suite runs them as one command instead, `agentload test run configs/tests/*.yaml --jobs N`:
-one pool for every run, each test scored as its runs finish (harness/protocols/suite.py); the
+one pool for every run, each test scored as its runs finish (runs/suite.py); the
 wall of that one command is the figure, each test's own span is in its row.
 """
 

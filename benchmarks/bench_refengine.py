@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
 
 from harness.config import load_test  # noqa: E402
-from harness.protocols.arms import execute_run  # noqa: E402
+from runs.arms import execute_run  # noqa: E402  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
 from harness.refengine import model as modelmod  # noqa: E402
 from harness.refengine import request as requestmod  # noqa: E402

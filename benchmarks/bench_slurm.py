@@ -137,7 +137,7 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
     jobs = []
     for engine, path, opts in cases:
         doc = submit_registration(path, opts)
-        res = collect(doc["_path"], wait_s=1200, analysis=False)
+        res = collect(doc["_path"], wait_s=1200)
         (job,) = doc["jobs"]
         (row,) = S.read_accounting_export(Path(doc["_path"]).parent / "provenance" / "accounting.json")
         meta = orjson.loads((Path(doc["_path"]).parent / job["run_dir"] / "meta.json").read_bytes())

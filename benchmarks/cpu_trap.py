@@ -75,8 +75,8 @@ CALIBRATION: dict[str, Any] = {
 }
 
 def engine_options() -> list[str]:
-    """The real-engine options of every calibrate / run command (harness/servers/cpu_launch.py)."""
-    from harness.servers.cpu_launch import LaunchError, cli_options, engine_env
+    """The real-engine options of every calibrate / run command (runs/cpu_launch.py)."""
+    from runs.cpu_launch import LaunchError, cli_options, engine_env
 
     try:
         return [*cli_options(*engine_env()), "--progress-every", "60"]
@@ -111,7 +111,7 @@ class Steps:
 
 
 def agentload(*args: str) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", *args]
+    return [sys.executable, "-m", "cli.main", *args]
 
 
 def calibrate(steps: Steps, args: argparse.Namespace) -> None:

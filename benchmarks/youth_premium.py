@@ -29,8 +29,9 @@ from analysis.theory.fluid import plan_fluid_from_plan
 from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import load_test
-from harness.protocols.arms import execute_run, find_arm
-from harness.workload.plans import make_plan, read_plan
+from runs.arms import execute_run, find_arm
+from harness.workload.plans import make_plan
+from harness.workload.planfile import read_plan
 
 TEST = "configs/tests/e2-sglang-300k.yaml"
 

@@ -18,6 +18,9 @@ from typing import Any
 
 from prereg.labels import GitFacts, Label, git_facts, label_now
 from prereg.registration import Registration, load_registration
+from prereg.fill import plan_hashes
+from provenance.git import GitError, Repo
+from prereg.labels import label_for
 
 
 @dataclass
@@ -60,8 +63,6 @@ def _sha(data: bytes) -> str:
 
 def check_plans(reg: Registration) -> dict[str, Any]:
     """Regenerate every registered plan from the registration's own configs and compare hashes."""
-    from prereg.fill import plan_hashes
-
     if not reg.plans:
         return {"checked": 0, "mismatches": []}
     arms = {a: reg.arm_configs[a] for a in reg.arms if a in reg.arm_configs}
@@ -88,8 +89,6 @@ def check_registration(
     allow_exploratory: bool = False,
 ) -> CheckResult:
     """Every check of the module docstring; `refusals` is empty iff jobs may be submitted now."""
-    from provenance.git import GitError, Repo
-
     p = Path(path)
     reg = load_registration(p)
     refusals: list[str] = []
@@ -134,8 +133,6 @@ def check_registration(
     if facts is not None:
         lab, _ = label_now(p, reg.status, facts=facts)
     else:
-        from prereg.labels import label_for
-
         lab = label_for(status=reg.status, committed=False, clean=False, commit_time=None, remote_confirmed_at=None, first_submit=None)
     return CheckResult(str(p), reg.name, reg.sha256, reg.status, expect_sha256, facts.to_json() if facts else None,
                        _label_json(lab), inputs, plan_report, refusals)  # fmt: skip
@@ -146,8 +143,6 @@ def _label_json(lab: Label) -> dict[str, Any]:
 
 
 def _check_input(rel: str, want: str, repo: Any, commit: str | None) -> InputCheck:
-    from provenance.git import GitError
-
     root = repo.path if repo is not None else Path.cwd()
     fp = Path(rel) if Path(rel).is_absolute() else root / rel
     if not fp.is_file():

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, config_ref, load_config
-from harness.workload.plans import DEFAULT_TOP_RATE, rate_above_top
+from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig, config_ref, load_config
+from harness.errors import ConfigError
+from harness.config import DEFAULT_TOP_RATE, rate_above_top
 from prereg import formula as F
-from prereg.inputs import CalibrationInputs, InputError, e0a_values, load_inputs
+from analysis.calibration_summaries import CalibrationInputs, InputError, e0a_values, load_inputs
 from prereg.registration import (
     FORMAT,
     FORMAT_VERSION,
@@ -39,6 +40,11 @@ from prereg.registration import (
     write_registration,
 )
 from prereg.template import FillParams, Template, load_template, resolve_rule
+from provenance.git import GitError, Repo
+import orjson
+from harness.workload.plans import make_plan, plan_arm
+from harness.workload.planfile import plan_bytes
+from analysis.rules import arm_expectation
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,6 @@ def _rel(path: Path, root: Path | None) -> str:
 def repo_root_of(path: Path) -> Path | None:
     """The git working tree holding `path`, for repository-relative paths (None outside one)."""
     try:
-        from provenance.git import GitError, Repo
-
         return Repo.containing(path).path
     except (GitError, OSError):  # pragma: no cover - outside a repository
         return None
@@ -109,10 +113,6 @@ def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[s
     """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it
     (from the base stream at the test's `top_rate`). Arms whose plan content is the same (BURST and
     CAPPED) share one generation."""
-    import orjson
-
-    from harness.workload.plans import make_plan, plan_arm, plan_bytes
-
     cache: dict[tuple[bytes, float, int], str] = {}
     out = []
     for name, arm in arms.items():
@@ -157,8 +157,6 @@ def _kill_conditions(arms: list[str], rule: dict[str, Any], fits: list[float], n
 
 
 def _predictions(arms: list[str], rule: dict[str, Any], multiples: list[float], drains: dict[float, F.Drain], gated: set[str]) -> list[dict[str, Any]]:
-    from analysis.rules import arm_expectation
-
     if not isinstance(rule.get("arms"), dict):
         return []  # a rule without per-arm states (a staged rule) carries its outcomes in its spec
     out = []

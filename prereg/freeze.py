@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import orjson
 import yaml
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from prereg.predictions import FORMAT, PredictionFile, parse_predictions
 
 # The rule engine's model-value files (analysis/predictions.py: values a rule compares runs with,

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from provenance.git import GitError, Repo
+from provenance.git import utc_now
 
 PRE_REGISTERED = "pre-registered"
 REGISTERED = "registered"
@@ -140,8 +142,6 @@ class GitFacts:
 
 def git_facts(path: str | Path, remote: str | None = None, branch: str | None = None) -> GitFacts:
     """Ask git about `path`: committed? in which commit? clean tree? does the remote branch hold it?"""
-    from provenance.git import GitError, Repo
-
     repo = Repo.containing(path)
     rel = repo.relpath(path)
     state = repo.file_state(rel)
@@ -162,8 +162,6 @@ def git_facts(path: str | Path, remote: str | None = None, branch: str | None = 
 def label_now(path: str | Path, status: str | None, remote: str | None = None, branch: str | None = None,
               facts: GitFacts | None = None) -> tuple[Label, GitFacts]:  # fmt: skip
     """The label jobs submitted now would get: the submission is 'now', after the check."""
-    from provenance.git import utc_now
-
     f = facts or git_facts(path, remote, branch)
     now = utc_now()
     lab = label_for(

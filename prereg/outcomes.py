@@ -34,9 +34,13 @@ from typing import Any, Mapping, Sequence
 import orjson
 import yaml
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from prereg.predictions import About, PredictionFile, _parse_about
 from prereg.scoring import Outcomes
+from analysis.metrics import completed_turns, interval_bin_means, interval_count_at, ls_slope, present_sessions, system_intervals
+from harness.recording.record import load_run
+from analysis.report import analyze_run
+from analysis.rules import judge_test, load_rule
 
 OUTCOMES_FORMAT = "agentload-outcomes"
 _INTERVAL = re.compile(r"^(slope|completions|mean_prompt)_(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?)$|^backlog_at_(\d+(?:\.\d+)?)$|^wave$")
@@ -45,9 +49,6 @@ _INTERVAL = re.compile(r"^(slope|completions|mean_prompt)_(\d+(?:\.\d+)?)_(\d+(?
 def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float = 10.0) -> dict[str, float]:
     """The interval quantities `names` of one run (see the module doc), from its record."""
     import numpy as np
-
-    from analysis.metrics import completed_turns, interval_bin_means, interval_count_at, ls_slope, present_sessions, system_intervals
-    from harness.recording.record import load_run
 
     run = load_run(run_dir)
     sess = present_sessions(run.sessions)
@@ -132,9 +133,6 @@ def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
 
 def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str, Any] | str | None = None) -> Outcomes:
     """Outcomes of every quantity the predictions could ask for, from the runs' records."""
-    from analysis.report import analyze_run
-    from analysis.rules import judge_test, load_rule
-
     spec = load_rule(rule)
     wanted = {p.quantity for p in pf.predictions if _INTERVAL.match(p.quantity)}
     reg_sha = (pf.registration or {}).get("sha256")

@@ -31,11 +31,30 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.config import ConfigError, TestBundle, load_test
+from harness.errors import ConfigError
+from harness.config import TestBundle, load_test
 from prereg.outcomes import _INTERVAL, interval_quantities
 from prereg.predictions import About, Prediction, PredictionFile, make_file
 from prereg.freeze import utc_precise
 from provenance.meta import git_state, sha256_bytes, sha256_file
+import yaml
+from prereg.registration import load_registration
+from analysis.rules import load_rule
+from runs.arms import find_arm
+from runs.arms import execute_run
+from runs.arms import run_name
+from analysis.report import analyze_run
+from prereg.scoring import at_least_probability
+from analysis.rules import arm_expectation
+from analysis.theory.entry import Server, all_miss_onset
+from analysis.theory.fluid import plan_fluid_from_plan
+from analysis.theory.model_f import model_f_from_cost
+from analysis.theory.moments import workload_moments
+from runs.arms import references
+from harness.workload.plans import make_plan
+from harness.workload.planfile import plan_bytes
+from analysis.theory.entry import predicted_curve
+from harness.config import CellConfig, WorkloadConfig, load_config
 
 DEFAULT_VALUE_QUANTITIES = ("hit", "followup_hit", "slope", "token_ratio")
 # Floors under the seed-spread tolerance, per quantity (units of the quantity).
@@ -45,8 +64,6 @@ DEFAULT_TOLERANCE_FLOOR = {"hit": 0.01, "followup_hit": 0.01, "slope": 0.002, "t
 
 def is_registration_file(path: str | Path) -> bool:
     """Does `path` hold a registration (format agentload-registration) rather than a test config?"""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         return False
@@ -64,19 +81,13 @@ def load_bundle(path: str | Path) -> TestBundle:
     about the registered rates and plans, which a test config written before calibration cannot
     name."""
     if is_registration_file(path):
-        from prereg.registration import load_registration
-
         return load_registration(path).bundle()
     return load_test(path)
 
 
 def _rule_of(test_path: str | Path, bundle: TestBundle) -> dict[str, Any]:
     """The rule the predictions are judged by: a registration's own rule, else the test's."""
-    from analysis.rules import load_rule
-
     if is_registration_file(test_path):
-        from prereg.registration import load_registration
-
         return dict(load_registration(test_path).rule)
     return load_rule(bundle.rule_path)
 
@@ -88,7 +99,6 @@ def registration_ref(path: str | Path | None) -> dict[str, Any] | None:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: registration file not found")
-    import yaml
 
     doc = yaml.safe_load(p.read_bytes()) or {}
     return {"name": doc.get("name", p.stem) if isinstance(doc, dict) else p.stem, "path": str(path), "sha256": sha256_file(p)}
@@ -100,8 +110,6 @@ def _predictor(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _arms(bundle: TestBundle, arms: Sequence[str] | None) -> list[str]:
-    from harness.protocols.arms import find_arm
-
     return [find_arm(bundle, a)[0] for a in arms] if arms else list(bundle.arms)
 
 
@@ -109,8 +117,6 @@ def _arms(bundle: TestBundle, arms: Sequence[str] | None) -> list[str]:
 # the simulator over fresh seeds
 # ---------------------------------------------------------------------------------------------
 def _sim_one(test_path: str, arm: str, rate: float, seed: int, run_dir: str) -> str:
-    from harness.protocols.arms import execute_run
-
     res = execute_run(load_bundle(test_path), arm, rate, seed, "sim", run_dir)
     if res.status != "COMPLETED":
         raise RuntimeError(f"simulated run {arm} r{rate} s{seed} ended {res.status}: {res.reason}")
@@ -126,8 +132,6 @@ class _Cell:
 
 
 def _simulate(test_path: str, runs: list[tuple[str, float, int]], work: Path, jobs: int) -> dict[tuple[str, float, int], str]:
-    from harness.protocols.arms import run_name
-
     dirs = {r: str(work / run_name(*r)) for r in runs}
     if jobs <= 1:
         return {r: _sim_one(test_path, *r, dirs[r]) for r in runs}
@@ -157,8 +161,6 @@ def simulator_predictions(
 
     band: a value's tolerance is the band the fresh seeds spanned, [min, max] (the paper's
     "inside its 20-seed band" for release times), instead of mean +- tolerance_sd sd."""
-    from analysis.report import analyze_run
-
     bundle = load_bundle(test_path)
     if registration is None and is_registration_file(test_path):
         registration = test_path  # predictions about a registered test are bound to it
@@ -243,7 +245,6 @@ def simulator_predictions(
                                     {"event": {"equals": True}, "probability": p_seed}, "simulator fresh",
                                     note="every arm meets its condition in this seed (estimated jointly over fresh seeds)"))  # fmt: skip
         need = int(spec["pass"]["min_good_seeds"])
-        from prereg.scoring import at_least_probability
 
         preds.append(Prediction(f"sim-r{r:.2f}-pass", "verdict_pass", About("rate", rate=r), "rule_probability",
                                 {**src_base, "layer": "fresh seeds", "rule": spec["name"]},
@@ -274,8 +275,6 @@ def simulator_predictions(
 
 
 def _expect(spec: Mapping[str, Any], arm: str) -> list[str]:
-    from analysis.rules import arm_expectation
-
     return arm_expectation(spec, arm)
 
 
@@ -307,13 +306,6 @@ def model_f_predictions(
                mean prompt of turns completed in the window (S1, +-8%), completions D (S3, +-15%),
                backlog growth alpha (S4, +-35%)
     """
-    from analysis.theory.entry import Server, all_miss_onset
-    from analysis.theory.fluid import plan_fluid_from_plan
-    from analysis.theory.model_f import model_f_from_cost
-    from analysis.theory.moments import workload_moments
-    from harness.protocols.arms import references
-    from harness.workload.plans import make_plan, plan_bytes
-
     bundle = load_bundle(test_path)
     if registration is None and is_registration_file(test_path):
         registration = test_path  # predictions about a registered test are bound to it
@@ -411,10 +403,6 @@ def entry_predictions(
     name: str | None = None,
 ) -> PredictionFile:
     """The entry model's closed-population curve for a cell, to be scored against its Stage C."""
-    from analysis.theory.entry import Server, predicted_curve
-    from analysis.theory.moments import workload_moments
-    from harness.config import CellConfig, WorkloadConfig, load_config
-
     cell = load_config(cell_ref if cell_ref.endswith((".yaml", ".yml")) else f"cells/{cell_ref}", CellConfig)
     wl = load_config(workload_ref if workload_ref.endswith((".yaml", ".yml")) else f"workloads/{workload_ref}", WorkloadConfig)
     mom = workload_moments(wl)

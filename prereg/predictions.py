@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 FORMAT = "agentload-prediction-set"
 FORMAT_VERSION = 1

@@ -23,17 +23,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from harness.config import (
-    DEFAULT_START_LATENESS_P99,
-    ArmConfig,
-    CellConfig,
-    ConfigError,
-    ProtocolConfig,
-    WorkloadConfig,
-    load_yaml,
-    parse_config,
-)
-from harness.workload.plans import DEFAULT_TOP_RATE
+from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig, load_yaml, parse_config
+from harness.errors import ConfigError
+from harness.config import DEFAULT_TOP_RATE
+from harness.config import TestBundle, TestConfig
+from harness.config import rate_above_top
+from analysis.rules import RuleError, validate_rule
+from harness.config.files import dump_yaml
 
 FORMAT = "agentload-registration"
 FORMAT_VERSION = 1
@@ -190,8 +186,6 @@ class Registration(_Strict):
     def bundle(self) -> Any:
         """The test as a harness.config.TestBundle built from the registration alone (its cell,
         workload, protocol and arm configs), so a job plays exactly the registered plans."""
-        from harness.config import TestBundle, TestConfig
-
         missing = [a for a in self.arms if a not in self.arm_configs]
         if missing:
             raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
@@ -238,7 +232,6 @@ class Registration(_Strict):
             problems.append(f"rates: expected distinct multiples, got {mults}")
         for i, r in enumerate(self.rates):
             if self.status != "INCOMPLETE":  # an INCOMPLETE one binds no plan, and may say why in its reasons
-                from harness.workload.plans import rate_above_top
 
                 above = rate_above_top(r.multiple, self.references.lambda_ref, self.top_rate)
                 if above:
@@ -277,8 +270,6 @@ class Registration(_Strict):
             if cfg is not None and cfg.gate is not None and cfg.gate.cap is None and self.cap is None:
                 problems.append(f"cap: arm {a} has a gate without its own cap, so the registration needs a cap")
         try:
-            from analysis.rules import RuleError, validate_rule
-
             validate_rule(self.rule)
         except (RuleError, KeyError, TypeError) as exc:
             problems.append(f"rule: expected a valid rule spec (analysis.rules): {exc}")
@@ -331,34 +322,6 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
 # ---------------------------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------------------------
-class _Dumper(yaml.SafeDumper):
-    """Block style, keys in the order given, no aliases: a stable, readable, diffable file."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _repr_float(dumper: yaml.SafeDumper, value: float) -> yaml.ScalarNode:
-    # repr() is the shortest string that reads back as the same float, on every platform.
-    if math.isnan(value):
-        text = ".nan"
-    elif math.isinf(value):
-        text = ".inf" if value > 0 else "-.inf"
-    else:
-        text = repr(float(value))
-        if "e" in text and "." not in text.split("e")[0]:
-            mant, exp = text.split("e")
-            text = f"{mant}.0e{exp}"
-    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
-
-
-_Dumper.add_representer(float, _repr_float)
-
-
-def dump_yaml(data: Any) -> bytes:
-    """Deterministic YAML bytes (used for registrations and calibration summaries alike)."""
-    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
-    return text.encode("utf-8")
 
 
 # Cell fields added after registrations were first written, that only CPU cells set (SGLang's CPU

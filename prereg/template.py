@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.config import DEFAULT_START_LATENESS_P99, ConfigError, load_yaml, parse_config
-from harness.workload.plans import DEFAULT_TOP_RATE
+from harness.config import DEFAULT_START_LATENESS_P99, load_yaml, parse_config
+from harness.errors import ConfigError
+from harness.config import DEFAULT_TOP_RATE
 from prereg.registration import Allowances, RegistrationError
+from analysis.rules import RuleError, load_rule
 
 TEMPLATE_FORMAT = "agentload-registration-template"
 
@@ -120,8 +122,6 @@ def resolve_rule(ref: str | dict[str, Any], overrides: dict[str, Any], base: Pat
 
     'e2' is the registered E2 rule; a path is a spec file; any other name is passed to load_rule
     as it is, for the rule names the rules module defines."""
-    from analysis.rules import RuleError, load_rule
-
     try:
         if isinstance(ref, dict):
             return load_rule(ref, overrides or None)

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness.errors import GitError
 
-class GitError(RuntimeError):
-    """A git command failed; the message names the command, the folder and git's own words."""
-
+__all__ = ["GitError", "RemoteCheck", "Repo"]
 
 @dataclass(frozen=True)
 class RemoteCheck:

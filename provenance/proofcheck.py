@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+import argparse
 
 FORMAT = "agentload-proof"
 _HASHES = {"sha1": (hashlib.sha1, 20), "sha256": (hashlib.sha256, 32)}
@@ -179,8 +180,6 @@ def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_di
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description="verify a file-unchanged-since-commit proof with no git")
     ap.add_argument("runs", nargs="*", help="run directories whose meta.json must carry the file's SHA-256")
     ap.add_argument("--dir", default=str(Path(__file__).resolve().parent), help="proof folder (default: this script's)")

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from provenance.git import Repo, utc_now
 from provenance.meta import sha256_bytes
 from provenance.proofcheck import FORMAT, ProofResult, object_id, verify_proof

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+from slurm.scheduler import parse_duration
 
 #: Plan seconds per wall second when the engine is real (it runs on its own clock).
 REAL_TIME_SCALE = 1.0
@@ -127,8 +128,6 @@ def job_time_limit(budget: Budget, given_minutes: int | None = None, *, lead_s: 
 def parse_time_minutes(text: str) -> int:
     """`--time` as sbatch reads it (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in whole
     minutes, rounded up as Slurm does."""
-    from slurm.scheduler import parse_duration
-
     try:
         secs = parse_duration(text)
     except ValueError:

@@ -39,6 +39,10 @@ from slurm.manifest import (
     test_dir,
     write_manifest,
 )
+from slurm.scheduler import job_states
+from provenance.git import GitError, Repo
+from slurm.scheduler import TERMINAL_STATES, SchedulerError, accounting, wait_for_accounting, write_accounting_export
+from datetime import datetime, timezone
 
 EXIT_MEANING = {3: "refused by the job's checks", 4: "the run failed", 5: "the run was interrupted", 1: "the job raised (see its log)"}
 
@@ -71,7 +75,6 @@ def scheduler_states(doc: dict[str, Any]) -> dict[str, str]:
     """Each job's state: the scheduler's (slurm) or the local executor's record."""
     if doc["executor"] == "local":
         return {str(j["job_id"]): str(j.get("state") or "UNKNOWN") for j in doc["jobs"] if j.get("job_id")}
-    from slurm.scheduler import job_states
 
     ids = job_ids(doc)
     return job_states(ids) if ids else {}
@@ -166,8 +169,6 @@ def _gather(doc: dict[str, Any]) -> list[str]:
 
 def _remote_now(doc: dict[str, Any]) -> dict[str, Any] | None:
     """Ask the remote again (only informative: a later push never makes a label pre-registered)."""
-    from provenance.git import GitError, Repo
-
     reg, rem = doc["registration"], doc.get("remote") or {}
     if not reg.get("commit") or rem.get("contains"):
         return None
@@ -179,10 +180,15 @@ def _remote_now(doc: dict[str, Any]) -> dict[str, Any] | None:
         return {"error": str(exc)}
 
 
-def collect(manifest: str | Path, *, wait_s: float = 0.0, analysis: bool = True, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Collect a test directory (see the module docstring); writes collection.json and returns it."""
-    from slurm.scheduler import TERMINAL_STATES, SchedulerError, accounting, wait_for_accounting, write_accounting_export
+Judge = Callable[[dict[str, Any], Path, Callable[[str], None]], dict[str, Any]]
 
+
+def collect(manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = None, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Collect a test directory (see the module docstring); writes collection.json and returns it.
+
+    `judge(manifest, test directory, echo)` computes the registered verdict of the collected runs
+    (review.registered.collection_verdict; the review is above the cluster, so it is passed in);
+    None collects without a verdict."""
     say = echo or (lambda m: None)
     doc = read_manifest(manifest)
     base = test_dir(doc)
@@ -225,35 +231,13 @@ def collect(manifest: str | Path, *, wait_s: float = 0.0, analysis: bool = True,
     result["remote_now"] = remote_now
     result["label"] = label_from_record(doc, submit_times, remote_now).to_json()
     result["label"]["submit_time_source"] = doc.get("submit_time_source")
-    if analysis:
-        result["analysis"] = _analyze(doc, base, say)
+    if judge is not None:
+        result["analysis"] = judge(doc, base, say)
     write_manifest(result, base / COLLECTION)
     return result
 
 
-def _analyze(doc: dict[str, Any], base: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    from analysis.registered import RegisteredAnalysisError, registered_analysis, registered_markdown
-    from prereg.registration import RegistrationError
-
-    reg_path = Path(doc["registration"]["abs_path"])
-    runs = base / RUNS
-    if not runs.is_dir() or not any(runs.glob("*/meta.json")):
-        return {"ran": False, "reason": f"no run directories under {runs}"}
-    try:
-        res = registered_analysis(reg_path, [runs], base / "analysis")
-    except (RegisteredAnalysisError, RegistrationError, OSError) as exc:
-        return {"ran": False, "reason": str(exc)}
-    say(registered_markdown(res))
-    r = res["registered"]
-    return {"ran": True, "out": str(base / "analysis"), "verdict": res.get("verdict"),
-            "rates": [{"rate": x["rate"], "verdict": x["verdict"], "seeds": x.get("seeds")} for x in res.get("rates", [])],
-            "runs_counted": len(r["runs_counted"]), "runs_excluded": r["runs_excluded"], "decisive": r["decisive"],
-            "judged_by": {k: r["judged_by"].get(k) for k in ("commit", "mode", "reason")}, "any_kill_triggered": r["any_kill_triggered"]}  # fmt: skip
-
-
 def _utc() -> str:
-    from datetime import datetime, timezone
-
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 

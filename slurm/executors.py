@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
+import json
 
 
 def _utc() -> str:
@@ -114,8 +115,6 @@ def run_local(
     Returns one record per job (ids local-N, start/end on the local clock, exit code, state as a
     scheduler would name it). SIGINT/SIGTERM to this process are passed on to the running jobs,
     which end INTERRUPTED; jobs not yet started are recorded CANCELLED."""
-    import json
-
     folder.mkdir(parents=True, exist_ok=True)
     run_env = {**os.environ, **(env or {})}
     run_env["PYTHONPATH"] = str(checkout) + (os.pathsep + run_env["PYTHONPATH"] if run_env.get("PYTHONPATH") else "")

@@ -11,7 +11,7 @@ given, so the job itself checks, in this order, and refuses at the first failure
 3. the arm x rate x seed is one the registration binds;
 4. the code that runs is the registration's commit, or a descendant that changes nothing under
    harness/, analysis/, prereg/ or slurm/ but registration data (prereg/registrations, inputs,
-   templates: analysis.registered.is_code_path) (it runs and says so), with no uncommitted code
+   templates: provenance.codepaths.is_code_path) (it runs and says so), with no uncommitted code
    change;
 5. the time left in the job (`squeue -h -j $SLURM_JOB_ID -o %L`) covers the protocol's duration
    divided by the time scale plus the registration's start, smoke and teardown allowances, plus the
@@ -21,7 +21,7 @@ given, so the job itself checks, in this order, and refuses at the first failure
 A refusal is an exit status of 3, a `REFUSED: <reason>` line in the job log and a run directory
 whose meta.json has status REFUSED and the reason. Otherwise the runner plays the frozen plan on a
 fresh engine server (SGLang, vLLM or the emulator, launched with the cell's flags on a free port,
-Stage 0 smoke and the flush + canary first, stopped after; harness/protocols/realrun.py), and
+Stage 0 smoke and the flush + canary first, stopped after; runs/realrun.py), and
 meta.json binds the run: registration path, SHA-256 and commit, plan SHA-256, code commit, and the
 job's scheduler facts (job id, array index, node, partition, time limit) and the time check's
 numbers. SIGTERM (scancel, the time limit) and the scheduler's warning signal end the run
@@ -47,6 +47,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import orjson
+from slurm.scheduler import JobNotFound, SchedulerError, job_facts
+from provenance.codepaths import CODE_DIRS, DATA_DIRS, is_code_path
+from provenance.git import GitError, Repo
+from harness.recording.record import RunRecorder
+from provenance.meta import capture
+from runs.realrun import EngineOptions
+from runs.arms import execute_run
+from prereg.registration import RegistrationError, load_registration
+from slurm.budget import run_budget
 
 EXIT_COMPLETED = 0
 EXIT_REFUSED = 3
@@ -159,7 +168,6 @@ def scheduler_facts() -> dict[str, Any]:
         facts["job_label"] = jid
     if not jid:
         return facts
-    from slurm.scheduler import JobNotFound, SchedulerError, job_facts
 
     try:
         # An array task is asked for by ARRAY_TASK: the last task of an array runs under the
@@ -206,9 +214,6 @@ def time_check(facts: dict[str, Any], budget: Any, lead_s: float) -> dict[str, A
 def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exploratory: bool) -> dict[str, Any]:
     """Is the code that runs the registration's? Returns the facts; raises Refused when it is not
     (in an exploratory job the facts are recorded and nothing is refused)."""
-    from analysis.registered import CODE_DIRS, DATA_DIRS, is_code_path
-    from provenance.git import GitError, Repo
-
     def refuse(reason: str, facts: dict[str, Any]) -> dict[str, Any]:
         if exploratory:
             return {**facts, "relation": "exploratory", "problem": reason}
@@ -293,9 +298,6 @@ class _Signals:
 # the job
 # ---------------------------------------------------------------------------------------------
 def _refused_run(run_dir: Path, meta: dict[str, Any], refusal: Refused) -> None:
-    from harness.recording.record import RunRecorder
-    from provenance.meta import capture
-
     meta = {**meta, "refusal": {"check": refusal.check, "reason": refusal.reason}, "provenance": capture(include_gpu=False)}
     rec = RunRecorder(run_dir, meta)
     rec.close("REFUSED", refusal.reason)
@@ -313,7 +315,6 @@ def _patch_meta(run_dir: Path, update: Callable[[dict[str, Any]], None]) -> None
 def _engine_options(spec: JobSpec) -> dict[str, Any] | None:
     if spec.engine == "sim":
         return None
-    from harness.protocols.realrun import EngineOptions
 
     unknown = sorted(set(spec.engine_options) - set(ENGINE_OPTION_KEYS))
     if unknown:
@@ -349,8 +350,6 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
         except Stopped as exc:
             reason = f"interrupted: {exc}"
             if not (run_dir / "meta.json").exists():
-                from harness.recording.record import RunRecorder
-
                 RunRecorder(run_dir, meta).close("INTERRUPTED", reason)
             else:
                 _annotate(run_dir, sig, "INTERRUPTED", reason)
@@ -359,10 +358,6 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
 
 
 def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any], sig: _Signals) -> JobOutcome:
-    from harness.protocols.arms import execute_run
-    from prereg.registration import RegistrationError, load_registration
-    from slurm.budget import run_budget
-
     reg_path = Path(spec.registration)
     reg_path = reg_path if reg_path.is_absolute() else root / reg_path
     if not reg_path.is_file():

@@ -24,6 +24,9 @@ import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
+from harness.errors import RecordError
+from prereg.labels import to_utc
+from prereg.labels import label_for
 
 FORMAT = "agentload-submission"
 FORMAT_VERSION = 1
@@ -36,7 +39,7 @@ ACCOUNTING_CSV = "accounting.csv"
 COLLECTION = "collection.json"
 
 
-class ManifestError(ValueError):
+class ManifestError(RecordError):
     """A manifest is missing or malformed (the message names the file and the field)."""
 
 
@@ -83,8 +86,6 @@ def job_ids(doc: dict[str, Any]) -> list[str]:
 
 def first_submit(times: Iterable[datetime | str | None]) -> str | None:
     """The earliest of the given submit times (ISO 8601 UTC), or None."""
-    from prereg.labels import to_utc
-
     ts = [to_utc(t) for t in times if t is not None]
     ts = [t for t in ts if t is not None]
     return min(ts).isoformat() if ts else None
@@ -98,8 +99,6 @@ def label_from_record(doc: dict[str, Any], submit_times: Iterable[datetime | str
     the one the submission asked before submitting; when that said "not contained", a later
     confirmation (`remote_now`, asked at collection) is passed too, so the reason says when the
     commit reached the remote, which never makes the label pre-registered."""
-    from prereg.labels import label_for
-
     reg = doc["registration"]
     remote = doc.get("remote") or {}
     confirmed = remote.get("checked_at") if remote.get("contains") else None

@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from harness.errors import SchedulerError as _SchedulerError
+
 __all__ = [
     "ACCOUNTING_FIELDS",
     "EXPORT_COLUMNS",
@@ -126,7 +128,7 @@ _ISO_LOCAL = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
 
 
 # ------------------------------------------------------------------------------------------- errors
-class SchedulerError(RuntimeError):
+class SchedulerError(_SchedulerError):
     """A scheduler command failed; `argv`, `returncode` and `stderr` say how."""
 
     def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: int | None = None, stderr: str = ""):

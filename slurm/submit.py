@@ -32,13 +32,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
+from harness.errors import AgentloadError
+from dataclasses import asdict
+from prereg.check import check_registration
+from provenance.git import GitError, Repo
+from slurm.job import CODE_ROOT
+from runs.arms import run_name
+from prereg.registration import load_registration
+from slurm.budget import job_time_limit, parse_time_minutes, run_budget
+from slurm.job import JobSpec
+from slurm.scheduler import SchedulerError, accounting
+from slurm.executors import slurm_executor, submit_slurm
+from slurm.executors import run_local
 
 #: Refusals of `prereg check` that an exploratory submission may go past (its runs carry the
 #: exploratory label, which is what these facts decide).
 EXPLORATORY_WAIVES = ("commit:", "tree:", "remote:", "git:")
 
 
-class SubmitRefused(RuntimeError):
+class SubmitRefused(AgentloadError):
     """The submission is refused; the message lists every reason."""
 
 
@@ -67,8 +79,6 @@ class SubmitOptions:
     job_env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)
 
 
@@ -82,8 +92,6 @@ def _stamp() -> str:
 
 def _check(reg_path: Path, opts: SubmitOptions) -> tuple[Any, list[str]]:
     """`prereg check`, with what --exploratory waives split off; raises SubmitRefused otherwise."""
-    from prereg.check import check_registration
-
     res = check_registration(reg_path, remote=opts.remote, branch=opts.branch, allow_exploratory=opts.exploratory)
     waived = [r for r in res.refusals if opts.exploratory and r.startswith(EXPLORATORY_WAIVES)]
     left = [r for r in res.refusals if r not in waived]
@@ -96,9 +104,6 @@ def _check(reg_path: Path, opts: SubmitOptions) -> tuple[Any, list[str]]:
 def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
     """The code checkout the jobs run in (the registration's repository) and the registration's
     path inside it."""
-    from provenance.git import GitError, Repo
-    from slurm.job import CODE_ROOT
-
     try:
         repo = Repo.containing(reg_path)
         root = repo.path.resolve()
@@ -115,11 +120,6 @@ def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
 
 def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Steps 1-3: the manifest as it will be written, with every job's spec, nothing submitted."""
-    from harness.protocols.arms import run_name
-    from prereg.registration import load_registration
-    from slurm.budget import job_time_limit, parse_time_minutes, run_budget
-    from slurm.job import JobSpec
-
     say = echo or (lambda m: None)
     p = Path(reg_path).resolve()
     reg = load_registration(p)
@@ -184,8 +184,6 @@ def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str
     The tasks of one array are one submission with one submit time; accounting lists tasks that
     have not started as one pending range (`5_[1-2]`), so a task takes the submit time of any row
     of its array."""
-    from slurm.scheduler import SchedulerError, accounting
-
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, str] = {}
@@ -204,8 +202,6 @@ def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str
 
 def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Check, submit and record (steps 1-5); returns the manifest as written."""
-    from slurm.job import JobSpec
-
     say = echo or (lambda m: None)
     if opts.executor not in ("slurm", "local"):
         raise SubmitRefused(f"--executor {opts.executor!r}: expected slurm or local")
@@ -222,8 +218,6 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
         write_manifest({k: v for k, v in doc.items() if k != "_path"}, manifest_path)
 
     if opts.executor == "slurm":
-        from slurm.executors import slurm_executor, submit_slurm
-
         tl = doc["time_limit"]
         ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
                             job_name=doc["job_name"], partition=opts.partition, cpus_per_task=opts.cpus_per_task, mem=opts.mem,
@@ -240,8 +234,6 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
         doc["submit_time_source"] = "sacct (the scheduler's accounting, Submit)"
         say(f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> {manifest_path}" if records else "nothing to submit")
     else:
-        from slurm.executors import run_local
-
         doc["submit_time_source"] = "local clock (no scheduler: --executor local)"
 
         def changed(recs: list[dict[str, Any]]) -> None:

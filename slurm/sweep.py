@@ -9,7 +9,7 @@ folder on a real cluster). Afterwards the array's accounting is exported beside 
 registered submission.
 
 `agentload test run ... --executor slurm` and `agentload calibrate ... --executor slurm` use it
-(harness/protocols/cli.py, harness/protocols/calibration.py); a sweep is not a registered test, so
+(cli/run.py, runs/calibration.py); a sweep is not a registered test, so
 its jobs do not enforce a registration.
 """
 
@@ -20,6 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import harness
+import shlex
+from slurm.scheduler import SchedulerError, accounting
+from slurm.scheduler import wait_for_accounting, write_accounting_export
 
 
 @dataclass
@@ -33,13 +37,11 @@ class Outcome:
     state: str
 
 
-class SweepError(RuntimeError):
+class SweepError(SchedulerError):
     """A task of a sweep failed where every task is needed (a calibration stage)."""
 
 
 def _code_root() -> Path:
-    import harness
-
     return Path(harness.__file__).resolve().parent.parent
 
 
@@ -73,8 +75,6 @@ class SlurmSweep:
         self.job_ids: list[str] = []
 
     def _executor(self) -> Any:
-        import shlex
-
         import submitit
 
         root = _code_root()
@@ -125,8 +125,6 @@ class SlurmSweep:
     @staticmethod
     def _states(array_id: str) -> dict[str, str]:
         """Each task's final state from one accounting call (submitit's cached state can be stale)."""
-        from slurm.scheduler import SchedulerError, accounting
-
         try:
             return {r.job_id: r.state for r in accounting([array_id])}
         except SchedulerError:
@@ -142,8 +140,6 @@ class SlurmSweep:
 
     def export_accounting(self, folder: str | Path) -> Path | None:
         """The scheduler's record of every task run so far, as accounting.json/.csv in `folder`."""
-        from slurm.scheduler import wait_for_accounting, write_accounting_export
-
         if not self.job_ids:
             return None
         rows = wait_for_accounting(self.job_ids, count=len(self.job_ids), timeout_s=60.0)

@@ -45,8 +45,9 @@ def write_test(work: Path, seeds: tuple[int, ...] = (0, 1), burst: int = 200, na
 def plan_sha(bundle: TestBundle, arm: str, rate: float, seed: int) -> str:
     import hashlib
 
-    from harness.protocols.arms import references
-    from harness.workload.plans import make_plan, plan_bytes
+    from runs.arms import references
+    from harness.workload.plans import make_plan
+    from harness.workload.planfile import plan_bytes
 
     plan = make_plan(bundle.workload, bundle.protocol, bundle.arms[arm], rate, references(bundle)["lambda_ref"], seed)
     return hashlib.sha256(plan_bytes(plan)).hexdigest()
@@ -54,7 +55,7 @@ def plan_sha(bundle: TestBundle, arm: str, rate: float, seed: int) -> str:
 
 def registration_doc(bundle: TestBundle, name: str, status: str = "FILLED") -> dict[str, Any]:
     from analysis.rules import E2_RULE
-    from harness.protocols.arms import references
+    from runs.arms import references
 
     refs = references(bundle)
     t = bundle.test
@@ -121,7 +122,7 @@ def record_submission(testdir: Path, work: Path, binding: dict[str, Any], label:
 
 
 def run_all(test_path: Path, testdir: Path, binding: dict[str, Any] | None, runs: list[tuple[str, float, int]] | None = None) -> list[Path]:
-    from harness.protocols.arms import execute_run, run_name
+    from runs.arms import execute_run, run_name
 
     bundle = load_test(test_path)
     todo = runs or [(a, r, s) for a in bundle.arms for r in bundle.test.rates for s in bundle.test.seeds]

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from gitfixture import git, make_repo
-from harness.cli import main
+from cli.main import main
 from harness.config import load_test
-from harness.protocols.arms import run_name
+from runs.arms import run_name
 from provfixture import commit_registration, record_submission, run_all, write_test
 
 
@@ -31,7 +31,7 @@ def _bind_code(run: Path, commit: str) -> None:
 
 
 def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
-    from analysis.registered import registered_analysis
+    from review.registered import registered_analysis
     from prereg.predict_makers import model_f_predictions
     from prereg.predictions import write_predictions
 

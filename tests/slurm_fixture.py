@@ -19,9 +19,10 @@ import shutil
 from pathlib import Path
 
 from gitfixture import git, make_repo
+from provenance.codepaths import CODE_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ("analysis", "harness", "prereg", "provenance", "slurm", "configs")
+CODE = (*(d.rstrip("/") for d in CODE_DIRS), "configs")  # every code package, and the configs
 
 MINI_PROTOCOL = """kind: protocol
 name: mini-e2

@@ -10,9 +10,9 @@ import pytest
 
 from analysis.calibration import e0b_stats
 from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.protocols.calibration import calibrate_all, e0b, run_from_empty
+from runs.calibration import calibrate_all, e0b, run_from_empty
 from prereg.fill import fill_registration
-from prereg.inputs import dir_sha256, load_inputs
+from analysis.calibration_summaries import dir_sha256, load_inputs
 from prereg_fixture import SHORT_PROTOCOL, template_text
 
 
@@ -48,7 +48,7 @@ def test_from_empty_runs_nest_and_separate(cell_wl) -> None:
 
 def test_from_empty_run_records(tmp_path: Path, cell_wl) -> None:
     cell, wl = cell_wl
-    from harness.protocols.calibration import e0b_protocol
+    from runs.calibration import e0b_protocol
 
     prot = e0b_protocol(300.0, 150.0)
     s = run_from_empty(cell, wl, 1.0, 0.0715, protocol=prot, rise_span=150.0, run_dir=tmp_path / "r")
@@ -87,7 +87,7 @@ def test_calibrate_all_then_fill_gives_a_filled_registration(tmp_path: Path, cel
 
 
 def test_cli_e0b(tmp_path: Path, capsys) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     assert main(["calibrate", "e0b", "--cell", "sglang-a100-300k", "--grid", "0.5,6", "--duration", "300", "--rise-span", "150",
                  "--final-max", "15", "--lambda-ref", "0.0715", "--out", str(tmp_path)]) == 0  # fmt: skip

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import GROUPS, REGISTRARS, build, main
-from harness.workload.plans import read_plan
+from cli.commands import COMMANDS, GROUPS
+from cli.main import build, main
+from harness.workload.planfile import read_plan
 
 MAKE = ["plan", "make", "--workload", "standard", "--protocol", "e2", "--arm", "burst", "--rate", "1.35", "--seed", "1"]
 
@@ -21,17 +22,38 @@ def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixt
     assert ex.value.code == 0
     out = capsys.readouterr().out
     assert "plan" in out and "Workload: freeze what the client will send" in out
-    registered = {c.name for c in build()._commands}
+    registered = set(build().registered)  # every module in the table registers its commands
+    assert registered == {c.name for c in COMMANDS}
     assert {"plan", "calibrate", "prereg", "submit", "jobs", "theory", "run", "test", "analyze", "emulator", "predict", "provenance",
             "status", "report"} <= registered
     for name in registered:
         assert f"\n    {name} " in out  # every registered command is listed under its group
     assert [g for g, _ in GROUPS] == ["workload", "calibrate", "execute", "judge"]
-    assert "harness.workload.plans:register" in REGISTRARS
+
+
+def test_help_imports_no_command_module() -> None:
+    """`agentload --help` is the table: no command's module (nor numpy, pandas, pydantic) is imported."""
+    code = "import sys; from cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\n" \
+           "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    code = "import sys; from cli.main import main\ntry:\n    main(['plan', '--help'])\nexcept SystemExit: pass\n" \
+           "print(sorted(m for m in sys.modules if m.startswith('cli.')))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "['cli.commands', 'cli.main', 'cli.plan']", r.stdout
+
+
+def test_an_unknown_command_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'nosuch'" in err and "Traceback" not in err
 
 
 def test_console_script_help() -> None:
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "make", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli.main", "plan", "make", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--lambda-ref" in r.stdout and "--cell" in r.stdout
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from harness.client.gates import FifoCapGate, RescueGate
 from harness.client.openloop import ListSink, PlanClient, ToolSlowRule
-from harness.client.protocol import Send, Timer, TurnResponse
+from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import WorkloadConfig
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec
 

@@ -6,19 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import (
-    CONFIG_ROOT,
-    ArmConfig,
-    CellConfig,
-    ConfigError,
-    ProtocolConfig,
-    TestConfig,
-    WorkloadConfig,
-    load_config,
-    load_cost_file,
-    load_test,
-    parse_config,
-)
+from harness.config import CONFIG_ROOT, ArmConfig, CellConfig, ProtocolConfig, TestConfig, WorkloadConfig, load_config, load_cost_file, load_test, parse_config
+from harness.errors import ConfigError
 
 SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name not in ("costs", "rules"))
 
@@ -80,7 +69,7 @@ def test_cell_values() -> None:
     assert c["llama-a100-300k"].lambda_ref == 0.0596 and "Llama-3.1-8B" in c["llama-a100-300k"].model
     cpu = c.pop("vllm-cpu-tiny-131k")  # the scaled CPU cell: its own settings (the notes)
     assert (cpu.kv_pool_tokens, cpu.page_size, cpu.max_running, cpu.context_length) == (131072, 32, 64, 8192)
-    from prereg.inputs import e0a_values, load_inputs  # its references are its registered E0a's
+    from analysis.calibration_summaries import e0a_values, load_inputs  # its references are its registered E0a's  # its references are its registered E0a's
 
     e0a = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / cpu.name).e0a, cpu.name)
     assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (e0a.lambda_ref, e0a.all_miss_token_rate, "0.32.0")
@@ -277,7 +266,7 @@ def test_the_cpu_rule_is_e2_with_its_time_and_population_parameters_scaled() -> 
 
 
 def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:
-    from prereg.inputs import load_inputs
+    from analysis.calibration_summaries import load_inputs
     from prereg.registration import load_registration
 
     b = load_test("tests/e2-vllm-cpu")

@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.client.closed import ClosedClient
 from harness.client.openloop import PlanClient
-from harness.client.protocol import Command, Send, Timer, TurnResponse
+from harness.client.contract import Command, Send, Timer, TurnResponse
 from harness.config import CellConfig, WorkloadConfig
 from harness.refengine.model import EngineModel
 from harness.drivers.virtual import simulate

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from harness.drivers.wall import COMPLETED, FAILED, INTERRUPTED, drive
 from harness.client.openloop import ListSink, PlanClient
-from harness.client.protocol import Command, Send, Timer, TurnResponse
+from harness.client.contract import Command, Send, Timer, TurnResponse
 from harness.config import CellConfig, WorkloadConfig, load_config
 from harness.emulator.server import Emulator, Faults, serve
 from harness.servers import get_adapter
@@ -194,7 +194,7 @@ def test_runner_executes_an_arm_on_the_emulator(tmp_path: Any) -> None:
     import yaml
 
     from harness.config import load_test
-    from harness.protocols.arms import execute_run
+    from runs.arms import execute_run
 
     cell = small_cell("sglang").model_copy(update={"name": "tiny-sglang", "lambda_ref": 0.1, "all_miss_token_rate": 5000.0})
     (tmp_path / "cells").mkdir()
@@ -231,7 +231,7 @@ class _Chain:
         self.responses: list[Any] = []
 
     def _send(self, i: int) -> list[Any]:
-        from harness.client.protocol import Send
+        from harness.client.contract import Send
 
         return [Send(i, i, 1, np.arange(4, 68, dtype=np.int32), 4)]
 

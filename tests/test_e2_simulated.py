@@ -14,7 +14,7 @@ import pytest
 
 from analysis.report import analyze
 from harness.config import load_test
-from harness.protocols.arms import execute_run
+from runs.arms import execute_run
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.cli import report_runs
+from analysis.judge import report_runs
 from analysis.rules import load_rule
-from harness.client.protocol import Send, Timer, TurnResponse
+from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import load_test
-from harness.protocols.arms import BackendResult, RunContext, register_backend, run_test
-from harness.protocols.cli import freeze_test_predictions
+from runs.suite import run_test
+from runs.backend import BackendResult, RunContext, register_backend
+from cli.run import freeze_test_predictions
 
 
 def _stub(ctx: RunContext) -> BackendResult:
@@ -138,7 +139,7 @@ def test_missing_run_leaves_the_group_incomplete(tiny: Path, tmp_path: Path) -> 
 
 
 def test_a_family_refuses_before_any_run_a_test_without_its_required_arms(tiny: Path, tmp_path: Path) -> None:
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     test = _write_test(tiny, "tiny-basin-40", "rule: basin-2\narms: [basin-n40]\nrates: [1.65]\nseeds: [0]\n")
     with pytest.raises(ConfigError, match="role 'n60' needs an arm in \\['basin-n60'\\]"):

@@ -1,6 +1,6 @@
 """Crash safety: every way a server or the client process fails ends in a recorded, labelled run.
 
-The emulator runs as its own process, launched by the emulator adapter through harness.protocols.realrun
+The emulator runs as its own process, launched by the emulator adapter through runs.realrun
 exactly as in a real run, with test-only fault injection (--fault). Small workload, time scale 100.
 """
 
@@ -23,7 +23,7 @@ import yaml
 from harness.client.openloop import PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
 from harness.drivers.wall import FAILED
-from harness.protocols.realrun import EngineOptions, run_real
+from runs.realrun import EngineOptions, run_real
 from harness.recording.record import RunRecorder, load_run
 from harness.workload.draws import STREAM_BASE, draw_session
 
@@ -153,7 +153,7 @@ _CHILD = textwrap.dedent(
     from test_faults import WL, options, plan
     from harness.client.openloop import PlanClient
     from harness.config import CellConfig, load_config
-    from harness.protocols.realrun import run_real
+    from runs.realrun import run_real
     from harness.recording.record import RunRecorder
 
     cell = load_config({cell!r}, CellConfig)

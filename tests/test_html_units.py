@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from analysis.html import write_html
-from analysis.html.figures import json_script
-from analysis.html.markdown import render
-from analysis.html.verdict import _sides
-from analysis.status import collect_status, format_status, job_category
-from analysis.testdir import find_verdicts, open_testdir
+from review.html import write_html
+from review.html.figures import json_script
+from review.html.markdown import render
+from review.html.verdict import _sides
+from review.status import collect_status, format_status, job_category
+from review.testdir import find_verdicts, open_testdir
 
 
 def test_markdown_tables_lists_and_inline_marks() -> None:

@@ -1,62 +1,76 @@
-"""The layering the architecture promises, checked on the source: the judging half (analysis/) never
-imports what runs things, the reference engine model never imports a client, and the clients never
-import the engine model. Parsed with ast, so a moved import or an import inside a function counts too."""
+"""The package DAG of docs/architecture.md holds on the source: every module placed in a unit, no
+import the table does not allow, no import cycle between modules, nothing but the deferred heavy
+packages imported inside a function. The checker is shown to fail on planted violations."""
 
 from __future__ import annotations
 
-import ast
+import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.support.layering import all_problems, cycles, read_source, read_table
+
 ROOT = Path(__file__).resolve().parents[1]
-
-# (package whose modules are checked, forbidden import prefixes, why)
-RULES = [
-    ("analysis", ("harness.drivers", "harness.protocols", "harness.servers", "harness.emulator", "harness.refengine.model"),
-     "analysis reads run records and plans only"),
-    ("harness/refengine", ("harness.client", "harness.drivers", "harness.protocols", "harness.servers"),
-     "the engine model is a pure state machine, unaware of clients and clocks"),
-    ("harness/client", ("harness.refengine", "harness.drivers", "harness.servers", "harness.emulator"),
-     "the session client is sans-IO and engine-agnostic"),
-]  # fmt: skip
+DOC = ROOT / "docs" / "architecture.md"
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
-    return out
+def test_the_source_keeps_the_table() -> None:
+    problems = all_problems(ROOT, DOC)
+    assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("package,forbidden,why", RULES, ids=[r[0] for r in RULES])
-def test_no_forbidden_imports(package: str, forbidden: tuple[str, ...], why: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, f"no modules under {package}"
-    bad = [
-        f"{p.relative_to(ROOT)}:{line}: {mod}"
-        for p in files
-        for line, mod in _imports(p)
-        if any(mod == f or mod.startswith(f + ".") for f in forbidden)
-    ]
-    assert not bad, f"{why}:\n" + "\n".join(bad)
+def test_the_table_is_read_whole() -> None:
+    t = read_table(DOC)
+    assert {"harness.config", "analysis", "runs", "prereg", "slurm", "review", "cli"} <= set(t.units)
+    assert t.units["analysis"].layer < t.units["runs"].layer < t.units["review"].layer < t.units["cli"].layer
+    assert {"numpy", "pandas", "pyarrow", "matplotlib", "submitit", "aiohttp"} <= t.deferred
 
 
-def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
-    """The checker itself must be able to fail: an import inside a function is found."""
-    p = tmp_path / "m.py"
-    p.write_text("def f():\n    from harness.protocols.arms import run_test\n")
-    assert _imports(p) == [(2, "harness.protocols.arms")]
+@pytest.fixture()
+def tree(tmp_path: Path) -> Path:
+    """A copy of the source tree (and the doc) to plant violations in."""
+    for pkg in ("harness", "analysis", "provenance", "runs", "sim2real", "prereg", "slurm", "review", "cli"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "docs").mkdir()
+    shutil.copy(DOC, tmp_path / "docs" / "architecture.md")
+    return tmp_path
 
 
-def test_commands_of_running_are_not_registered_from_analysis() -> None:
-    from harness import cli
+def test_a_planted_upward_import_fails(tree: Path) -> None:
+    (tree / "analysis" / "planted.py").write_text("from slurm.scheduler import job_states\n")
+    problems = all_problems(tree, tree / "docs" / "architecture.md")
+    assert any("analysis.planted imports slurm.scheduler" in p and "may not import" in p for p in problems), problems
 
-    analysis_registrars = [r for r in cli.REGISTRARS if r.startswith("analysis.")]
-    built = cli.build(analysis_registrars)
-    names = {c.name for c in built._commands}
-    assert names and not names & {"run", "test", "calibrate", "smoke", "emulator"}, names
+
+def test_a_planted_cycle_fails(tree: Path) -> None:
+    (tree / "harness" / "workload" / "cyc_a.py").write_text("from harness.workload import cyc_b\n")
+    (tree / "harness" / "workload" / "cyc_b.py").write_text("from harness.workload.cyc_a import x\n")
+    assert ["harness.workload.cyc_a", "harness.workload.cyc_b"] in cycles(read_source(tree))
+    assert any("import cycle" in p for p in all_problems(tree, tree / "docs" / "architecture.md"))
+
+
+def test_a_planted_cycle_dodging_function_import_fails(tree: Path) -> None:
+    (tree / "runs" / "dodge.py").write_text("def f():\n    from runs.arms import execute_run\n    return execute_run\n")
+    problems = all_problems(tree, tree / "docs" / "architecture.md")
+    assert any("runs/dodge.py:2: imports runs.arms inside a function" in p for p in problems), problems
+
+
+def test_a_deferred_heavy_import_is_allowed(tree: Path) -> None:
+    (tree / "analysis" / "lazy.py").write_text("def f():\n    import matplotlib\n    return matplotlib\n")
+    assert not all_problems(tree, tree / "docs" / "architecture.md")
+
+
+def test_a_module_in_no_unit_fails(tree: Path) -> None:
+    doc = tree / "docs" / "architecture.md"
+    doc.write_text(doc.read_text().replace("| 3 I/O | `provenance` |", "| 3 I/O | `provenance.git` |"))
+    problems = all_problems(tree, doc)
+    assert any("provenance.meta: in no unit" in p for p in problems), problems
+
+
+def test_a_table_pointing_upward_fails(tree: Path) -> None:
+    doc = tree / "docs" / "architecture.md"
+    doc.write_text(doc.read_text().replace("| `harness.config` | `harness.errors` |", "| `harness.config` | `harness.errors`, `runs` |", 1)
+                   .replace("strict YAML in and out | `harness.errors` |", "strict YAML in and out | `harness.errors`, `runs` |"))
+    problems = all_problems(tree, doc)
+    assert any("unit harness.config (layer 1) may import runs (layer 4): upward" in p for p in problems), problems

@@ -14,20 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.config import ArmConfig, ProtocolConfig, WorkloadConfig, load_config
-from harness.workload.plans import (
-    BURST_DRAW,
-    TOP_RATE,
-    PlanError,
-    burst_offsets,
-    ks_exponential,
-    make_plan,
-    plan_bytes,
-    rate_report,
-    read_plan,
-    regenerate,
-    top_process,
-    write_plan,
-)
+from harness.workload.plans import BURST_DRAW, burst_offsets, ks_exponential, make_plan, rate_report, regenerate, top_process
+from harness.config import DEFAULT_TOP_RATE as TOP_RATE
+from harness.errors import PlanError
+from harness.workload.planfile import plan_bytes, read_plan, write_plan
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, draw_session, expected_turns, hit_ceiling, turn_count, turn_survival
 
 W = load_config("workloads/standard", WorkloadConfig)
@@ -243,7 +233,8 @@ def test_write_read_roundtrip_and_regenerate(tmp_path: Path) -> None:
 _CHILD = """
 import sys
 from harness.config import load_config, WorkloadConfig, ProtocolConfig, ArmConfig
-from harness.workload.plans import make_plan, write_plan
+from harness.workload.plans import make_plan
+from harness.workload.planfile import write_plan
 p = make_plan(load_config('workloads/standard', WorkloadConfig), load_config('protocols/e2', ProtocolConfig),
               load_config('arms/burst', ArmConfig), 1.65, 0.071534, 2)
 print(write_plan(p, sys.argv[1]))

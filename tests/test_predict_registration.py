@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from prereg.predict_makers import is_registration_file, load_bundle, model_f_predictions
 from prereg.registration import load_registration
 

@@ -18,7 +18,8 @@ from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
 from analysis.theory.predict import freeze_predictions
 from harness.config import load_test
-from harness.workload.plans import make_plan, plan_bytes
+from harness.workload.plans import make_plan
+from harness.workload.planfile import plan_bytes
 
 
 def _doc() -> dict:

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gitfixture import make_repo
-from harness.cli import main
+from cli.main import main
 from prereg.predictions import About, Prediction, PredictionError, dump_predictions, load_predictions, make_file, parse_predictions
 from prereg.scoring import Outcomes, at_least_probability, clause_outcome, clause_probability, score_file
-from provenance.records import RecordError, RunRecord, parse_utc, read_accounting, read_manifest
-from provenance.timeline import BLIND, BLIND_START, NOT_BLIND, RunTimes, blindness
+from review.records import RecordError, RunRecord, parse_utc, read_accounting, read_manifest
+from review.timeline import BLIND, BLIND_START, NOT_BLIND, RunTimes, blindness
 from provfixture import write_test
 
 

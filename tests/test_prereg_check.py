@@ -128,7 +128,7 @@ def test_refuses_outside_a_repository(tmp_path: Path) -> None:
 
 
 def test_cli_exit_status_and_json(repo: tuple[Path, Path], capsys) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     work, reg = repo
     assert main(["prereg", "check", str(reg)]) == 1
@@ -141,7 +141,7 @@ def test_cli_exit_status_and_json(repo: tuple[Path, Path], capsys) -> None:
 
 
 def test_cli_fill(tmp_path: Path, capsys) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     inputs, tmpl = write_case(tmp_path)
     out = tmp_path / "r.yaml"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from prereg.fill import fill_registration
 from prereg.registration import RegistrationError, dump_registration, load_registration
 from prereg.template import load_template

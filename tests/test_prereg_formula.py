@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from prereg import formula as F
 from prereg.fill import fill_registration, fill_to_file
-from prereg.inputs import InputError
+from analysis.calibration_summaries import InputError
 from prereg.registration import RegistrationError
 from prereg_fixture import write_case
 

@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from prereg.inputs import InputError, dir_sha256, e0a_values, load_inputs, load_summary
+from analysis.calibration_summaries import InputError, dir_sha256, e0a_values, load_inputs, load_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "prereg" / "inputs" / "paper" / "sglang-a100-300k"

@@ -18,16 +18,17 @@ from typing import Any
 import pytest
 
 from gitfixture import git, make_repo
-from harness.cli import main
+from cli.main import main
 from harness.config import load_test
-from harness.protocols.arms import BackendResult, RunContext, execute_run, register_backend
+from runs.arms import execute_run
+from runs.backend import BackendResult, RunContext, register_backend
 from prereg.predict_makers import model_f_predictions, simulator_predictions
 from prereg.predictions import write_predictions
 from provenance.git import Repo
 from provenance.proofs import prove
 from provenance.proofcheck import verify_proof
-from provenance.timeline import build_timeline
-from provenance.verify import verify_test
+from review.timeline import build_timeline
+from review.verify import verify_test
 from provfixture import commit_registration, record_submission, run_all, write_test
 
 
@@ -229,7 +230,7 @@ def test_break_proof_with_one_altered_byte(world: dict[str, Any], tmp_path: Path
 
 def _accounting(td: Path, submit: datetime) -> None:
     """An accounting export (UTC) and the manifest's job list for the runs of `td`."""
-    from provenance.records import find_runs
+    from review.records import find_runs
 
     rows, jobs = [], []
     for i, r in enumerate(find_runs(td)):
@@ -259,7 +260,7 @@ def test_break_job_submitted_before_the_registration_reached_the_remote(world: d
 
 
 def test_code_commit_must_be_the_registrations_or_a_code_free_descendant(world: dict[str, Any]) -> None:
-    from provenance.verify import _code_check
+    from review.verify import _code_check
 
     repo = Repo(world["work"])
     reg = world["binding"]["commit"]

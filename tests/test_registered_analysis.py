@@ -10,15 +10,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from analysis.registered import RegisteredAnalysisError, registered_analysis
+from review.registered import RegisteredAnalysisError, registered_analysis
 from gitfixture import git, make_repo
-from harness.protocols.arms import execute_run, run_name
+from runs.arms import execute_run, run_name
 from prereg.fill import fill_to_file
 from prereg.registration import load_registration
 from prereg_fixture import write_case
+from provenance.codepaths import CODE_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ("analysis", "harness", "prereg", "provenance", "configs")
+CODE = (*(d.rstrip("/") for d in CODE_DIRS), "configs")  # every code package, and the configs
 
 
 def _patch_meta(run: Path, **changes: object) -> None:
@@ -114,7 +115,7 @@ def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
 
 
 def test_overrides_are_refused(project, capsys) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     p = project
     assert main(["analyze", "--registration", str(p["reg"]), str(p["runs"]), "--lambda-ref", "0.1"]) == 2
@@ -127,7 +128,7 @@ def test_incomplete_registration_judges_nothing(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_registered_report(project, capsys) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     p = project
     rc = main(["analyze", "--registration", str(p["reg"]), str(p["runs"]), "--out", str(p["tmp"] / "out3")])
@@ -140,7 +141,7 @@ def test_cli_prints_the_registered_report(project, capsys) -> None:
 def test_registrations_inputs_and_freeze_records_are_data_not_code() -> None:
     """Registering a test or freezing its predictions after the registration's commit changes no
     run or verdict, so runs made after such a commit stay bound; a change under harness/ does not."""
-    from analysis.registered import is_code_path
+    from provenance.codepaths import is_code_path
 
     for p in ("prereg/registrations/x.yaml", "prereg/inputs/c/e0a.yaml", "prereg/templates/t.yaml", "prereg/freezes/pred-x.json",
               "predictions/x.yaml", "docs/x.md", "configs/cells/c.yaml"):  # fmt: skip

@@ -12,15 +12,16 @@ import orjson
 import pytest
 import yaml
 
-from analysis.registered import RegisteredAnalysisError, registered_analysis
+from review.registered import RegisteredAnalysisError, registered_analysis
 from gitfixture import git, make_repo
-from harness.protocols.arms import execute_run, run_name
+from runs.arms import execute_run, run_name
 from prereg.fill import fill_to_file
 from prereg.registration import load_registration
 from prereg_fixture import write_case
+from provenance.codepaths import CODE_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ("analysis", "harness", "prereg", "provenance", "configs")
+CODE = (*(d.rstrip("/") for d in CODE_DIRS), "configs")  # every code package, and the configs
 
 # BASIN-1 on the short protocol: one seed, so the rule's seed quota is one (a rule override the
 # registration freezes with the spec)
@@ -83,7 +84,7 @@ def _runs_without_dirs(verdict: dict) -> list[dict]:
 
 
 def test_family_registration_gets_the_plain_analyze_verdict(family) -> None:
-    from harness.cli import main
+    from cli.main import main
 
     f = family
     reg = load_registration(f["reg"])

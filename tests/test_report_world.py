@@ -16,10 +16,10 @@ from urllib.parse import unquote
 import orjson
 import pytest
 
-from analysis.html import write_html
-from analysis.status import format_status, collect_status
-from analysis.testdir import open_testdir
-from harness.cli import main
+from review.html import write_html
+from review.status import format_status, collect_status
+from review.testdir import open_testdir
+from cli.main import main
 from provenance.git import Repo
 from reportfixture import build_world, copy_world, squeue_runner
 
@@ -150,7 +150,7 @@ class _Refs(HTMLParser):
 
 @pytest.fixture(scope="module")
 def page(world: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    import analysis.status as status_mod
+    import review.status as status_mod
 
     st = status_mod.collect_status(_td(world), runner=squeue_runner(STATES))
     out = write_html(_td(world), world["testdir"] / "report.html", status=st)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.engine import Env
+from analysis.expr import Env
 from analysis.expr import Evaluator, RuleError, evaluate, names, truth
 from analysis.rules import E2_RULE, is_staged, load_rule, rule_names
 

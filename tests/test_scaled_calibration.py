@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config import CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, load_config
-from harness.protocols.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
+from harness.config import CellConfig, ProtocolConfig, WorkloadConfig, load_config
+from harness.errors import ConfigError
+from runs.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
 from harness.recording.record import load_run
-from harness.workload.plans import PlanError, make_plan, plan_bytes
+from harness.errors import PlanError
+from harness.workload.plans import make_plan
+from harness.workload.planfile import plan_bytes
 from prereg.fill import fill_registration
-from prereg.inputs import load_inputs, load_summary
+from analysis.calibration_summaries import load_inputs, load_summary
 from prereg.registration import dump_registration, load_registration, registration_from_data
 from prereg_fixture import SHORT_PROTOCOL, template_text, write_case
 
@@ -72,7 +75,7 @@ def test_calibrate_all_records_the_scaled_e0b_protocol_in_its_summary(tmp_path: 
     assert run.meta["plan"]["top_rate"] == 40.0 and run.meta["protocol"]["backlog_bin"] == 0.2
     # the paper's protocol keeps the summary's first form (no bins, top rate or config written)
     text = (tmp_path / "paper.yaml")
-    from prereg.inputs import e0b_summary_dict, write_summary
+    from analysis.calibration_summaries import e0b_summary_dict, write_summary
 
     write_summary(e0b_summary_dict("c", [], lambda_ref=1.0, grid=[1.0], seeds=[0], duration=3000.0, rise_span=1500.0, final_max=50.0,
                                    rise_max=10.0, run_dirs=[], folder=tmp_path, source="") | {"points": [{"multiple": 1.0, "seed": 0, "stable": True}]},
@@ -94,7 +97,7 @@ def test_resume_summarises_a_matching_completed_run_and_reruns_nothing(tmp_path:
 
 
 def test_resume_does_not_take_a_run_of_other_settings(tmp_path: Path) -> None:
-    from harness.protocols.calibration import completed_run
+    from runs.calibration import completed_run
 
     cell = fast_cell()
     rd = tmp_path / "r"
@@ -176,7 +179,7 @@ def test_every_registration_writes_its_top_rate_and_keeps_its_bytes() -> None:
 # a run made from a registration is bound to it
 # -------------------------------------------------------------------------------------------------
 def test_run_from_a_registration_records_its_binding(tmp_path: Path) -> None:
-    from harness.cli import main
+    from cli.main import main
     from prereg.registration import write_registration
 
     inputs, tmpl = write_case(tmp_path)
@@ -208,7 +211,7 @@ def test_inputs_of_the_committed_cpu_calibration_load() -> None:
 def test_host_load_measures_the_cpu_share_of_a_process_group() -> None:
     import time
 
-    from harness.protocols.realrun import HostLoad, group_cpu_seconds
+    from runs.realrun import HostLoad, group_cpu_seconds
 
     group = os.getpgid(0)
     assert group_cpu_seconds(group) is not None and group_cpu_seconds(group) >= 0
@@ -227,7 +230,7 @@ def test_host_load_measures_the_cpu_share_of_a_process_group() -> None:
 def test_a_stage_summary_says_the_load_its_real_runs_ran_under(tmp_path: Path) -> None:
     import json
 
-    from harness.protocols.calibration import load_note
+    from runs.calibration import load_note
 
     dirs = []
     for i, (a, b, share) in enumerate(((3.0, 4.5, 0.61), (7.25, 6.0, 0.3))):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gitfixture import make_repo
-from harness.cli import main
+from cli.main import main
 from prereg.outcomes import load_outcome_file
 from prereg.predictions import load_predictions
 from prereg.scoring import Score, score_file

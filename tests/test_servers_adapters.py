@@ -513,7 +513,8 @@ def test_sglang_cpu_launch_comes_from_the_cell() -> None:
 
 
 def test_cell_checks_mem_fraction_and_vllm_refuses_it() -> None:
-    from harness.config import ConfigError, parse_config
+    from harness.errors import ConfigError
+    from harness.config import parse_config
 
     data = dict(name="t", engine={"name": "sglang", "version": "0.5.22"}, model="m", gpu="cpu", kv_pool_tokens=10, mem_fraction_static=1.5)
     with pytest.raises(ConfigError, match="mem_fraction_static"):

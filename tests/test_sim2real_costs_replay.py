@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from harness.config import CellConfig, WorkloadConfig, load_cost_file, load_test
-from harness.protocols.calibration import run_closed
-from harness.sim2real import parity
-from harness.sim2real.costfit import CostFitError, fit_from_runs
-from harness.sim2real.replay import replay_run
+from runs.calibration import run_closed
+from sim2real import parity
+from sim2real.costfit import CostFitError, fit_from_runs
+from sim2real.replay import replay_run
 
 TRUE = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-3}
 
@@ -51,13 +51,13 @@ def test_fit_refuses_runs_without_engine_timings(tmp_path: Path) -> None:
     import pandas as pd
 
     with pytest.raises(CostFitError, match="engine timings"):
-        from harness.sim2real.costfit import fit_costs
+        from sim2real.costfit import fit_costs
 
         fit_costs([pd.DataFrame({"status": ["ok"], "done_time": [1.0]})], 8192)
 
 
 def test_replay_plays_the_runs_own_plan_and_parity_compares(tmp_path: Path) -> None:
-    from harness.protocols.arms import execute_run
+    from runs.arms import execute_run
 
     bundle = load_test("configs/tests/e2-sglang-300k.yaml")
     # a short protocol: the replay must follow the run's meta.json, not the test file

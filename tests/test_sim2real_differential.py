@@ -17,12 +17,12 @@ import pytest
 from harness.refengine.blocks import BlockPool
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.request import EngineRequest, Req
-from harness.sim2real.differential import run_trace, summarize
-from harness.sim2real.digest import chain_digests
-from harness.sim2real.engineproc import DRIVERS, EngineProcError, engine_python
-from harness.sim2real.ours import OurEngine, OurRadixEngine, sglang_cell, vllm_cell
-from harness.sim2real.suite import OurSide
-from harness.sim2real.traces import EngineShape, TraceSpec, default_suite, make_trace
+from sim2real.differential import run_trace, summarize
+from sim2real.digest import chain_digests
+from sim2real.engineproc import DRIVERS, EngineProcError, engine_python
+from sim2real.ours import OurEngine, OurRadixEngine, sglang_cell, vllm_cell
+from sim2real.suite import OurSide
+from sim2real.traces import EngineShape, TraceSpec, default_suite, make_trace
 
 
 def _driver_module(name: str) -> Any:

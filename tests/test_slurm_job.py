@@ -165,15 +165,15 @@ def test_job_code_check_descendants_and_changes(project: dict[str, Any], tmp_pat
         code = load_run(tmp_path / "a").meta["code"]
         assert code["relation"] == "descendant without code changes" and code["head"] == later and code["changed_paths"] == ["NOTES.md", "prereg/registrations/another.yaml"]
 
-        p = work / "harness" / "config.py"
+        p = work / "harness" / "config" / "models.py"
         p.write_text(p.read_text() + "\n# an uncommitted edit\n")
         out = J.run_job(_spec(project, tmp_path / "b"), code_root=work)
         _refused(out, "code")
-        assert "uncommitted code changes: ['harness/config.py']" in out.reason
+        assert "uncommitted code changes: ['harness/config/models.py']" in out.reason
         moved = commit(work, "a code change")
         out = J.run_job(_spec(project, tmp_path / "c"), code_root=work)
         _refused(out, "code")
-        assert f"commit {moved[:12]} changes ['harness/config.py']" in out.reason
+        assert f"commit {moved[:12]} changes ['harness/config/models.py']" in out.reason
         # an exploratory job runs anyway and records why it would have been refused
         out = J.run_job(_spec(project, tmp_path / "d", exploratory=True), code_root=work)
         assert out.status == "COMPLETED" and load_run(tmp_path / "d").meta["code"]["relation"] == "exploratory"

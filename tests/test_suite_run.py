@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from cli import main as cli
 
 PROTOCOL = ("kind: protocol\nname: tiny\nduration: 1500.0\nburst: {time: 200.0, size: 20, width: 20.0}\n"
             "window: {start: 800.0, end: 1500.0}\nmin_window: 600.0\n")  # fmt: skip

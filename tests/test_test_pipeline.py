@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from analysis.report import analyze, markdown_table, runs_table, write_report
-from harness.client.protocol import Send, Timer, TurnResponse
+from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import load_test
-from harness.workload.plans import read_plan
+from harness.workload.planfile import read_plan
 from harness.recording.record import load_run
-from harness.protocols.arms import BackendResult, RunContext, execute_run, register_backend, run_test
+from runs.arms import execute_run
+from runs.suite import run_test
+from runs.backend import BackendResult, RunContext, register_backend
 
 
 def _stub_backend(ctx: RunContext) -> BackendResult:
@@ -109,7 +111,7 @@ def test_display_degrades_to_log_lines_and_renders_live() -> None:
     import io
 
     from harness.recording.progress import TestDisplay
-    from harness.protocols.arms import RunResult
+    from runs.arms import RunResult
 
     buf = io.StringIO()
     d = TestDisplay(stream=buf, live=False, log_every=0.0)
@@ -128,7 +130,7 @@ def test_display_degrades_to_log_lines_and_renders_live() -> None:
 
 
 def test_cli_commands_are_registered() -> None:
-    from harness import cli
+    from cli import main as cli
 
     parser = cli.build().parser
     args = parser.parse_args(["test", "run", "configs/tests/e2-sglang-300k.yaml", "--engine", "sim", "--jobs", "2"])
@@ -174,7 +176,7 @@ register_backend("late", _late_backend)
 
 
 def test_a_test_whose_runs_all_fail_ends_with_one_line_per_run(tiny_test: Path, tmp_path: Path, capsys) -> None:
-    from harness import cli
+    from cli import main as cli
 
     code = cli.main(["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o")])
     out, err = capsys.readouterr()
@@ -206,7 +208,7 @@ def test_a_report_over_failed_runs_only_is_written_not_crashed(tiny_test: Path, 
 
 
 def test_arms_given_by_file_are_recorded_and_judged_by_name(tiny_test: Path, tmp_path: Path) -> None:
-    from analysis.cli import report_runs
+    from analysis.judge import report_runs
 
     arms = Path(__file__).resolve().parents[1] / "configs" / "arms"
     t = tmp_path / "by-file.yaml"
@@ -221,7 +223,7 @@ def test_arms_given_by_file_are_recorded_and_judged_by_name(tiny_test: Path, tmp
 
 
 def test_an_arm_the_rule_does_not_know_is_refused_before_any_run(tiny_test: Path, tmp_path: Path) -> None:
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     t = tmp_path / "unknown-arm.yaml"
     t.write_text(tiny_test.read_text().replace("arms: [burst, noburst, capped]", "arms: [burst, toolslow-d30]"))
@@ -239,7 +241,7 @@ def test_an_arm_the_rule_does_not_know_is_refused_before_any_run(tiny_test: Path
 
 
 def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: Path, tmp_path: Path) -> None:
-    from harness.protocols.cli import _lateness
+    from cli.run import _lateness
 
     bundle = load_test(tiny_test)
     res = execute_run(bundle, "NOBURST", 1.35, 0, "late", tmp_path / "late")
@@ -263,7 +265,7 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
 
 
 def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Path) -> None:
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     shipped = (Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml").read_text()
     t = tmp_path / "paper-rule.yaml"
@@ -272,6 +274,6 @@ def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Pa
         run_test(t, "stub", tmp_path / "out", jobs=1)
     assert not (tmp_path / "out").exists()
     # the shipped test names its scaled rule and passes the check
-    from harness.protocols.arms import check_before_runs
+    from runs.arms import check_before_runs
 
     check_before_runs(load_test(Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml"), "stub")

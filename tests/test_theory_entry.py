@@ -22,7 +22,7 @@ from analysis.theory.entry import (
 from analysis.theory.moments import workload_moments
 from analysis.theory.quasistatic import MuCurve
 from harness.config import WorkloadConfig
-from harness.refengine.cost import CostModel
+from harness.config.cost import CostModel
 
 H200_SPEED = 2.742
 

@@ -12,7 +12,7 @@ from analysis.theory.fluid import ExactFluid, burst_state, good_state_initial, p
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import WorkloadConfig
-from harness.refengine.cost import CostModel
+from harness.config.cost import CostModel
 
 LAMBDA_REF = 0.071534
 

@@ -14,7 +14,7 @@ import pytest
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import survival, workload_moments
 from harness.config import TurnLaw, WorkloadConfig
-from harness.refengine.cost import CostModel
+from harness.config.cost import CostModel
 
 LAMBDA_REF = 0.071534  # registered E0a rate of the SGLang A100 300k cell
 M300 = 300_000

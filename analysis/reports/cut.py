@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from analysis.reports.common import header, num, outcome_block, per_run_table, q, runs_of, table
+from analysis.predictions import Predictions
 
 COLUMNS = [("hit", "hit", "{:.3f}"), ("S [3000, 8700)", "s_slope", "{:+.4f}"), ("late slope", "late_slope", "{:+.4f}"),
            ("λ'_plan (s⁻¹)", "lam_plan", "{:.4f}"), ("completions [3000, 8700)", "d_own", "{:.4f}"), ("present at end", "end_backlog", "{:.0f}")]  # fmt: skip
@@ -39,8 +40,6 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from analysis.predictions import Predictions
 
     cut_arm = verdict["rule_spec"]["roles"]["cut"]["arm"].lower()
     pinfo = verdict.get("predictions") or {}

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from analysis.reports.common import header, num, outcome_block, per_run_table, q, runs_of, table
+from analysis.predictions import Predictions
 
 COLUMNS = [("follow-up hit", "followup_hit", "{:.3f}"), ("burst done", "wave.done", "{:.0f}"), ("served prompt", "prompt_w", "{:.0f}"),
            ("model F prompt", "pred.prompt", "{:.0f}")]  # fmt: skip
@@ -38,8 +39,6 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from analysis.predictions import Predictions
 
     arm = verdict["rule_spec"]["roles"]["burst"]["arm"].lower()
     pinfo = verdict.get("predictions") or {}

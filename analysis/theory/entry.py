@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from analysis.theory.moments import WorkloadMoments
-from harness.refengine.cost import CostModel, causal_pairs
+from harness.config.cost import CostModel, causal_pairs
 
 Batching = Literal["separate", "mixed"]
 

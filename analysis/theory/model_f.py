@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 
 from analysis.theory.entry import Batching, Server, all_miss_onset
 from analysis.theory.moments import WorkloadMoments
-from harness.refengine.cost import CostModel
+from harness.config.cost import CostModel
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from analysis.theory.fluid import PlanFluidResult, plan_fluid_from_plan
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import TestBundle
-from harness.workload.plans import make_plan, plan_bytes
+from harness.workload.plans import make_plan
+from harness.workload.planfile import plan_bytes
 
 NAN = float("nan")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Sequence
 
 from harness.client.openloop import ListSink, RecordSink
-from harness.client.protocol import Command, Send, Timer, TurnResponse
+from harness.client.contract import Command, Send, Timer, TurnResponse
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
 from harness.workload.draws import STREAM_CLOSED, draw_session

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Protocol, Sequence
 
 from harness.client.gates import GateEvent, NoGate, Start
-from harness.client.protocol import Command, Send, Timer, TurnResponse
+from harness.client.contract import Command, Send, Timer, TurnResponse
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
 from harness.workload.draws import SessionSpec

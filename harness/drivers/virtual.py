@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from harness.client.protocol import Client, Command, Send, Timer, TurnResponse
+from harness.client.contract import Client, Command, Send, Timer, TurnResponse
 from harness.refengine.model import EngineModel, EngineRequest
 
 _ENGINE, _TIMER, _GAUGE = 0, 1, 2

@@ -39,7 +39,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 import aiohttp
 import numpy as np
 
-from harness.client.protocol import Client, Send, Timer, TurnResponse
+from harness.client.contract import Client, Send, Timer, TurnResponse
 from harness.servers.base import ParsedTurn, ResponseError
 
 log = logging.getLogger("agentload.driver")

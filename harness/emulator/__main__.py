@@ -1,5 +1,5 @@
 import sys
 
-from harness.emulator.cli import main
+from harness.emulator.serve import main
 
 sys.exit(main())

@@ -49,6 +49,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from harness.config import CellConfig
 from harness.emulator import flavors
+from harness.refengine.model import EngineModel
+from harness.refengine.model import EngineRequest
 
 log = logging.getLogger("agentload.emulator")
 
@@ -152,8 +154,6 @@ class Emulator:
         health_poll: float | None = None,
         warmup: float | None = None,
     ) -> None:
-        from harness.refengine.model import EngineModel  # the engine model; imported late so the CLI stays light
-
         flavor = flavor or cell.engine.name
         if flavor not in flavors.FLAVORS:
             raise ValueError(f"flavor {flavor!r}; expected one of {flavors.FLAVORS}")
@@ -299,8 +299,6 @@ class Emulator:
 
     async def submit(self, prompt: np.ndarray, max_tokens: int) -> Any:
         """Queue one request on the engine and wait for its completion."""
-        from harness.refengine.model import EngineRequest
-
         if self._dead:
             raise RuntimeError(self._dead)
         req_id = self._next_id

@@ -30,6 +30,11 @@ import sys
 import time
 from typing import IO, Any, Sequence
 
+from harness.recording.schema import HIT_THRESHOLD, is_hit
+from rich.table import Table
+from rich.console import Console
+from rich.live import Live
+
 log = logging.getLogger("agentload.progress")
 
 HIT_WINDOW = 60.0  # plan seconds behind the recent hit fraction
@@ -73,9 +78,7 @@ class RunProgress:
             self._errors += 1
             return
         self._ok += 1
-        from analysis.metrics import is_hit
-
-        hit = is_hit(cached_tokens, prompt_tokens)
+        hit = is_hit(cached_tokens, prompt_tokens, HIT_THRESHOLD)
         self._hits += hit
         self._recent.append((t, hit))
 
@@ -150,8 +153,6 @@ class RunProgress:
             print(text, file=self.stream, flush=True)
 
     def _table(self) -> Any:
-        from rich.table import Table
-
         s = self.snapshot()
         t = Table(title=self.title, show_header=False, expand=False)
         t.add_column("what", style="bold")
@@ -178,13 +179,6 @@ class RunProgress:
         return t
 
     def _render_live(self, final: bool) -> None:
-        try:
-            from rich.console import Console
-            from rich.live import Live
-        except ImportError:  # pragma: no cover - rich is a dependency; degrade anyway
-            self.live = False
-            self._emit_line()
-            return
         if self._live_obj is None:
             self._live_obj = Live(self._table(), console=Console(file=self.stream), auto_refresh=False, transient=False)
             self._live_obj.start()
@@ -227,9 +221,6 @@ class TestDisplay:
         self.rows = {k: {"t": 0.0, "in_system": None, "hit": None, "status": "queued"} for k in keys}
         self._t0 = time.monotonic()
         if self.live:
-            from rich.console import Console
-            from rich.live import Live
-
             self._live = Live(self._table(), console=Console(file=self.stream), refresh_per_second=4, transient=False)
             self._live.start()
         else:
@@ -278,8 +269,6 @@ class TestDisplay:
         print(text, file=self.stream, flush=True)
 
     def _table(self) -> Any:
-        from rich.table import Table
-
         t = Table(title=self._summary(), expand=False)
         for col, j in (("run", "left"), ("plan time", "right"), ("in system", "right"), ("held", "right"), ("hit (last 50 s)", "right"), ("status", "left")):
             t.add_column(col, justify=j)  # type: ignore[arg-type]

@@ -24,85 +24,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
+from harness.atomic import write_bytes_atomic, write_with
+from harness.errors import RecordError
 
-FORMAT_VERSION = 1
-RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "INTERRUPTED", "REFUSED")  # REFUSED: a job's checks stopped it before any run
-TURN_STATUSES = ("ok", "error", "timeout", "unfinished")  # unfinished: still in flight when the run ended
-OUTCOMES = ("completed", "refused", "unfinished", "failed")
-RESERVED_META = ("format", "format_version", "status", "status_reason", "created_at", "finished_at", "tables")
+from harness.recording.schema import COLUMNS, FORMAT_VERSION, OUTCOMES, RESERVED_META, RUN_STATUSES, TABLES, TURN_STATUSES, RunStatus
 
 FLUSH_ROWS = 512
 FLUSH_SECONDS = 1.0
 
-_f64, _i64, _i32, _str, _bool = pa.float64(), pa.int64(), pa.int32(), pa.string(), pa.bool_()
-
-
-def _schema(*cols: tuple[str, pa.DataType, bool]) -> pa.Schema:
-    return pa.schema([pa.field(n, t, nullable=nullable) for n, t, nullable in cols])
-
-
-# Column order here is the column order of the files; docs/run-format.md documents each column.
+# The Arrow schemas of the tables, in the column order of the files (harness/recording/schema.py).
 SCHEMAS: dict[str, pa.Schema] = {
-    "turns": _schema(
-        ("session", _i64, False),
-        ("kind", _str, False),
-        ("turn", _i32, False),
-        ("request_id", _i64, True),
-        ("send_time", _f64, False),
-        ("first_token_time", _f64, True),
-        ("done_time", _f64, True),
-        ("prompt_tokens", _i64, True),
-        ("cached_tokens", _i64, True),
-        ("completion_tokens", _i64, True),
-        ("n_output_ids", _i64, True),
-        ("queue_time", _f64, True),
-        ("engine_ttft", _f64, True),
-        ("engine_decode", _f64, True),
-        ("status", _str, False),
-        ("http_status", _i32, True),
-        ("error", _str, True),
-    ),
-    "sessions": _schema(
-        ("session", _i64, False),
-        ("kind", _str, False),
-        ("stream", _i32, True),
-        ("index", _i32, True),
-        ("arrival", _f64, False),
-        ("admission", _f64, True),
-        ("end", _f64, True),
-        ("outcome", _str, False),
-        ("n_turns", _i32, True),
-        ("turns_done", _i32, True),
-        ("start_lateness", _f64, True),
-        ("gate_wait", _f64, True),
-        ("paused_time", _f64, True),
-    ),
-    "gate_events": _schema(
-        ("time", _f64, False),
-        ("event", _str, False),
-        ("session", _i64, True),
-        ("queue_new", _i32, True),
-        ("queue_resume", _i32, True),
-        ("admitted", _i32, True),
-        ("cap", _i32, True),
-    ),
-    "gauges": _schema(
-        ("time", _f64, False),
-        ("running", _f64, True),
-        ("waiting", _f64, True),
-        ("kv_used_tokens", _f64, True),
-        ("kv_evictable_tokens", _f64, True),
-        ("pool_tokens", _f64, True),
-        ("prompt_tokens_total", _f64, True),
-        ("cached_tokens_total", _f64, True),
-        ("generation_tokens_total", _f64, True),
-        ("preemptions_total", _f64, True),
-    ),
+    name: pa.schema([pa.field(n, pa.type_for_alias(t), nullable=nullable) for n, t, nullable in cols]) for name, cols in COLUMNS.items()
 }
-TABLES = tuple(SCHEMAS)
+__all__ = ["FORMAT_VERSION", "OUTCOMES", "RESERVED_META", "RUN_STATUSES", "SCHEMAS", "TABLES", "TURN_STATUSES", "RunFormatError",
+           "RunRecorder", "RunStatus", "load_run"]  # fmt: skip
 
 
-class RunFormatError(ValueError):
+class RunFormatError(RecordError):
     """A run directory cannot be read as a run record."""
 
 
@@ -124,15 +62,6 @@ def _dump_meta(meta: Mapping[str, Any]) -> bytes:
     return orjson.dumps(
         meta, default=_json_default, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     )
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _sha256(path: Path) -> str:
@@ -163,7 +92,7 @@ class RunRecorder:
             **meta,
             "format": "agentload-run",
             "format_version": FORMAT_VERSION,
-            "status": "RUNNING",
+            "status": RunStatus.RUNNING.value,
             "status_reason": None,
             "created_at": _now_iso(),
             "finished_at": None,
@@ -301,7 +230,7 @@ class RunRecorder:
         return dict(self._meta)
 
     def _write_meta(self) -> None:
-        _atomic_write(self.dir / "meta.json", _dump_meta(self._meta))
+        write_bytes_atomic(self.dir / "meta.json", _dump_meta(self._meta), fsync=True)
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Add what is learned during the run (engine build, node, smoke results) to meta.json."""
@@ -320,7 +249,7 @@ class RunRecorder:
         self._write_meta()
 
     # -- end -------------------------------------------------------------------------------------
-    def close(self, status: str | None = None, reason: str | None = None) -> None:
+    def close(self, status: RunStatus | str | None = None, reason: str | None = None) -> None:
         """Compact every table to Parquet, record hashes, and finish the status (COMPLETED if still RUNNING)."""
         if self.closed:
             return
@@ -332,16 +261,14 @@ class RunRecorder:
         for t in TABLES:
             table, _ = _read_table(self.dir / f"{t}.jsonl", t)
             dst = self.dir / f"{t}.parquet"
-            tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
-            pq.write_table(table, tmp, compression="zstd")
-            os.replace(tmp, dst)
+            write_with(dst, lambda tmp: pq.write_table(table, tmp, compression="zstd"))  # noqa: B023 - called at once
             tables[t] = {"file": dst.name, "rows": table.num_rows, "sha256": _sha256(dst)}
         if status is not None:
             if status not in RUN_STATUSES:
                 raise ValueError(f"run status {status!r}; expected one of {RUN_STATUSES}")
-            self._meta["status"], self._meta["status_reason"] = status, reason
-        elif self._meta["status"] == "RUNNING":
-            self._meta["status"] = "COMPLETED"
+            self._meta["status"], self._meta["status_reason"] = RunStatus(status).value, reason
+        elif self._meta["status"] == RunStatus.RUNNING:
+            self._meta["status"] = RunStatus.COMPLETED.value
         self._meta["tables"] = tables
         self._meta["finished_at"] = _now_iso()
         self._write_meta()
@@ -355,9 +282,9 @@ class RunRecorder:
         if et is None:
             self.close()
         elif issubclass(et, KeyboardInterrupt):
-            self.close("INTERRUPTED", "interrupted (KeyboardInterrupt)")
+            self.close(RunStatus.INTERRUPTED, "interrupted (KeyboardInterrupt)")
         else:
-            self.close("FAILED", f"{et.__name__}: {ev}")
+            self.close(RunStatus.FAILED, f"{et.__name__}: {ev}")
 
 
 def _last_per_session(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -404,7 +331,7 @@ def _read_table(path: Path, table: str) -> tuple[pa.Table, int]:
 # ---------------------------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------------------------
-_PANDAS_TYPES = {_i64: pd.Int64Dtype(), _i32: pd.Int32Dtype(), _bool: pd.BooleanDtype()}
+_PANDAS_TYPES = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.bool_(): pd.BooleanDtype()}
 
 
 def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:

@@ -2,7 +2,7 @@
 
 A mixin of EngineModel, kept apart because it follows one engine's code closely (SGLang 0.5.22,
 Scheduler.get_next_batch_to_run / get_new_batch_prefill / update_running_batch, PrefillAdder and
-PrefillBudget; checked decision by decision against that code by harness/sim2real):
+PrefillBudget; checked decision by decision against that code by sim2real/):
 
 - prefill first: an iteration prefills whenever a prefill batch can be formed (the request being
   chunked continues first, then waiting requests are admitted in queue order), otherwise every

@@ -31,6 +31,10 @@ import numpy as np
 import orjson
 
 from harness.servers.metrics import COMMON_METRICS, map_metrics, parse_prometheus
+from harness.errors import EngineError
+from harness.servers.cpuquota import wrap
+from harness.servers.cpuquota import apply
+from harness.servers.cpuquota import remove
 
 if TYPE_CHECKING:  # aiohttp is imported lazily so launching works in thin environments
     import aiohttp
@@ -46,7 +50,7 @@ LOG_NAME = "server.log"
 # ---------------------------------------------------------------------------------------------
 # errors and records
 # ---------------------------------------------------------------------------------------------
-class EngineStartError(RuntimeError):
+class EngineStartError(EngineError):
     """The server did not come up. `reason` is 'port_in_use', 'exited' or 'never_healthy'.
 
     The message carries the tail of the server log because the cause (a bad flag, an OOM, a
@@ -60,11 +64,11 @@ class EngineStartError(RuntimeError):
         super().__init__(text)
 
 
-class FlushError(RuntimeError):
+class FlushError(EngineError):
     """The prefix cache could not be flushed (busy past the deadline, or the engine refused)."""
 
 
-class ResponseError(Exception):
+class ResponseError(EngineError):
     """A completion response the client cannot use; the turn is recorded with status 'error'."""
 
     status = "error"
@@ -238,7 +242,6 @@ class EngineAdapter(abc.ABC):
         self.cpu_quota = None
         if cell.engine_cpu_quota is None:
             return argv
-        from harness.servers.cpuquota import wrap
 
         name = f"{self.name}-{port}"
         self.cpu_quota = (name, cell.engine_cpu_quota)
@@ -283,7 +286,6 @@ class EngineAdapter(abc.ABC):
         try:
             wait_healthy(base_url, timeout=health_timeout, process=proc, health_path=self.health_path)
             if self.cpu_quota is not None:  # the cell's CPU quota, from now on (the start is not measured)
-                from harness.servers.cpuquota import apply
 
                 got = apply(*self.cpu_quota)
                 handle = dataclasses.replace(handle, cpu_group=self.cpu_quota[0])
@@ -330,8 +332,6 @@ class EngineAdapter(abc.ABC):
         except subprocess.TimeoutExpired:
             pass
         if handle.cpu_group is not None:
-            from harness.servers.cpuquota import remove
-
             remove(handle.cpu_group)  # empty now; a leftover process keeps it (and says so by failing)
 
     health_path: str = HEALTH_PATH
@@ -461,13 +461,6 @@ class EngineAdapter(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """What goes into a run's meta.json about the adapter itself."""
         return {"adapter": self.name, "block_size": self.block_size, "server_cmd": self.server_cmd}
-
-
-def get_adapter(name: str, **kwargs: Any) -> EngineAdapter:
-    """Same as harness.servers.get_adapter (kept here, where the contract first named it)."""
-    from harness.servers import get_adapter as _get
-
-    return _get(name, **kwargs)
 
 
 def _engine_timings(metrics: Any) -> dict[str, float]:

@@ -22,12 +22,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from harness.errors import EngineError
 
 PERIOD_US = 100_000  # the kernel's default CFS period: the quota is granted per 100 ms
 ROOTS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup"))
 
 
-class QuotaError(RuntimeError):
+class QuotaError(EngineError):
     """No cgroup cpu controller to enforce the quota with."""
 
 

@@ -22,6 +22,8 @@ import yaml
 from harness.servers.base import EngineAdapter
 from harness.servers.sglang import SGLangAdapter
 from harness.servers.vllm import VLLMAdapter
+from harness.config import CellConfig, load_config
+from harness.errors import ConfigError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -39,8 +41,6 @@ def cell_file(cell: CellConfig, ref: str | None = None) -> str:
     very cell, otherwise the cell is written to a content-addressed file under the temp dir. Either
     way the emulator serves the cell the run validated and recorded.
     """
-    from harness.config import CellConfig, ConfigError, load_config
-
     if ref:
         path = Path(ref).expanduser()
         if path.is_file():

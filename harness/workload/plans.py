@@ -37,96 +37,22 @@ a fixed writer configuration. The same inputs give the same bytes in any process
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
-import os
-import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from harness.config import ArmConfig, Cut, ProtocolConfig, Shed, WorkloadConfig, parse_config
+from harness.config import DEFAULT_TOP_RATE, ArmConfig, Cut, ProtocolConfig, Shed, WorkloadConfig, parse_config, rate_above_top
+from harness.errors import PlanError
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec, _generator, draw_session
+from harness.workload.planfile import GENERATOR_VERSION, Plan
 
-DEFAULT_TOP_RATE = 2.0  # sessions/s: the paper's base process; a test may register another (TestConfig.top_rate)
-TOP_RATE = DEFAULT_TOP_RATE  # the name older callers import
 BURST_DRAW = 200  # the burst draw every burst size takes a prefix of
-GENERATOR_VERSION = 1  # bump on any change that alters a plan's bytes for the same inputs
-META_KEY = b"agentload.plan"
 
 _ARRIVAL_DOMAIN = 0x617272  # separates the arrival process from every session stream
 _BURST_DOMAIN = 0x627273
 _BLOCK = 4096  # points of the top-rate process drawn per counter-based block
-
-_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("stream", pa.int32(), nullable=False),
-        pa.field("index", pa.int32(), nullable=False),
-        pa.field("arrival", pa.float64(), nullable=False),
-        pa.field("n_turns", pa.int32(), nullable=False),
-        pa.field("tool_times", pa.list_(pa.float64()), nullable=False),
-        pa.field("token_seed", pa.int64(), nullable=False),
-        pa.field("refused", pa.bool_(), nullable=False),
-    ]
-)
-
-
-class PlanError(ValueError):
-    """A plan cannot be made or read as asked; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A frozen plan. ``sessions[i]`` is client-wide session id i (the row in the file)."""
-
-    sessions: tuple[SessionSpec, ...]
-    meta: dict[str, Any]
-    sha256: str | None = None  # of the file's bytes; None until written or when built in memory
-
-    @property
-    def workload(self) -> WorkloadConfig:
-        return parse_config(self.meta["workload"], WorkloadConfig, "plan metadata: workload")
-
-    @property
-    def protocol(self) -> ProtocolConfig:
-        return parse_config(self.meta["protocol"], ProtocolConfig, "plan metadata: protocol")
-
-    @property
-    def rate_abs(self) -> float:
-        return float(self.meta["rate_abs"])
-
-    @property
-    def lambda_ref(self) -> float:
-        return float(self.meta["lambda_ref"])
-
-    @property
-    def top_rate(self) -> float:
-        return float(self.meta.get("top_rate", DEFAULT_TOP_RATE))
-
-    def of_kind(self, kind: str) -> list[SessionSpec]:
-        return [s for s in self.sessions if s.kind == kind]
-
-    def nominal_rate(self, t: float) -> float:
-        """Absolute base arrival rate at time t (piecewise constant: CUT changes it)."""
-        cut = self.meta["arm"]["cut"]
-        if cut is not None and t >= cut["start"]:
-            return float(cut["rate"]) * self.lambda_ref
-        return self.rate_abs
-
-    def expected_arrivals(self, start: float, end: float) -> float:
-        """Integral of the nominal base rate over [start, end)."""
-        cut = self.meta["arm"]["cut"]
-        if cut is None or end <= cut["start"]:
-            return self.rate_abs * (end - start)
-        c = max(start, float(cut["start"]))
-        return self.rate_abs * max(0.0, c - start) + float(cut["rate"]) * self.lambda_ref * (end - c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,20 +77,6 @@ def top_process(seed: int, horizon: float, top_rate: float = DEFAULT_TOP_RATE) -
     all_m = np.concatenate(marks) if marks else np.empty(0)
     keep = all_t < horizon
     return all_t[keep], all_m[keep]
-
-
-def rate_above_top(multiple: float, lambda_ref: float, top_rate: float) -> str | None:
-    """Why `multiple` x lambda_ref cannot be thinned from a base stream at `top_rate`, or None.
-
-    One check for the test loader (before any run) and the plan generator (the last line of defence)."""
-    lam = multiple * lambda_ref
-    if lam <= top_rate:
-        return None
-    return (
-        f"{multiple:g} x lambda_ref {lambda_ref:g} = {lam:.4g} sessions/s exceeds the plan's top rate of "
-        f"{top_rate:g} sessions/s; expected at most {top_rate / lambda_ref:.4g} x lambda_ref, or a test "
-        f"'top_rate' of at least {lam:.4g} (a different top rate makes different plans, nested only among themselves)"
-    )
 
 
 def burst_offsets(seed: int, n: int, width: float) -> np.ndarray:
@@ -291,76 +203,6 @@ def _build(
 
 
 # ---------------------------------------------------------------------------------------------
-# file format
-# ---------------------------------------------------------------------------------------------
-def _canonical(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-
-
-def plan_bytes(plan: Plan) -> bytes:
-    """The exact bytes of the plan file: a fixed schema, fixed row order, canonical metadata."""
-    s = plan.sessions
-    table = pa.table(
-        {
-            "kind": pa.array([x.kind for x in s], pa.string()),
-            "stream": pa.array([x.stream for x in s], pa.int32()),
-            "index": pa.array([x.index for x in s], pa.int32()),
-            "arrival": pa.array([x.arrival for x in s], pa.float64()),
-            "n_turns": pa.array([x.n_turns for x in s], pa.int32()),
-            "tool_times": pa.array([list(x.tool_times) for x in s], pa.list_(pa.float64())),
-            "token_seed": pa.array([x.token_seed for x in s], pa.int64()),
-            "refused": pa.array([x.refused for x in s], pa.bool_()),
-        },
-        schema=_SCHEMA.with_metadata({META_KEY: _canonical(plan.meta)}),
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=["kind"], version="2.6")
-    return sink.getvalue()
-
-
-def write_plan(plan: Plan, path: Path | str) -> str:
-    """Write the plan atomically and return the SHA-256 of its bytes."""
-    data = plan_bytes(plan)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return hashlib.sha256(data).hexdigest()
-
-
-def read_plan(path: Path | str) -> Plan:
-    """Read a plan file; ``sha256`` is that of the bytes read, for the run's meta.json."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read plan: {exc.strerror}") from None
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise PlanError(f"{path}: not a Parquet plan file ({exc})") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise PlanError(f"{path}: Parquet file without plan metadata (key {META_KEY.decode()}); not a plan")
-    meta = orjson.loads(raw)
-    cols = table.to_pydict()
-    sessions = tuple(
-        SessionSpec(
-            stream=cols["stream"][i],
-            index=cols["index"][i],
-            arrival=cols["arrival"][i],
-            n_turns=cols["n_turns"][i],
-            tool_times=tuple(cols["tool_times"][i]),
-            token_seed=cols["token_seed"][i],
-            refused=cols["refused"][i],
-        )
-        for i in range(table.num_rows)
-    )
-    return Plan(sessions=sessions, meta=meta, sha256=hashlib.sha256(data).hexdigest())
-
-
-# ---------------------------------------------------------------------------------------------
 # realized arrivals against nominal
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -456,140 +298,3 @@ def ks_exponential(plan: Plan) -> KSResult:
         return KSResult(float("nan"), float("nan"), len(gaps))
     res = stats.kstest(np.asarray(gaps), "expon")
     return KSResult(float(res.statistic), float(res.pvalue), len(gaps))
-
-
-# ---------------------------------------------------------------------------------------------
-# command line: agentload plan make / show
-# ---------------------------------------------------------------------------------------------
-def register(cli: Any) -> None:
-    """Add `agentload plan make|show` (see harness/cli.py for the pattern)."""
-    p = cli.command("plan", group="workload", help="make a frozen session plan (Parquet + SHA-256), or show one")
-    p.set_defaults(_parser=p)
-    sub = p.add_subparsers(dest="plan_action", metavar="ACTION")
-    mk = sub.add_parser("make", help="generate a plan and print its SHA-256", description=(
-        "Generate the plan of one (workload, protocol, arm, rate, seed) and write it as Parquet. "
-        "The same inputs give the same bytes (and hash) in any process."
-    ))
-    mk.add_argument("--workload", required=True, help="workload config (name under configs/workloads or a path)")
-    mk.add_argument("--protocol", required=True, help="protocol config")
-    mk.add_argument("--arm", required=True, help="arm config")
-    mk.add_argument("--rate", required=True, type=float, help="arrival rate as a multiple of lambda_ref")
-    ref = mk.add_mutually_exclusive_group(required=True)
-    ref.add_argument("--lambda-ref", type=float, help="reference rate lambda_ref, sessions/s")
-    ref.add_argument("--cell", help="take lambda_ref from this cell config")
-    mk.add_argument("--seed", required=True, type=int)
-    mk.add_argument("--top-rate", type=float, default=DEFAULT_TOP_RATE,
-                    help=f"sessions/s of the base stream rates are thinned from (default {DEFAULT_TOP_RATE:g}, the paper's; "
-                    "a test registers its own as top_rate)")
-    mk.add_argument("--out", help="output file (default: plan-<arm>-r<rate>-s<seed>.parquet)")
-    mk.set_defaults(func=_cmd_make)
-    sh = sub.add_parser("show", help="sessions, turns and realized arrival rates against nominal",
-                        description="Summarize a plan: sessions, turns, realized arrival rate per window "
-                        "against nominal, and a KS test of base inter-arrival times against the exponential law.")
-    sh.add_argument("plan", help="plan file")
-    sh.add_argument("--rows", type=int, default=10, help="session rows to list (default 10; 0 for none)")
-    sh.add_argument("--all", action="store_true", help="list every session")
-    sh.add_argument("--window", action="append", default=None, metavar="START:END",
-                    help="report this window (seconds) instead of the defaults; repeatable")
-    sh.set_defaults(func=_cmd_show)
-    cli.user_errors(PlanError)
-
-
-def _load_kind(ref: str, folder: str, model: type) -> Any:
-    from harness.config import config_ref, load_config
-
-    return load_config(config_ref(ref, folder), model)
-
-
-def _cmd_make(args: Any) -> int:
-    from harness.config import CellConfig
-
-    workload = _load_kind(args.workload, "workloads", WorkloadConfig)
-    protocol = _load_kind(args.protocol, "protocols", ProtocolConfig)
-    arm = _load_kind(args.arm, "arms", ArmConfig)
-    lam = args.lambda_ref
-    if args.cell is not None:
-        cell = _load_kind(args.cell, "cells", CellConfig)
-        if cell.lambda_ref is None:
-            raise PlanError(f"cell {cell.name!r} has no lambda_ref (run E0a and record it, or pass --lambda-ref)")
-        lam = cell.lambda_ref
-    plan = make_plan(workload, protocol, arm, args.rate, lam, args.seed, args.top_rate)
-    out = Path(args.out or f"plan-{arm.name}-r{args.rate:g}-s{args.seed}.parquet")
-    digest = write_plan(plan, out)
-    c = plan.meta["counts"]
-    print(f"{digest}  {out}")
-    print(
-        f"# {c['base']} base + {c['burst']} burst sessions ({c['refused']} refused), {c['turns']} turns; "
-        f"rate {args.rate:g} x {lam:g} = {plan.rate_abs:.6g} sessions/s, seed {args.seed}",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def _parse_window(text: str) -> tuple[str, float, float]:
-    try:
-        a, b = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise PlanError(f"--window: got {text!r}; expected START:END in seconds, e.g. 5700:8700") from None
-    if b <= a:
-        raise PlanError(f"--window: got {text!r}; expected END > START")
-    return (f"[{a:g}, {b:g})", a, b)
-
-
-def _cmd_show(args: Any) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from harness.workload.draws import expected_turns
-
-    plan = read_plan(args.plan)
-    windows = [_parse_window(w) for w in args.window] if args.window else None
-    m = plan.meta
-    con = Console(width=None if sys.stdout.isatty() else 110)
-    wl = plan.workload
-    head = Table.grid(padding=(0, 2))
-    head.add_row("plan", str(args.plan))
-    head.add_row("sha256", plan.sha256 or "")
-    head.add_row("seed / rate", f"{m['seed']} / {m['rate']:g} x lambda_ref {m['lambda_ref']:g} = {m['rate_abs']:.6g} sessions/s")
-    head.add_row("workload", f"{wl.name}: T = min(Geometric(1/{wl.turns.mean:g}), {wl.turns.cap}), E[T] = {expected_turns(wl):.3f}; "
-                 f"tool time Exp(mean {wl.tool_time.mean:g} s)")
-    arm = m["arm"]
-    head.add_row("protocol", f"{m['protocol']['name']}: {m['protocol']['duration']:g} s; burst {arm['burst_size']} at "
-                 f"{m['protocol']['burst']['time']:g} s; cut {arm['cut']}; shed {arm['shed']}")
-    head.add_row("generator", f"version {m['generator_version']}, top rate {m['top_rate']:g} sessions/s")
-    con.print(head)
-
-    summ = Table(title="sessions and turns")
-    for col in ("kind", "sessions", "refused", "turns", "mean turns", "tool time (s)"):
-        summ.add_column(col, justify="right" if col != "kind" else "left")
-    for kind in ("base", "burst"):
-        ss = plan.of_kind(kind)
-        if not ss:
-            continue
-        turns = sum(s.n_turns for s in ss)
-        summ.add_row(kind, str(len(ss)), str(sum(s.refused for s in ss)), str(turns),
-                     f"{turns / len(ss):.2f}", f"{sum(sum(s.tool_times) for s in ss):.0f}")
-    con.print(summ)
-
-    n_rows = len(plan.sessions) if args.all else max(0, args.rows)
-    if n_rows:
-        rows = Table(title=f"sessions (first {min(n_rows, len(plan.sessions))} of {len(plan.sessions)}; id = row)")
-        for col in ("id", "kind", "index", "arrival s", "turns", "tool s", "refused", "token seed"):
-            rows.add_column(col, justify="right", no_wrap=True)
-        for i, s in enumerate(plan.sessions[:n_rows]):
-            rows.add_row(str(i), s.kind, str(s.index), f"{s.arrival:.3f}", str(s.n_turns),
-                         f"{sum(s.tool_times):.1f}", "yes" if s.refused else "", f"{s.token_seed:016x}")
-        con.print(rows)
-
-    rt = Table(title="arrivals against nominal (base stream, refused included; z in Poisson s.d.)")
-    for col in ("window", "span s", "arrivals", "nominal", "dev", "z", "x lambda_ref", "refused"):
-        rt.add_column(col, justify="right" if col != "window" else "left", no_wrap=True)
-    for r in rate_report(plan, windows):
-        rt.add_row(r.label, f"[{r.start:g}, {r.end:g})", str(r.arrivals), f"{r.expected:.1f}", f"{100 * r.deviation:+.1f}%",
-                   f"{r.z:+.2f}" if r.kind == "base" else "", f"{r.realized_rate / plan.lambda_ref:.3f}" if r.kind == "base" else "",
-                   str(r.refused))
-    con.print(rt)
-    ks = ks_exponential(plan)
-    con.print(f"KS test of base inter-arrival times against the nominal exponential law (time-rescaled): "
-              f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}, n = {ks.n}")
-    return 0

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
+from harness.errors import SchedulerError
 
 __all__ = [
     "SCRIPT",
@@ -45,7 +46,7 @@ DEFAULT_STATE_DIR: Path = Path("/var/lib/agentload-slurm")
 Echo = Callable[[str], None]
 
 
-class ClusterError(RuntimeError):
+class ClusterError(SchedulerError):
     """cluster.sh failed; the message ends with the tail of its output."""
 
     def __init__(self, message: str, *, returncode: int | None = None, output: str = ""):

@@ -342,7 +342,7 @@ async def _evictable_after(live: Live, http: aiohttp.ClientSession, prompt: np.n
 def case_run_real_attached(live: Live, tmp_path: Path) -> None:
     """The run command's real-engine path against the running server: smoke, canary, drive, meta."""
     from harness.client.openloop import PlanClient
-    from harness.protocols import realrun
+    from runs import realrun
     from harness.recording.record import RunRecorder, load_run
 
     workload = WorkloadConfig.model_validate({"name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
@@ -381,7 +381,7 @@ def _tiny_test_files(live: Live, folder: Path, *, duration: float = 10.0) -> Pat
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", *args]
+    return [sys.executable, "-m", "cli.main", *args]
 
 
 def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
@@ -459,7 +459,7 @@ def _wait_for_turns(path: Path, n: int, timeout: float, *, alive: Callable[[], b
 
 def _attached_run(live: Live, tmp_path: Path, workload: WorkloadConfig, plan: list[Any], **opts: Any) -> tuple[Any, Any, Path]:
     from harness.client.openloop import PlanClient
-    from harness.protocols import realrun
+    from runs import realrun
     from harness.recording.record import RunRecorder, load_run
 
     run_dir = tmp_path / "run"

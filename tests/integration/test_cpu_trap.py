@@ -68,8 +68,8 @@ def _row(arm: str, av: Any, meta: dict[str, Any]) -> str:
 
 def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: Path) -> None:
     from analysis.report import analyze_run
-    from harness.protocols.arms import execute_run
-    from harness.servers.cpu_launch import run_options
+    from runs.arms import execute_run
+    from runs.cpu_launch import run_options
     from prereg.registration import load_registration
 
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")

@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from harness.sim2real.suite import run_suite, write_report
-from harness.sim2real.traces import default_suite
+from sim2real.suite import run_suite, write_report
+from sim2real.traces import default_suite
 
 FLOORS = {
     "vllm": {},

@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from gitfixture import git
-from harness.cli import main
+from cli.main import main
 from harness.recording.record import load_run
 from prereg.registration import load_registration, registration_dict, write_registration
 from slurm import scheduler as S

@@ -86,7 +86,7 @@ def fast_install(python: str) -> str:
         "SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
         'echo "$PWD" > "$SP/00-agentload-editable.pth"',
         f'echo "{deps}" > "$SP/zz-test-dependencies.pth"',
-        "printf '#!%s\\nimport sys\\nfrom harness.cli import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
+        "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
         "chmod +x .venv/bin/agentload",
     ])  # fmt: skip
 
@@ -141,8 +141,8 @@ def _git_env(home: Path) -> dict[str, str]:
 ORACLE = r"""
 import json, subprocess, sys
 from pathlib import Path
-from harness.cli import main
-from harness.protocols.arms import execute_run, run_name
+from cli.main import main
+from runs.arms import execute_run, run_name
 from prereg.registration import load_registration
 
 reg = load_registration("{reg}")

@@ -1,0 +1,138 @@
+"""Run directories and a test -> the verdict files: what `analyze` and the end of `test run` share.
+
+`report_runs` scores run directories with the rule the test (or the runs) name and writes
+verdict.json, report.md and figure.png. It reads run records and test configs only; it never
+imports a driver, a runner or a server adapter, so the judging half can be re-run by a reviewer with
+nothing that executes runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+import orjson
+import hashlib
+from analysis.report import analyze, markdown_table, runs_table, write_report
+from analysis.rules import is_staged, load_rule
+from harness.config import load_test
+from analysis.predictions import Predictions
+from analysis.reports import write_staged_report
+from analysis.staged_analysis import analyze_staged
+
+
+def refs_override(args: argparse.Namespace) -> dict[str, float] | None:
+    """The references given on the command line (`--lambda-ref`, `--all-miss-rate`), if any."""
+    out = {}
+    if getattr(args, "lambda_ref", None):
+        out["lambda_ref"] = float(args.lambda_ref)
+    if getattr(args, "all_miss_rate", None):
+        out["all_miss_token_rate"] = float(args.all_miss_rate)
+    return out or None
+
+
+def add_ref_options(p: argparse.ArgumentParser) -> None:
+    """The rule and reference options shared by `analyze` and `test run`."""
+    p.add_argument("--rule", help="rule: a name under analysis/rulespecs or a YAML file (default: the test's, else the runs')")
+    p.add_argument("--lambda-ref", type=float, help="override the cell's lambda_ref in the rule (sessions/s)")
+    p.add_argument("--all-miss-rate", type=float, help="override the cell's E0a all-miss token rate in the rule")
+
+
+def _first_meta(run_dirs: Sequence[str]) -> dict[str, Any]:
+    for d in run_dirs:
+        try:
+            return dict(orjson.loads((Path(d) / "meta.json").read_bytes()))
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def resolve_predictions(value: str | None, out_dir: Path, test_path: str | None) -> Path | None:
+    """The frozen prediction file a verdict reads: an explicit path, or for a test that freezes its
+    own ('freeze'), the predictions.json its `test run` wrote beside the runs."""
+    if not value:
+        return None
+    if value == "freeze":
+        for cand in (out_dir / "predictions.json", out_dir.parent / "predictions.json"):
+            if cand.is_file():
+                return cand
+        raise FileNotFoundError(f"the test freezes its predictions, but no predictions.json is in {out_dir} or its parent; "
+                                "pass --predictions FILE")  # fmt: skip
+    p = Path(value)
+    if not p.is_absolute() and test_path and not p.is_file():
+        p = Path(test_path).parent / value
+    return p
+
+
+def registration_binding(ref: str, test_path: Path) -> dict[str, str]:
+    """What a staged rule's `run.bound` compares with when the test names a registration: the
+    SHA-256 of the registration file (a path as given, else beside the test); a run counts only if
+    its meta.json binds it to those bytes."""
+    p = Path(ref)
+    if not p.is_file() and not p.is_absolute():
+        p = test_path.parent / ref
+    try:
+        return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    except OSError as exc:
+        raise FileNotFoundError(f"{test_path}: registration: {ref!r} cannot be read ({exc}); expected the registration file the runs are bound to") from None
+
+
+def report_runs(
+    run_dirs: Sequence[str],
+    out_dir: Path,
+    *,
+    test_path: str | None,
+    rule: str | None,
+    refs: dict[str, float] | None,
+    predictions: str | None = None,
+) -> int:
+    """Score run directories, write verdict JSON + Markdown + figure to `out_dir`, print the tables.
+
+    The rule is `rule` if given, else the test's, else the one the runs recorded. Returns the exit
+    status: for the paired E2 form 0 when the test PASSES; for the other families 0 when the
+    verdict is decided (any outcome but INCOMPLETE), since their outcomes are findings either way.
+    """
+    arms = rates = seeds = None
+    name = cell = None
+    expect_registration = None
+    rule_params = None
+    pred_value = predictions
+    if test_path:
+        b = load_test(test_path)
+        arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
+        arm_names = [a.name for a in b.arms.values()]
+        cell = b.cell.name
+        rule = rule or (str(b.rule_path) if b.rule_path else b.test.rule)  # the test's own rule unless overridden
+        rule_params = b.test.rule_params
+        pred_value = pred_value or b.test.predictions
+        if b.test.registration:
+            expect_registration = registration_binding(b.test.registration, Path(test_path))
+    if not test_path:  # no test given: the rule and overrides the runs themselves recorded
+        m = _first_meta(run_dirs)
+        rule = rule or m.get("rule") or None
+        rule_params = m.get("rule_params") if rule == m.get("rule") else None
+    spec = load_rule(rule, rule_params)
+    if not is_staged(spec):
+        verdict, analyzed = analyze(run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
+        paths = write_report(verdict, analyzed, out_dir)
+        print()
+        print(markdown_table(verdict))
+        print()
+        print(runs_table(verdict))
+        status = 0 if verdict["verdict"] == "PASS" else 1
+    else:
+        pp = resolve_predictions(pred_value, Path(out_dir), test_path)
+        preds = Predictions.load(pp) if pp else None
+        verdict, analyzed = analyze_staged(run_dirs, spec, arms=arm_names if test_path else None, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
+                                           test_name=name, expect_cell=cell, expect_registration=expect_registration)  # fmt: skip
+        paths, md = write_staged_report(verdict, analyzed, out_dir)
+        print()
+        print(md)
+        status = 0 if verdict["verdict"] != "INCOMPLETE" else 1
+    print()
+    print(f"verdict: {paths['verdict']}")
+    print(f"report:  {paths['report']}")
+    print(f"figure:  {paths['figure']}")
+    return status

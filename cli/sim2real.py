@@ -1,0 +1,143 @@
+"""Commands: `agentload differential`, `agentload calibrate costs`, `agentload replay`.
+
+- differential --engine vllm|sglang: the engine model against the engine's own scheduling and cache
+  code on the default trace suite (needs AGENTLOAD_<ENGINE>_PYTHON); agreement per decision kind.
+- calibrate costs --engine vllm --cell CELL: short closed-population runs on the real engine (prefix
+  cache off unless --cache on), then the iteration-cost fit to the engine's per-request timings; a
+  cost file with the fit's residuals. --from-runs fits runs already made.
+- replay RUN_DIR... [--cost FILE]: each run's frozen plan, arm and cell through the simulator, and a
+  parity report (Markdown, JSON, figure) against the real run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sim2real.suite import run_suite, write_report
+from sim2real.traces import default_suite
+from runs.realrun import add_engine_arguments
+from harness.errors import UsageError
+from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
+from sim2real.costfit import CostFitError, fit_from_runs
+from runs.calibration import cache_off, run_closed
+from runs.realrun import options_from_args
+from sim2real import parity
+from sim2real.replay import replay_run
+from sim2real.engineproc import EngineProcError
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+# -- differential ------------------------------------------------------------------------------------
+def _cmd_differential(args: argparse.Namespace) -> int:
+    specs = default_suite(seeds=args.seeds)
+    if args.family:
+        keep = set(args.family.split(","))
+        specs = [s for s in specs if s.name in keep]
+    summary = run_suite(args.engine, specs, python=args.python)
+    path = write_report(summary, args.out)
+    print(path.read_text())
+    print(f"wrote {path} and {Path(args.out) / 'differential.json'} ({summary['wall_s']} s)", file=sys.stderr)
+    return 0
+
+
+# -- calibrate costs ---------------------------------------------------------------------------------
+def add_costs_stage(sub: Any) -> None:
+    """The `costs` stage of `agentload calibrate` (the calibration command owns the parser)."""
+    help_ = "iteration-cost model fitted to the engine's own per-request timings (a cost file with residuals)"
+    q = sub.add_parser("costs", help=help_, description=help_)
+    q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
+    q.add_argument("--workload", default="standard", help="workload config (default: standard)")
+    q.add_argument("--engine", default="vllm", choices=["vllm"], help="the engine whose timings are fitted (vLLM reports them per request)")
+    q.add_argument("--n", default="8,32", help="comma-separated closed populations (default 8,32: low and high concurrency)")
+    q.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    q.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (default 10)")
+    q.add_argument("--window", type=float, default=40.0, help="seconds after the warm-up (default 40); the fit uses every request")
+    q.add_argument("--cache", choices=["off", "on"], default="off", help="prefix cache during the runs (default off: no hit enters even as a regressor)")
+    q.add_argument("--from-runs", nargs="+", default=None, metavar="RUN_DIR", help="fit these runs instead of making new ones")
+    q.add_argument("--name", default=None, help="cost file name (default: <cell>-fitted)")
+    q.add_argument("--out", required=True, help="directory for the runs, the cost file and the residuals")
+
+    add_engine_arguments(q)
+    q.set_defaults(func=_cmd_costs)
+
+
+def _cmd_costs(args: argparse.Namespace) -> int:
+    cell = load_config(config_ref(args.cell, "cells"), CellConfig)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.from_runs:
+        dirs = [Path(d) for d in args.from_runs]
+    else:
+        workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
+        run_cell = cache_off(cell) if args.cache == "off" else cell
+        options = options_from_args(args, cell_ref=args.cell)  # the vLLM adapter asks for per-request timings
+        dirs = []
+        for n in _ints(args.n):
+            for s in _ints(args.seeds):
+                d = out / f"costs-n{n}-s{s}"
+                if (d / "meta.json").exists():
+                    raise UsageError(f"{d} already holds a run; use --from-runs to fit it, or another --out")
+                run_closed(run_cell, workload, n, seed=s, warmup=args.warmup, window=args.window, run_dir=d,
+                           meta={"stage": "costs", "cache": args.cache}, engine=options)  # fmt: skip
+                dirs.append(d)
+    try:
+        fit = fit_from_runs(dirs, cell.chunked_prefill)
+    except CostFitError as exc:
+        raise UsageError(str(exc)) from None
+    name = args.name or f"{cell.name}-fitted"
+    doc = fit.cost_file(name, f"{cell.engine.name} {cell.engine.version} ({cell.name})")
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert fit.per_row is not None
+    fit.per_row.to_csv(out / f"{name}.residuals.csv", index=False)
+    p = fit.params
+    print(f"a = {p['a'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, c_p = {p['c_p'] * 1e9:.4f} ns/pair, "
+          f"c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens of context (f0 = 0, chunk {fit.chunk})")  # fmt: skip
+    for k, r in fit.residuals.items():
+        print(f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 |rel| {r['p90_abs_rel']:.3f}")
+    print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
+    return 0
+
+
+# -- replay ------------------------------------------------------------------------------------------
+def _cmd_replay(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    reports = []
+    for rd in args.run_dir:
+        rd = Path(rd)
+        sim_dir = out / "replays" / rd.name
+        replay_run(rd, sim_dir, cost_file=args.cost)
+        reports.append(parity.compare(rd, sim_dir, bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac)))
+    paths = parity.write(reports, out)
+    print(paths["markdown"].read_text())
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def register(cli: Any) -> None:
+    p = cli.command("differential", group="calibrate", help="the engine model against a real engine's own scheduler and cache code")
+    p.add_argument("--engine", required=True, choices=["vllm", "sglang"])
+    p.add_argument("--python", default=None, help="the engine venv's python (default $AGENTLOAD_VLLM_PYTHON / $AGENTLOAD_SGLANG_PYTHON)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per trace family (default 3)")
+    p.add_argument("--family", default=None, help="comma-separated trace families (default all)")
+    p.add_argument("--out", default="results/differential", help="report directory")
+    p.set_defaults(func=_cmd_differential)
+
+    p = cli.command("replay", group="judge", help="replay real runs in the simulator (their plan, arm, cell) and report parity")
+    p.add_argument("run_dir", nargs="+", help="run directories of real runs")
+    p.add_argument("--cost", default=None, help="cost file for the simulator (default: the run's own cell costs)")
+    p.add_argument("--out", default="results/replay", help="directory for the replays and the parity report")
+    p.add_argument("--hit-tol", type=float, default=0.10, help="hit-fraction band, absolute (default 0.10)")
+    p.add_argument("--backlog-abs", type=float, default=5.0, help="backlog band, sessions (default 5)")
+    p.add_argument("--backlog-rel", type=float, default=0.20, help="backlog band, relative (default 0.20)")
+    p.add_argument("--band-frac", type=float, default=0.80, help="share of bins that must lie in band (default 0.80)")
+    p.set_defaults(func=_cmd_replay)
+

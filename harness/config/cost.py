@@ -1,0 +1,138 @@
+"""Iteration-cost model of a continuous-batching engine (paper App. E.9, "Cost model and server").
+
+One implementation serves the engine model (which charges every iteration with it) and the theory
+layer (which builds model F's turn costs and the entry model from it), so that a change of
+parameters moves both together. The parameters were fitted to SGLang server-log batch timings on an
+A100; other GPUs get one uniform speed factor, and the vLLM flavour one factor on the
+token-proportional terms only. Parameters live in cell YAML files, never here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import replace
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Calibrated iteration costs, in seconds.
+
+    a            fixed launch overhead of one iteration
+    f0           floor of the linear (per-token) part
+    b            seconds per token processed in an iteration (MLP/projection work)
+    c_p          seconds per causal attention pair during prefill
+    chunk        prefill chunk budget B_c (tokens per iteration)
+    c_d          decode attention cost per request per 8192 tokens of context
+    speed        uniform GPU speed factor: every cost is divided by it
+    token_factor multiplies only the token-proportional terms (b, c_p, c_d); the vLLM flavour's knob
+    """
+
+    a: float = 9.24e-3
+    f0: float = 1.26e-3
+    b: float = 62.6e-6
+    c_p: float = 2.24e-9
+    chunk: int = 8192
+    c_d: float = 0.31e-3
+    speed: float = 1.0
+    token_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("a", "f0", "b", "c_p", "c_d", "speed", "token_factor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"cost model: {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.speed <= 0:
+            raise ValueError(f"cost model: speed must be > 0, got {self.speed!r}")
+        if self.chunk < 1:
+            raise ValueError(f"cost model: chunk must be >= 1, got {self.chunk!r}")
+
+    # -- per-request closed forms (theory, App. E.9) -------------------------------------------
+    def prefill_time(self, x: float, y: float = 0.0) -> float:
+        """GPU time to prefill x new tokens on a cached prefix of y tokens, as one request alone.
+
+        t_P(x, y) = a*max(1, x/B_c) + max(f0, b*x) + c_p*x*(y + (x+1)/2), all divided by speed.
+        The a*max(1, x/B_c) term charges one launch per chunk of the chunked prefill.
+        """
+        tf = self.token_factor
+        t = (
+            self.a * max(1.0, x / self.chunk)
+            + max(self.f0, tf * self.b * x)
+            + tf * self.c_p * x * (y + (x + 1.0) / 2.0)
+        )
+        return t / self.speed
+
+    def decode_att(self, mean_context: float) -> float:
+        """Per-request decode attention cost b_att = c_d * ybar / 8192 (seconds per request)."""
+        return self.token_factor * self.c_d * mean_context / 8192.0
+
+    def decode_time(self, running: float, mean_context: float) -> float:
+        """One decode iteration over `running` requests of mean context `mean_context`.
+
+        tau_D(R) = a + max(f0, b*R) + b_att*R, divided by speed.
+        """
+        tf = self.token_factor
+        t = self.a + max(self.f0, tf * self.b * running) + self.decode_att(mean_context) * running
+        return t / self.speed
+
+    # -- batched iterations (engine model) ------------------------------------------------------
+    def prefill_iteration(self, new_tokens: int, pairs: float) -> float:
+        """One prefill iteration over chunks totalling `new_tokens`, with `pairs` causal pairs.
+
+        The engine sums x_i*(y_i + (x_i+1)/2) over the chunks of the batch into `pairs`, so one
+        iteration pays one launch overhead; a single request's chunks over successive iterations
+        reproduce prefill_time's a*ceil(x/B_c) + ... to within the chunk rounding.
+        """
+        tf = self.token_factor
+        t = self.a + max(self.f0, tf * self.b * new_tokens) + tf * self.c_p * pairs
+        return t / self.speed
+
+    def mixed_iteration(self, new_tokens: int, pairs: float, decoding: int, decode_context: float) -> float:
+        """One mixed iteration (vLLM flavour): prefill chunks and one decode token per running request
+        share a single launch and a single token budget.
+
+        decode_context is the summed context of the decoding requests (so attention cost is exact
+        per request rather than through a mean).
+        """
+        tf = self.token_factor
+        tokens = new_tokens + decoding
+        t = (
+            self.a
+            + max(self.f0, tf * self.b * tokens)
+            + tf * self.c_p * pairs
+            + tf * self.c_d * decode_context / 8192.0
+        )
+        return t / self.speed
+
+    def decode_run(self, running: int, context_sum: float, max_iters: int, budget: float) -> tuple[int, float]:
+        """Fuse consecutive decode iterations over a fixed set of `running` requests.
+
+        Iteration j (0-based) costs decode_time(running, (context_sum + j*running)/running): every
+        request's context grows by one token per iteration. Iterations are taken while they *start*
+        before `budget` seconds have passed (the first always), up to `max_iters`; returns
+        (iterations, total seconds). An event-driven simulator uses this to skip per-iteration events
+        while nothing but the contexts changes, and gets the same iteration boundaries as stepping.
+        """
+        tf = self.token_factor
+        base = (self.a + max(self.f0, tf * self.b * running)) / self.speed
+        per_ctx = tf * self.c_d / 8192.0 / self.speed
+        step_ctx = per_ctx * running
+        t = base + per_ctx * context_sum
+        total = t
+        k = 1
+        while k < max_iters and total < budget:
+            t += step_ctx
+            total += t
+            k += 1
+        return k, total
+
+    def scaled(self, speed: float | None = None, token_factor: float | None = None) -> "CostModel":
+        """A copy with another speed or token factor (e.g. to fit one factor to a measured all-miss rate)."""
+        return replace(
+            self,
+            speed=self.speed if speed is None else speed,
+            token_factor=self.token_factor if token_factor is None else token_factor,
+        )
+
+
+def causal_pairs(x: int, y: int) -> float:
+    """Causal attention pairs of x new tokens after a cached prefix of y: x*(y + (x+1)/2)."""
+    return x * (y + (x + 1.0) / 2.0)

@@ -1,0 +1,165 @@
+"""Reading config files: where a reference points, strict YAML, and validation with readable errors.
+
+Generic over the models (harness/config/models.py), so the models can read the files they name
+(a cell's cost_file) without a cycle. Errors name the file, the field path, the bad value and what
+was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from harness.errors import ConfigError
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent.parent / "configs"
+M = TypeVar("M", bound=BaseModel)
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _expected(e: Any) -> str:
+    msg = e["msg"].removeprefix("Value error, ")
+    if msg.startswith("Input should be "):
+        msg = msg.removeprefix("Input should be ")
+    return msg
+
+
+def _format_errors(path: Path | str, err: ValidationError) -> str:
+    lines = [f"{path}: invalid {err.title} configuration ({err.error_count()} error(s))"]
+    for e in err.errors(include_url=False):
+        loc = _fmt_loc(tuple(x for x in e["loc"] if x not in ("function-after", "function-before")))
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its spelling")
+        elif e["type"] == "missing":
+            lines.append(f"  {loc}: required field is missing; expected a value")
+        elif e["type"] == "value_error":
+            # model-level checks already name the values they compare; the input is the whole mapping
+            lines.append(f"  {loc}: expected {_expected(e)}")
+        else:
+            lines.append(f"  {loc}: got {_short(e['input'])}; expected {_expected(e)}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, model: type[M], source: Path | str = "<memory>") -> M:
+    """Validate already-loaded data against `model`, raising ConfigError with a readable message.
+
+    Files are validated strictly (no "60" -> 60 or 20.0 -> 20 coercion): a registered value should
+    be exactly what its file says. References inside the file (cost_file) resolve relative to it.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    base = Path(source).parent if str(source) != "<memory>" else None
+    try:
+        return model.model_validate(data, strict=True, context={"base": base})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def resolve_path(ref: str | Path, base: Path | None = None) -> Path:
+    """Find a referenced config: absolute, relative to `base`, to the cwd, or under configs/."""
+    p = Path(ref)
+    candidates = [p] if p.is_absolute() else [*(([base / p]) if base else []), Path.cwd() / p, CONFIG_ROOT / p]
+    for c in candidates:
+        if c.is_file():
+            return c
+        if c.with_suffix(".yaml").is_file():
+            return c.with_suffix(".yaml")
+    tried = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"config {str(ref)!r} not found (tried {tried})")
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with two fixes for configs: a key given twice is an error (plain YAML keeps the last
+    one silently), and `1e-3` is a float (YAML 1.1 reads it as a string)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (line {line}; first given on line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(path: Path | str) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def config_ref(name: str, folder: str) -> str:
+    """A bare name ('burst') means configs/<folder>/<name>.yaml; anything with a slash is a path."""
+    return name if ("/" in name or name.endswith((".yaml", ".yml"))) else f"{folder}/{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# writing: the deterministic YAML every committed record uses (registrations, calibration summaries)
+# ---------------------------------------------------------------------------------------------
+class _Dumper(yaml.SafeDumper):
+    """Block style, keys in the order given, no aliases: a stable, readable, diffable file."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _repr_float(dumper: yaml.SafeDumper, value: float) -> yaml.ScalarNode:
+    # repr() is the shortest string that reads back as the same float, on every platform.
+    if math.isnan(value):
+        text = ".nan"
+    elif math.isinf(value):
+        text = ".inf" if value > 0 else "-.inf"
+    else:
+        text = repr(float(value))
+        if "e" in text and "." not in text.split("e")[0]:
+            mant, exp = text.split("e")
+            text = f"{mant}.0e{exp}"
+    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+
+
+_Dumper.add_representer(float, _repr_float)
+
+
+def dump_yaml(data: Any) -> bytes:
+    """Deterministic YAML bytes (used for registrations and calibration summaries alike)."""
+    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    return text.encode("utf-8")

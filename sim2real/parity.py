@@ -1,0 +1,185 @@
+"""Parity of a simulated replay with the real run it replays: Markdown, JSON and a figure.
+
+Compared, from the two runs' own records (the same measurement code as the verdicts):
+- per turn (matched by session and turn): cached tokens equal, and hit (cached > half the prompt)
+  equal;
+- trajectories: hit fraction per `hit_bin`, sessions in the system per `backlog_bin`;
+- distributions: session completions, turn latency and time to first byte quantiles;
+- preemptions (the engines' counters, last gauge sample).
+
+Bands (named parameters, defaults stated in the report): a trajectory is within band when at least
+`frac` of its bins differ by at most the tolerance -- hit fraction `hit_tol` (absolute), backlog
+max(`backlog_abs`, `backlog_rel` x the real value).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.recording.schema import HIT_THRESHOLD
+from analysis.metrics import hit_fraction_bins, interval_bin_means, system_intervals
+from harness.recording.record import load_run
+
+
+@dataclass(frozen=True)
+class Bands:
+    hit_tol: float = 0.10
+    backlog_abs: float = 5.0
+    backlog_rel: float = 0.20
+    frac: float = 0.80
+
+
+def _edges(duration: float, width: float) -> np.ndarray:
+    n = max(1, int(math.floor(duration / width + 1e-9)))
+    return width * np.arange(n + 1)
+
+
+def _quantiles(x: pd.Series) -> dict[str, float]:
+    v = x.dropna().to_numpy(float)
+    if v.size == 0:
+        return {"n": 0}
+    q = np.quantile(v, [0.5, 0.9, 0.99])
+    return {"n": int(v.size), "mean": float(v.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
+
+
+def _last(gauges: pd.DataFrame, col: str) -> float:
+    if gauges is None or gauges.empty or col not in gauges.columns:
+        return math.nan
+    v = gauges[col].dropna()
+    return float(v.iloc[-1]) if len(v) else math.nan
+
+
+def compare(real_dir: Path | str, sim_dir: Path | str, *, bands: Bands = Bands(), hit_bin: float | None = None, backlog_bin: float | None = None) -> dict[str, Any]:
+    real, sim = load_run(real_dir), load_run(sim_dir)
+    meta = real.meta
+    proto = meta.get("protocol") or {}
+    duration = float(meta.get("end_time") or proto.get("duration") or max(real.turns["done_time"].max(), 1.0))
+    hb = float(hit_bin or proto.get("hit_bin") or duration / 50)
+    bb = float(backlog_bin or proto.get("backlog_bin") or duration / 200)
+    rt = real.turns[real.turns["status"] == "ok"]
+    st = sim.turns[sim.turns["status"] == "ok"]
+    m = rt.merge(st, on=["session", "turn"], suffixes=("_real", "_sim"))
+    cached_eq = float((m["cached_tokens_real"] == m["cached_tokens_sim"]).mean()) if len(m) else math.nan
+    hr = m["cached_tokens_real"] > HIT_THRESHOLD * m["prompt_tokens_real"]
+    hs = m["cached_tokens_sim"] > HIT_THRESHOLD * m["prompt_tokens_sim"]
+    hit_eq = float((hr == hs).mean()) if len(m) else math.nan
+    prompt_eq = float((m["prompt_tokens_real"] == m["prompt_tokens_sim"]).mean()) if len(m) else math.nan
+
+    he = _edges(duration, hb)
+    be = _edges(duration, bb)
+    hit_r, hit_s = hit_fraction_bins(real.turns, he), hit_fraction_bins(sim.turns, he)
+    bl_r = interval_bin_means(*system_intervals(real.sessions), be)
+    bl_s = interval_bin_means(*system_intervals(sim.sessions), be)
+    both = ~np.isnan(hit_r) & ~np.isnan(hit_s)
+    hit_in = float(np.mean(np.abs(hit_r - hit_s)[both] <= bands.hit_tol)) if both.any() else math.nan
+    tol = np.maximum(bands.backlog_abs, bands.backlog_rel * bl_r)
+    bl_in = float(np.mean(np.abs(bl_r - bl_s) <= tol))
+
+    def done(s: pd.DataFrame) -> int:
+        return int(((s["outcome"] == "completed") & (s["end"] <= duration)).sum()) if not s.empty else 0
+
+    report = {
+        "real": str(real_dir),
+        "sim": str(sim_dir),
+        "arm": meta.get("arm"),
+        "rate": meta.get("rate"),
+        "seed": meta.get("seed"),
+        "cell": (meta.get("cell") or {}).get("name"),
+        "cost_file": (sim.meta.get("replay_of") or {}).get("cost_file"),
+        "duration": duration,
+        "bands": asdict(bands),
+        "turns": {"real": int(len(rt)), "sim": int(len(st)), "matched": int(len(m)), "prompt_equal": prompt_eq,
+                  "cached_equal": cached_eq, "hit_equal": hit_eq},  # fmt: skip
+        "hit_fraction": {"bin_s": hb, "real_mean": float(np.nanmean(hit_r)) if np.any(~np.isnan(hit_r)) else math.nan,
+                         "sim_mean": float(np.nanmean(hit_s)) if np.any(~np.isnan(hit_s)) else math.nan,
+                         "max_abs_diff": float(np.nanmax(np.abs(hit_r - hit_s))) if both.any() else math.nan,
+                         "bins_within": hit_in, "within_band": bool(hit_in >= bands.frac) if both.any() else False},  # fmt: skip
+        "backlog": {"bin_s": bb, "real_end": float(bl_r[-1]), "sim_end": float(bl_s[-1]),
+                    "real_max": float(bl_r.max()), "sim_max": float(bl_s.max()),
+                    "bins_within": bl_in, "within_band": bool(bl_in >= bands.frac)},  # fmt: skip
+        "completions": {"real": done(real.sessions), "sim": done(sim.sessions)},
+        "latency_s": {"real": _quantiles(rt["latency"]), "sim": _quantiles(st["latency"])},
+        "ttft_s": {"real": _quantiles(rt["ttft"]), "sim": _quantiles(st["ttft"])},
+        "preemptions": {"real": _last(real.gauges, "preemptions_total"), "sim": _last(sim.gauges, "preemptions_total")},
+        "series": {"hit_t": he[:-1].tolist(), "hit_real": hit_r.tolist(), "hit_sim": hit_s.tolist(),
+                   "backlog_t": (0.5 * (be[:-1] + be[1:])).tolist(), "backlog_real": bl_r.tolist(), "backlog_sim": bl_s.tolist()},  # fmt: skip
+    }
+    return report
+
+
+def _f(v: Any, fmt: str = ".3f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, fmt) if isinstance(v, (int, float)) else str(v)
+
+
+def markdown(reports: list[dict[str, Any]]) -> str:
+    b = reports[0]["bands"] if reports else asdict(Bands())
+    lines = [
+        "# Replay parity: the simulator against the real runs",
+        "",
+        f"Bands: a trajectory is within band when at least {b['frac']:.0%} of its bins differ by at most "
+        f"{b['hit_tol']:.2f} (hit fraction) or max({b['backlog_abs']:g} sessions, {b['backlog_rel']:.0%}) (sessions in the system).",
+        "",
+        "| run | turns real/sim | cached equal | hit equal | hit real/sim | hit bins in band | backlog end real/sim | backlog bins in band | completions real/sim | latency p50 real/sim (s) | preemptions real/sim |",
+        "| --- | --- | ---: | ---: | --- | ---: | --- | ---: | --- | --- | --- |",
+    ]
+    for r in reports:
+        t, h, bl, c = r["turns"], r["hit_fraction"], r["backlog"], r["completions"]
+        name = f"{r['arm']} r{r['rate']} s{r['seed']}"
+        lines.append(
+            f"| {name} | {t['real']}/{t['sim']} | {_f(t['cached_equal'])} | {_f(t['hit_equal'])} | {_f(h['real_mean'])}/{_f(h['sim_mean'])} "
+            f"| {_f(h['bins_within'], '.2f')}{' ✓' if h['within_band'] else ' ✗'} | {_f(bl['real_end'], '.1f')}/{_f(bl['sim_end'], '.1f')} "
+            f"| {_f(bl['bins_within'], '.2f')}{' ✓' if bl['within_band'] else ' ✗'} | {c['real']}/{c['sim']} "
+            f"| {_f(r['latency_s']['real'].get('p50'), '.3f')}/{_f(r['latency_s']['sim'].get('p50'), '.3f')} "
+            f"| {_f(r['preemptions']['real'], '.0f')}/{_f(r['preemptions']['sim'], '.0f')} |"
+        )
+    if reports and reports[0].get("cost_file"):
+        lines += ["", f"Cost model of the replays: `{reports[0]['cost_file']}`."]
+    return "\n".join(lines) + "\n"
+
+
+def figure(reports: list[dict[str, Any]], path: Path | str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(reports)
+    fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 5.6), squeeze=False)
+    for j, r in enumerate(reports):
+        s = r["series"]
+        ax = axes[0][j]
+        ax.plot(s["hit_t"], s["hit_real"], drawstyle="steps-post", label="real", color="k")
+        ax.plot(s["hit_t"], s["hit_sim"], drawstyle="steps-post", label="replay", color="tab:orange")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(f"{r['arm']} r{r['rate']} s{r['seed']}", fontsize=9)
+        if j == 0:
+            ax.set_ylabel("hit fraction")
+            ax.legend(fontsize=8)
+        ax = axes[1][j]
+        ax.plot(s["backlog_t"], s["backlog_real"], color="k")
+        ax.plot(s["backlog_t"], s["backlog_sim"], color="tab:orange")
+        ax.set_xlabel("time (s)")
+        if j == 0:
+            ax.set_ylabel("sessions in system")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write(reports: list[dict[str, Any]], out_dir: Path | str) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "parity.json").write_text(json.dumps(reports, indent=1, default=float))
+    (out / "parity.md").write_text(markdown(reports))
+    return {"json": out / "parity.json", "markdown": out / "parity.md", "figure": figure(reports, out / "parity.png")}
