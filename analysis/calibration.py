@@ -15,15 +15,21 @@ E0a's λ_ref is the mean over seeds of the turns-based rate; its standard error 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from analysis.metrics import (
+    hit_fraction,
+    interval_bin_means,
+    ls_slope,
+    present_sessions,
+    system_intervals,
+    uncached_token_rate,
+)
 from harness.recording.schema import HIT_THRESHOLD
-from analysis.metrics import hit_fraction, uncached_token_rate
-from analysis.metrics import interval_bin_means, ls_slope, present_sessions, system_intervals
 
 
 @dataclass(frozen=True)

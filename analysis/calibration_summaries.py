@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.errors import ConfigError
 from harness.config import load_yaml, parse_config
-import os
 from harness.config.files import dump_yaml
+from harness.errors import ConfigError
 
 CAL_FORMAT = "agentload-calibration"
 STAGE_FILES = {"stage-c": "stage-c.yaml", "e0a": "e0a.yaml", "e0b": "e0b.yaml"}
@@ -201,12 +201,18 @@ def e0a_values(e: E0a, src: str, tolerance: float = 0.005) -> E0aValues:
     """Resolve E0a's summaries against its rows (App. E.3: means over seeds, s.e. over seeds)."""
     computed: list[str] = []
     out: dict[str, float | None] = {}
-    for key, col in (("lambda_ref", "mu_turns"), ("lambda_sessions", "mu_sessions"), ("all_miss_token_rate", "uncached_token_rate")):
+    for key, col in (
+        ("lambda_ref", "mu_turns"),
+        ("lambda_sessions", "mu_sessions"),
+        ("all_miss_token_rate", "uncached_token_rate"),
+    ):
         rows = [getattr(r, col) for r in e.per_seed]
         present = [v for v in rows if v is not None]
         if present and len(present) != len(rows):
             i = rows.index(None)
-            raise InputError(f"{src}: per_seed[{i}].{col}: got null while other seeds give it; expected every seed's value or none")
+            raise InputError(
+                f"{src}: per_seed[{i}].{col}: got null while other seeds give it; expected every seed's value or none"
+            )
         given = getattr(e, key)
         if present:
             m = _mean(present)
@@ -230,11 +236,18 @@ def e0a_values(e: E0a, src: str, tolerance: float = 0.005) -> E0aValues:
     if len(set(seeds)) != len(seeds):
         raise InputError(f"{src}: per_seed: got seeds {seeds}; expected one row per seed")
     if out["lambda_ref"] is None:
-        raise InputError(f"{src}: lambda_ref: required field is missing; expected lambda_ref or per_seed rows with mu_turns")
+        raise InputError(
+            f"{src}: lambda_ref: required field is missing; expected lambda_ref or per_seed rows with mu_turns"
+        )
     return E0aValues(
-        float(out["lambda_ref"]), out["lambda_ref_se"], out["lambda_sessions"], out["lambda_sessions_se"],  # type: ignore[arg-type]
-        out["all_miss_token_rate"], out["all_miss_token_rate_se"], tuple(computed),
-    )  # fmt: skip
+        float(out["lambda_ref"]),
+        out["lambda_ref_se"],
+        out["lambda_sessions"],
+        out["lambda_sessions_se"],  # type: ignore[arg-type]
+        out["all_miss_token_rate"],
+        out["all_miss_token_rate_se"],
+        tuple(computed),
+    )
 
 
 def stable_by_rule(final_backlog: float, rise: float, protocol: E0bProtocol) -> bool:
@@ -245,7 +258,9 @@ def stable_by_rule(final_backlog: float, rise: float, protocol: E0bProtocol) -> 
 def _check_e0b(e: E0b, src: str) -> None:
     for i in range(1, len(e.grid)):
         if e.grid[i] <= e.grid[i - 1]:
-            raise InputError(f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of multiples")
+            raise InputError(
+                f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of multiples"
+            )
     for i, g in enumerate(e.grid):
         if not (g > 0):
             raise InputError(f"{src}: grid[{i}]: got {g}; expected a positive multiple of lambda_ref")
@@ -259,13 +274,17 @@ def _check_e0b(e: E0b, src: str) -> None:
             raise InputError(f"{src}: points[{i}].seed: got {p.seed}; expected one of seeds {e.seeds}")
         key = (p.multiple, p.seed)
         if key in seen:
-            raise InputError(f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; expected one run per multiple and seed")
+            raise InputError(
+                f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; expected one run per multiple and seed"
+            )
         seen[key] = i
         # the flag must agree with whatever the source printed (a source may print one number only)
         want: bool | None = None
         if p.final_backlog is not None and p.rise is not None:
             want = stable_by_rule(p.final_backlog, p.rise, e.protocol)
-        elif (p.final_backlog is not None and p.final_backlog >= e.protocol.final_max) or (p.rise is not None and p.rise > e.protocol.rise_max):
+        elif (p.final_backlog is not None and p.final_backlog >= e.protocol.final_max) or (
+            p.rise is not None and p.rise > e.protocol.rise_max
+        ):
             want = False
         if want is not None and want != p.stable:
             raise InputError(
@@ -279,7 +298,11 @@ def _check_e0b(e: E0b, src: str) -> None:
             break
         for s in e.seeds:
             if (m, s) not in seen:
-                upto = f"up to the first unstable multiple {first_unstable}" if first_unstable is not None else "(no run was unstable, so the whole grid)"
+                upto = (
+                    f"up to the first unstable multiple {first_unstable}"
+                    if first_unstable is not None
+                    else "(no run was unstable, so the whole grid)"
+                )
                 raise InputError(
                     f"{src}: points: no run at multiple {m} for seed {s}; expected a run for every seed at every "
                     f"grid multiple {upto}: the grid has a hole"
@@ -361,31 +384,60 @@ def dir_sha256(path: str | Path) -> str:
 # writing summaries from measured runs (agentload calibrate all)
 # ---------------------------------------------------------------------------------------------
 def _run_dir_list(dirs: list[Path], folder: Path) -> list[dict[str, str]]:
-    return [{"path": Path(os.path.relpath(d.resolve(), folder.resolve())).as_posix(), "sha256": dir_sha256(d)} for d in dirs]
+    return [
+        {"path": Path(os.path.relpath(d.resolve(), folder.resolve())).as_posix(), "sha256": dir_sha256(d)} for d in dirs
+    ]
 
 
 def _head(stage: str, cell: str, source: str) -> dict[str, Any]:
     return {"format": CAL_FORMAT, "format_version": 1, "stage": stage, "cell": cell, "source": source}
 
 
-def stage_c_summary(cell: str, stats: list[Any], *, warmup: float, window: float, run_dirs: list[Path], folder: Path, source: str) -> dict[str, Any]:
+def stage_c_summary(
+    cell: str, stats: list[Any], *, warmup: float, window: float, run_dirs: list[Path], folder: Path, source: str
+) -> dict[str, Any]:
     """A stage-c.yaml mapping from Stage C window statistics (analysis.calibration.WindowStats)."""
     pts = sorted(stats, key=lambda s: (s.seed, s.n))
     return {
         **_head("stage-c", cell, source),
         "protocol": {"warmup_s": float(warmup), "window_s": float(window)},
-        "points": [{"n": s.n, "seed": s.seed, "mu_sessions": s.mu_sessions, "mu_turns": s.mu_turns,
-                    "hit_fraction": s.hit_fraction, "uncached_token_rate": s.uncached_token_rate} for s in pts],  # fmt: skip
+        "points": [
+            {
+                "n": s.n,
+                "seed": s.seed,
+                "mu_sessions": s.mu_sessions,
+                "mu_turns": s.mu_turns,
+                "hit_fraction": s.hit_fraction,
+                "uncached_token_rate": s.uncached_token_rate,
+            }
+            for s in pts
+        ],
         "run_dirs": _run_dir_list(run_dirs, folder),
     }
 
 
-def e0a_summary_dict(cell: str, per_seed: list[Any], summary: Any, *, n: int, warmup: float, window: float,
-                     run_dirs: list[Path], folder: Path, source: str) -> dict[str, Any]:  # fmt: skip
+def e0a_summary_dict(
+    cell: str,
+    per_seed: list[Any],
+    summary: Any,
+    *,
+    n: int,
+    warmup: float,
+    window: float,
+    run_dirs: list[Path],
+    folder: Path,
+    source: str,
+) -> dict[str, Any]:
     """An e0a.yaml mapping from E0a's per-seed statistics and their summary."""
 
     def row(s: Any) -> dict[str, Any]:
-        return {"seed": s.seed, "n": s.n, "mu_sessions": s.mu_sessions, "mu_turns": s.mu_turns, "uncached_token_rate": s.uncached_token_rate}
+        return {
+            "seed": s.seed,
+            "n": s.n,
+            "mu_sessions": s.mu_sessions,
+            "mu_turns": s.mu_turns,
+            "uncached_token_rate": s.uncached_token_rate,
+        }
 
     def fin(x: float | None) -> float | None:
         return None if x is None or not math.isfinite(x) else float(x)
@@ -405,22 +457,54 @@ def e0a_summary_dict(cell: str, per_seed: list[Any], summary: Any, *, n: int, wa
     }
 
 
-def e0b_summary_dict(cell: str, stats: list[Any], *, lambda_ref: float, grid: list[float], seeds: list[int], duration: float,
-                     rise_span: float, final_max: float, rise_max: float, run_dirs: list[Path], folder: Path,
-                     source: str, bin_s: float = 10.0, top_rate: float = 2.0, protocol: str = "e0b") -> dict[str, Any]:  # fmt: skip
+def e0b_summary_dict(
+    cell: str,
+    stats: list[Any],
+    *,
+    lambda_ref: float,
+    grid: list[float],
+    seeds: list[int],
+    duration: float,
+    rise_span: float,
+    final_max: float,
+    rise_max: float,
+    run_dirs: list[Path],
+    folder: Path,
+    source: str,
+    bin_s: float = 10.0,
+    top_rate: float = 2.0,
+    protocol: str = "e0b",
+) -> dict[str, Any]:
     """An e0b.yaml mapping from from-empty statistics (analysis.calibration.E0bStats). The bins, top
     rate and protocol name are written only where they differ from the paper's (10 s, 2.0, e0b), so
     a summary of the paper's protocol keeps the schema's first form."""
-    prot = E0bProtocol(duration_s=float(duration), rise_span_s=float(rise_span), final_max=float(final_max), rise_max=float(rise_max),
-                       bin_s=float(bin_s), top_rate=float(top_rate), config=protocol).as_data()  # fmt: skip
+    prot = E0bProtocol(
+        duration_s=float(duration),
+        rise_span_s=float(rise_span),
+        final_max=float(final_max),
+        rise_max=float(rise_max),
+        bin_s=float(bin_s),
+        top_rate=float(top_rate),
+        config=protocol,
+    ).as_data()
     return {
         **_head("e0b", cell, source),
         "protocol": prot,
         "lambda_ref": float(lambda_ref),
         "grid": [float(g) for g in grid],
         "seeds": [int(s) for s in seeds],
-        "points": [{"multiple": s.multiple, "seed": s.seed, "stable": s.stable, "final_backlog": s.final_backlog, "rise": s.rise,
-                    "sessions": s.sessions, "realized_multiple": s.realized_multiple} for s in stats],  # fmt: skip
+        "points": [
+            {
+                "multiple": s.multiple,
+                "seed": s.seed,
+                "stable": s.stable,
+                "final_backlog": s.final_backlog,
+                "rise": s.rise,
+                "sessions": s.sessions,
+                "realized_multiple": s.realized_multiple,
+            }
+            for s in stats
+        ],
         "run_dirs": _run_dir_list(run_dirs, folder),
     }
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from harness.errors import RuleError
 
@@ -100,9 +101,25 @@ def dotted(node: ast.AST) -> str | None:
 
 
 _ALLOWED = (
-    ast.Expression, ast.Compare, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Name, ast.Attribute, ast.Constant,
-    ast.Call, ast.IfExp, ast.Load, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, *_BIN, *_CMP,
-)  # fmt: skip
+    ast.Expression,
+    ast.Compare,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.BoolOp,
+    ast.Name,
+    ast.Attribute,
+    ast.Constant,
+    ast.Call,
+    ast.IfExp,
+    ast.Load,
+    ast.And,
+    ast.Or,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    *_BIN,
+    *_CMP,
+)
 
 
 @lru_cache(maxsize=1024)

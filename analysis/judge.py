@@ -9,18 +9,19 @@ nothing that executes runs.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
-from typing import Any, Sequence
-import orjson
 import hashlib
-from analysis.report import analyze, markdown_table, runs_table, write_report
-from analysis.rules import is_staged, load_rule
-from harness.config import load_test
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
 from analysis.predictions import Predictions
+from analysis.report import analyze, markdown_table, runs_table, write_report
 from analysis.reports import write_staged_report
+from analysis.rules import is_staged, load_rule
 from analysis.staged_analysis import analyze_staged
+from harness.config import load_test
 
 
 def refs_override(args: argparse.Namespace) -> dict[str, float] | None:
@@ -35,7 +36,9 @@ def refs_override(args: argparse.Namespace) -> dict[str, float] | None:
 
 def add_ref_options(p: argparse.ArgumentParser) -> None:
     """The rule and reference options shared by `analyze` and `test run`."""
-    p.add_argument("--rule", help="rule: a name under analysis/rulespecs or a YAML file (default: the test's, else the runs')")
+    p.add_argument(
+        "--rule", help="rule: a name under analysis/rulespecs or a YAML file (default: the test's, else the runs')"
+    )
     p.add_argument("--lambda-ref", type=float, help="override the cell's lambda_ref in the rule (sessions/s)")
     p.add_argument("--all-miss-rate", type=float, help="override the cell's E0a all-miss token rate in the rule")
 
@@ -58,8 +61,10 @@ def resolve_predictions(value: str | None, out_dir: Path, test_path: str | None)
         for cand in (out_dir / "predictions.json", out_dir.parent / "predictions.json"):
             if cand.is_file():
                 return cand
-        raise FileNotFoundError(f"the test freezes its predictions, but no predictions.json is in {out_dir} or its parent; "
-                                "pass --predictions FILE")  # fmt: skip
+        raise FileNotFoundError(
+            f"the test freezes its predictions, but no predictions.json is in {out_dir} or its parent; "
+            "pass --predictions FILE"
+        )
     p = Path(value)
     if not p.is_absolute() and test_path and not p.is_file():
         p = Path(test_path).parent / value
@@ -76,7 +81,9 @@ def registration_binding(ref: str, test_path: Path) -> dict[str, str]:
     try:
         return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
     except OSError as exc:
-        raise FileNotFoundError(f"{test_path}: registration: {ref!r} cannot be read ({exc}); expected the registration file the runs are bound to") from None
+        raise FileNotFoundError(
+            f"{test_path}: registration: {ref!r} cannot be read ({exc}); expected the registration file the runs are bound to"
+        ) from None
 
 
 def report_runs(
@@ -115,7 +122,9 @@ def report_runs(
         rule_params = m.get("rule_params") if rule == m.get("rule") else None
     spec = load_rule(rule, rule_params)
     if not is_staged(spec):
-        verdict, analyzed = analyze(run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name)
+        verdict, analyzed = analyze(
+            run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name
+        )
         paths = write_report(verdict, analyzed, out_dir)
         print()
         print(markdown_table(verdict))
@@ -125,8 +134,18 @@ def report_runs(
     else:
         pp = resolve_predictions(pred_value, Path(out_dir), test_path)
         preds = Predictions.load(pp) if pp else None
-        verdict, analyzed = analyze_staged(run_dirs, spec, arms=arm_names if test_path else None, rates=rates, seeds=seeds, refs_override=refs, predictions=preds,
-                                           test_name=name, expect_cell=cell, expect_registration=expect_registration)  # fmt: skip
+        verdict, analyzed = analyze_staged(
+            run_dirs,
+            spec,
+            arms=arm_names if test_path else None,
+            rates=rates,
+            seeds=seeds,
+            refs_override=refs,
+            predictions=preds,
+            test_name=name,
+            expect_cell=cell,
+            expect_registration=expect_registration,
+        )
         paths, md = write_staged_report(verdict, analyzed, out_dir)
         print()
         print(md)

@@ -10,7 +10,8 @@ that depends on one is reported as undetermined (None), never as a silent False.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from analysis.rules import arm_expectation
 
@@ -26,7 +27,13 @@ def _state(verdict: Mapping[str, Any], rate: float, seed: int, arm: str) -> str:
     return "MISSING"
 
 
-def _arm_fails(kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[str, Any], rates: Sequence[float], seeds: Sequence[int]) -> dict[str, Any]:
+def _arm_fails(
+    kc: Mapping[str, Any],
+    verdict: Mapping[str, Any],
+    rule: Mapping[str, Any],
+    rates: Sequence[float],
+    seeds: Sequence[int],
+) -> dict[str, Any]:
     p = kc["params"]
     arm, (num, den), quant = p["arm"], p["fraction"], p.get("quantifier", "any")
     good = arm_expectation(rule, arm)
@@ -38,8 +45,15 @@ def _arm_fails(kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[
         n = len(seeds)
         surely = fails * den >= num * n
         maybe = (fails + absent) * den >= num * n
-        per.append({"rate": r, "states": {str(k): v for k, v in states.items()}, "failing_seeds": fails, "absent_seeds": absent,
-                    "holds": True if surely else (None if maybe else False)})  # fmt: skip
+        per.append(
+            {
+                "rate": r,
+                "states": {str(k): v for k, v in states.items()},
+                "failing_seeds": fails,
+                "absent_seeds": absent,
+                "holds": True if surely else (None if maybe else False),
+            }
+        )
     vals = [x["holds"] for x in per]
     if quant == "any":
         trig = True if any(v is True for v in vals) else (None if any(v is None for v in vals) else False)
@@ -48,7 +62,9 @@ def _arm_fails(kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[
     return {"triggered": trig, "per_rate": per}
 
 
-def _capped(kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
+def _capped(
+    kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[str, Any], seeds: Sequence[int]
+) -> dict[str, Any]:
     p = kc["params"]
     burst_good = arm_expectation(rule, p["burst_arm"])
     capped_good = arm_expectation(rule, p["capped_arm"])
@@ -72,8 +88,13 @@ def _capped(kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[str
     return {"triggered": trig, "per_seed": per, "note": "applies only at rates whose registered drain fits"}
 
 
-def evaluate_kill_conditions(kill_conditions: Sequence[Mapping[str, Any]], verdict: Mapping[str, Any], rule: Mapping[str, Any],
-                             rates: Sequence[float], seeds: Sequence[int]) -> list[dict[str, Any]]:  # fmt: skip
+def evaluate_kill_conditions(
+    kill_conditions: Sequence[Mapping[str, Any]],
+    verdict: Mapping[str, Any],
+    rule: Mapping[str, Any],
+    rates: Sequence[float],
+    seeds: Sequence[int],
+) -> list[dict[str, Any]]:
     """Each registered kill condition with `triggered` True / False / None (undetermined) and why."""
     out = []
     for kc in kill_conditions:
@@ -84,7 +105,11 @@ def evaluate_kill_conditions(kill_conditions: Sequence[Mapping[str, Any]], verdi
             res = _capped(kc, verdict, rule, seeds)
         elif kind == "window_noise":
             frozen = kc.get("frozen") or {}
-            res = {"triggered": frozen.get("triggered"), "frozen": dict(frozen), "note": "decided at filling from calibration alone"}
+            res = {
+                "triggered": frozen.get("triggered"),
+                "frozen": dict(frozen),
+                "note": "decided at filling from calibration alone",
+            }
         else:
             res = {"triggered": None, "note": f"unknown kind {kind!r}: not evaluated"}
         out.append({"id": kc["id"], "kind": kind, "description": kc["description"], **res})

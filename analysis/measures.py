@@ -16,8 +16,9 @@ flattened with dots (`post.min`, `gate.release`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -91,11 +92,26 @@ def _tiled(t: RunTables, start: float, end: float, width: float = 300.0) -> dict
     return M.tiled_followup(t.turns, start, end, width, t.hit_threshold)
 
 
-def _persistence(t: RunTables, trigger_end: float, stop: float, width: float = 300.0, step: float = 10.0,
-                 onset_max: float = 0.2, escape_min: float = 0.5) -> dict[str, float]:  # fmt: skip
+def _persistence(
+    t: RunTables,
+    trigger_end: float,
+    stop: float,
+    width: float = 300.0,
+    step: float = 10.0,
+    onset_max: float = 0.2,
+    escape_min: float = 0.5,
+) -> dict[str, float]:
     stop = t.duration if not math.isfinite(stop) else min(stop, t.duration)
-    return M.persistence(t.turns, trigger_end, stop, width=width, step=step, onset_max=onset_max, escape_min=escape_min,
-                         threshold=t.hit_threshold)  # fmt: skip
+    return M.persistence(
+        t.turns,
+        trigger_end,
+        stop,
+        width=width,
+        step=step,
+        onset_max=onset_max,
+        escape_min=escape_min,
+        threshold=t.hit_threshold,
+    )
 
 
 MEASURES: dict[str, Callable[..., Any]] = {
@@ -114,9 +130,13 @@ MEASURES: dict[str, Callable[..., Any]] = {
     "plan_arrival_rate": _arrivals,
     "tiled_followup": _tiled,
     "persistence": _persistence,
-    "trigger": lambda t, kind="auto": M.trigger_outlived(t.turns, t.sessions, t.gate_events, t.duration, kind, t.hit_threshold),
+    "trigger": lambda t, kind="auto": M.trigger_outlived(
+        t.turns, t.sessions, t.gate_events, t.duration, kind, t.hit_threshold
+    ),
     "gate": lambda t: M.gate_summary(t.gate_events, t.sessions, t.duration),
-    "e0b": lambda t, final_bin=10.0, rise_span=1500.0: M.e0b_stability(t.sessions, t.duration, final_bin, rise_span, t.backlog_bin),
+    "e0b": lambda t, final_bin=10.0, rise_span=1500.0: M.e0b_stability(
+        t.sessions, t.duration, final_bin, rise_span, t.backlog_bin
+    ),
 }
 
 

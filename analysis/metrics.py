@@ -152,7 +152,9 @@ def _hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:
         return cached / prompt > threshold
 
 
-def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float = HIT_THRESHOLD, followup: bool = False) -> float:
+def hit_fraction(
+    turns: pd.DataFrame, start: float, end: float, threshold: float = HIT_THRESHOLD, followup: bool = False
+) -> float:
     """Share of completed turns in [start, end) that hit; NaN if none completed."""
     t = completed_turns(turns)
     if t.empty:
@@ -165,7 +167,9 @@ def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float
     return float(_hits(t, threshold)[m].sum() / n) if n else NAN
 
 
-def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float = HIT_THRESHOLD, followup: bool = False) -> np.ndarray:
+def hit_fraction_bins(
+    turns: pd.DataFrame, edges: np.ndarray, threshold: float = HIT_THRESHOLD, followup: bool = False
+) -> np.ndarray:
     t = completed_turns(turns)
     out = np.full(len(edges) - 1, NAN)
     if t.empty:
@@ -273,7 +277,7 @@ def run_statistics(
         "turns_completed_rate": float(np.sum((tdone >= w0) & (tdone < w1)) / (w1 - w0)),
         "base_arrivals_window": arrived_w,
         "base_arrival_rate_window": arrived_w / (w1 - w0),
-        "sessions": int(len(present)),
+        "sessions": len(present),
         "refused": refused,
         "failed_sessions": int(np.sum(present["outcome"].to_numpy() == "failed")) if not present.empty else 0,
         "failed_turns": failed_turns,
@@ -284,7 +288,11 @@ def run_statistics(
 
 
 def outstanding_bins(
-    turns: pd.DataFrame, sessions: pd.DataFrame, gate_events: pd.DataFrame | None, edges: np.ndarray, paused: bool = False
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    gate_events: pd.DataFrame | None,
+    edges: np.ndarray,
+    paused: bool = False,
 ) -> np.ndarray:
     out = interval_bin_means(*inflight_intervals(turns), edges) + interval_bin_means(*gated_intervals(sessions), edges)
     if paused and gate_events is not None:
@@ -343,7 +351,7 @@ def wave_time(sessions: pd.DataFrame, kind: str = "burst") -> tuple[float, int, 
     half of the cohort finished."""
     s = present_sessions(sessions)
     s = s[s["kind"] == kind] if not s.empty else s
-    n = int(len(s))
+    n = len(s)
     if n == 0:
         return NAN, 0, 0
     e = _col(s, "end")
@@ -370,7 +378,9 @@ def turn_gaps(turns: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     t = completed_turns(turns)
     if t.empty:
         return np.empty(0), np.empty(0)
-    df = pd.DataFrame({"s": _col(t, "session"), "k": _col(t, "turn"), "d": _col(t, "done_time")}).sort_values(["s", "k"], kind="stable")
+    df = pd.DataFrame({"s": _col(t, "session"), "k": _col(t, "turn"), "d": _col(t, "done_time")}).sort_values(
+        ["s", "k"], kind="stable"
+    )
     s, k, d = df["s"].to_numpy(), df["k"].to_numpy(), df["d"].to_numpy()
     prev_ok = np.concatenate(([False], (s[1:] == s[:-1]) & (k[1:] == k[:-1] + 1)))
     gap = np.where(prev_ok, d - np.concatenate(([NAN], d[:-1])), NAN)
@@ -378,7 +388,9 @@ def turn_gaps(turns: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return d[keep], gap[keep]
 
 
-def gap_trend(turns: pd.DataFrame, start: float, end: float, width: float = 300.0) -> tuple[float, np.ndarray, np.ndarray]:
+def gap_trend(
+    turns: pd.DataFrame, start: float, end: float, width: float = 300.0
+) -> tuple[float, np.ndarray, np.ndarray]:
     """Least-squares slope of the per-`width` medians of the gap (by completion time) over
     [start, end), with the bin centres and medians (S2's estimator)."""
     d, g = turn_gaps(turns)
@@ -436,7 +448,9 @@ def tiles(start: float, end: float, width: float) -> list[tuple[float, float]]:
     return out
 
 
-def tiled_followup(turns: pd.DataFrame, start: float, end: float, width: float = 300.0, threshold: float = HIT_THRESHOLD) -> dict[str, float]:
+def tiled_followup(
+    turns: pd.DataFrame, start: float, end: float, width: float = 300.0, threshold: float = HIT_THRESHOLD
+) -> dict[str, float]:
     """Follow-up hit fraction per tile of [start, end): the lowest tile, how many tiles had no
     completed follow-up turn, and the whole interval."""
     vals = [hit_fraction(turns, a, b, threshold, followup=True) for a, b in tiles(start, end, width)]
@@ -449,8 +463,14 @@ def tiled_followup(turns: pd.DataFrame, start: float, end: float, width: float =
     }
 
 
-def rolling_followup(turns: pd.DataFrame, start: float, end: float, width: float = 300.0, step: float = 10.0,
-                     threshold: float = HIT_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def rolling_followup(
+    turns: pd.DataFrame,
+    start: float,
+    end: float,
+    width: float = 300.0,
+    step: float = 10.0,
+    threshold: float = HIT_THRESHOLD,
+) -> tuple[np.ndarray, np.ndarray]:
     """Follow-up hit fraction in windows [a, a + width) for a = start, start + step, ... with
     a + width <= end (attributed by completion time): the persistence windows."""
     t = completed_turns(turns)
@@ -475,8 +495,17 @@ def rolling_followup(turns: pd.DataFrame, start: float, end: float, width: float
     return a, v
 
 
-def persistence(turns: pd.DataFrame, trigger_end: float, stop: float, *, width: float = 300.0, step: float = 10.0,
-                onset_max: float = 0.2, escape_min: float = 0.5, threshold: float = HIT_THRESHOLD) -> dict[str, float]:  # fmt: skip
+def persistence(
+    turns: pd.DataFrame,
+    trigger_end: float,
+    stop: float,
+    *,
+    width: float = 300.0,
+    step: float = 10.0,
+    onset_max: float = 0.2,
+    escape_min: float = 0.5,
+    threshold: float = HIT_THRESHOLD,
+) -> dict[str, float]:
     """Trap onset and escape in rolling windows (App. D, D5).
 
     Onset: the first window starting at or after `trigger_end` whose follow-up hit fraction is at
@@ -484,14 +513,21 @@ def persistence(turns: pd.DataFrame, trigger_end: float, stop: float, *, width: 
     `stop` (the run's end or the start of an intervention). Trapped time runs from the onset
     window's start (and, the other reading, from its end) to `stop` or the escape."""
     a, v = rolling_followup(turns, 0.0, stop, width, step, threshold)
-    out = {"onset": NAN, "escape": NAN, "max_after": NAN, "trapped_s": 0.0, "trapped_s_late": 0.0, "windows": float(a.size)}
+    out = {
+        "onset": NAN,
+        "escape": NAN,
+        "max_after": NAN,
+        "trapped_s": 0.0,
+        "trapped_s_late": 0.0,
+        "windows": float(a.size),
+    }
     idx = np.nonzero((a >= trigger_end - 1e-9) & (v <= onset_max))[0]
     if idx.size == 0:
         return out
     i0 = int(idx[0])
     onset = float(a[i0])
     out["onset"] = onset
-    after = v[i0 + 1:]
+    after = v[i0 + 1 :]
     fin = after[~np.isnan(after)]
     out["max_after"] = float(fin.max()) if fin.size else NAN
     esc = np.nonzero(after >= escape_min)[0]
@@ -516,12 +552,25 @@ def trigger_sessions(sessions: pd.DataFrame, gate_events: pd.DataFrame | None, k
     return np.asarray(sorted(ids), dtype=np.int64)
 
 
-def trigger_outlived(turns: pd.DataFrame, sessions: pd.DataFrame, gate_events: pd.DataFrame | None, duration: float,
-                     kind: str = "auto", threshold: float = HIT_THRESHOLD) -> dict[str, float]:  # fmt: skip
+def trigger_outlived(
+    turns: pd.DataFrame,
+    sessions: pd.DataFrame,
+    gate_events: pd.DataFrame | None,
+    duration: float,
+    kind: str = "auto",
+    threshold: float = HIT_THRESHOLD,
+) -> dict[str, float]:
     """When the last trigger session left, and the turns and hits completed after that (App. D, D1).
     NaN times when some trigger session was still present at the end of the run."""
     ids = trigger_sessions(sessions, gate_events, kind)
-    out = {"n": float(ids.size), "still_present": NAN, "last_left": NAN, "before_end": NAN, "turns_after": NAN, "hits_after": NAN}
+    out = {
+        "n": float(ids.size),
+        "still_present": NAN,
+        "last_left": NAN,
+        "before_end": NAN,
+        "turns_after": NAN,
+        "hits_after": NAN,
+    }
     if ids.size == 0:
         return out
     s = sessions[sessions["session"].isin(ids)]
@@ -542,8 +591,20 @@ def trigger_outlived(turns: pd.DataFrame, sessions: pd.DataFrame, gate_events: p
 def gate_summary(gate_events: pd.DataFrame | None, sessions: pd.DataFrame, duration: float) -> dict[str, float]:
     """The gate's record: engage and release times, pauses, the largest number held, and the
     client's delay in session-hours (admission waits plus pauses)."""
-    out = {"engage": NAN, "release": NAN, "pauses": 0.0, "paused_sessions": 0.0, "max_held": 0.0, "delay_h": 0.0,
-           "waited": 0.0, "resumes": 0.0, "unmatched_pauses": 0.0, "refused": 0.0, "slowed_calls": 0.0, "slowed_sessions": 0.0}  # fmt: skip
+    out = {
+        "engage": NAN,
+        "release": NAN,
+        "pauses": 0.0,
+        "paused_sessions": 0.0,
+        "max_held": 0.0,
+        "delay_h": 0.0,
+        "waited": 0.0,
+        "resumes": 0.0,
+        "unmatched_pauses": 0.0,
+        "refused": 0.0,
+        "slowed_calls": 0.0,
+        "slowed_sessions": 0.0,
+    }
     s = present_sessions(sessions)
     if not s.empty:
         gw = np.nan_to_num(_col(s, "gate_wait"), nan=0.0)
@@ -572,8 +633,9 @@ def gate_summary(gate_events: pd.DataFrame | None, sessions: pd.DataFrame, durat
     return out
 
 
-def e0b_stability(sessions: pd.DataFrame, duration: float, final_bin: float = 10.0, rise_span: float = 1500.0,
-                  bin_width: float = 10.0) -> dict[str, float]:  # fmt: skip
+def e0b_stability(
+    sessions: pd.DataFrame, duration: float, final_bin: float = 10.0, rise_span: float = 1500.0, bin_width: float = 10.0
+) -> dict[str, float]:
     """E0b's queue statistics (sessions in the system): the mean of the last `final_bin` seconds,
     and the least-squares rise over the last `rise_span` seconds (slope of 10 s bins x span)."""
     sys_s, sys_e = system_intervals(sessions)

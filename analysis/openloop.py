@@ -22,7 +22,8 @@ a run may count is the registration's business, seeing it is ours.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,9 @@ def run_open_loop(meta: Mapping[str, Any], sessions: pd.DataFrame) -> dict[str, 
     bound = (meta.get("open_loop") or {}).get("bound_p99_s")
     vals = sessions["start_lateness"].to_numpy(dtype=float, na_value=np.nan)
     kind = sessions["kind"].to_numpy()
-    return open_loop_summary(vals[kind == "base"].tolist(), vals[kind == "burst"].tolist(), None if bound is None else float(bound))
+    return open_loop_summary(
+        vals[kind == "base"].tolist(), vals[kind == "burst"].tolist(), None if bound is None else float(bound)
+    )
 
 
 def verdict_block(entries: Sequence[tuple[str, str, float, int, dict[str, Any] | None]]) -> dict[str, Any]:
@@ -78,7 +81,9 @@ def verdict_block(entries: Sequence[tuple[str, str, float, int, dict[str, Any] |
     were given in (a test run lists them as they finished, `analyze` as it finds them)."""
     runs = [
         {"run": name, "arm": arm, "rate": rate, "seed": seed, **s}
-        for name, arm, rate, seed, s in sorted(entries, key=lambda e: (str(e[1]), e[2] if e[2] == e[2] else math.inf, int(e[3]), str(e[0])))
+        for name, arm, rate, seed, s in sorted(
+            entries, key=lambda e: (str(e[1]), e[2] if e[2] == e[2] else math.inf, int(e[3]), str(e[0]))
+        )
         if s is not None
     ]
     return {"runs": runs, "not_within": [r["run"] for r in runs if r["within_bound"] is False]}
@@ -89,7 +94,10 @@ def report_lines(block: Mapping[str, Any] | None) -> list[str]:
     bad = [r for r in (block or {}).get("runs", []) if r.get("within_bound") is False]
     if not bad:
         return []
-    lines = ["", "Runs whose load was not open-loop within the registered bound (p99 start lateness of the base stream):"]
+    lines = [
+        "",
+        "Runs whose load was not open-loop within the registered bound (p99 start lateness of the base stream):",
+    ]
     for r in bad:
         lines.append(
             f"- {r['arm'].upper()} {r['rate']:g} seed {r['seed']}: p99 {1e3 * r['p99_s']:.0f} ms > "

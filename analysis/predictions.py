@@ -19,9 +19,10 @@ and the run's reason says so.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
@@ -37,7 +38,7 @@ class Predictions:
     sha256: str | None = None
 
     @classmethod
-    def load(cls, path: Path | str) -> "Predictions":
+    def load(cls, path: Path | str) -> Predictions:
         p = Path(path)
         try:
             raw = p.read_bytes()
@@ -50,9 +51,11 @@ class Predictions:
         return cls.from_dict(data, str(p), hashlib.sha256(raw).hexdigest())
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], path: str | None = None, sha256: str | None = None) -> "Predictions":
+    def from_dict(cls, data: Mapping[str, Any], path: str | None = None, sha256: str | None = None) -> Predictions:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-            raise RuleError(f"prediction file {path or '<memory>'}: format: expected {FORMAT!r}, got {data.get('format') if isinstance(data, Mapping) else data!r}")
+            raise RuleError(
+                f"prediction file {path or '<memory>'}: format: expected {FORMAT!r}, got {data.get('format') if isinstance(data, Mapping) else data!r}"
+            )
         for i, e in enumerate(data.get("runs", [])):
             for k in ("arm", "rate", "seed", "values"):
                 if k not in e:
@@ -67,7 +70,11 @@ class Predictions:
 
     def entry(self, arm: str, rate: float, seed: int) -> Mapping[str, Any] | None:
         for e in self.data.get("runs", []):
-            if (e["arm"] == "*" or e["arm"].lower() == arm.lower()) and abs(float(e["rate"]) - rate) < 1e-9 and int(e["seed"]) == seed:
+            if (
+                (e["arm"] == "*" or e["arm"].lower() == arm.lower())
+                and abs(float(e["rate"]) - rate) < 1e-9
+                and int(e["seed"]) == seed
+            ):
                 return e
         return None
 
@@ -79,7 +86,10 @@ class Predictions:
             return out, ""
         want = e.get("plan_sha256")
         if want and plan_sha256 and want != plan_sha256:
-            return out, f"prediction for {arm} {rate:g} seed {seed} was frozen for plan {want[:12]}, not this run's {plan_sha256[:12]}: withheld"
+            return (
+                out,
+                f"prediction for {arm} {rate:g} seed {seed} was frozen for plan {want[:12]}, not this run's {plan_sha256[:12]}: withheld",
+            )
         out.update({f"pred.{k}": v for k, v in e["values"].items() if not isinstance(v, (list, dict))})
         return out, ""
 
@@ -88,5 +98,10 @@ class Predictions:
         return dict(e["trajectory"]) if e and e.get("trajectory") else None
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "name": self.data.get("name"), "model": self.data.get("model"),
-                "frozen_at": self.data.get("frozen_at")}  # fmt: skip
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "name": self.data.get("name"),
+            "model": self.data.get("model"),
+            "frozen_at": self.data.get("frozen_at"),
+        }

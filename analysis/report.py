@@ -9,9 +9,10 @@ run directories and the frozen rule.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -37,16 +38,26 @@ def _refs_from_meta(meta: Mapping[str, Any], override: Mapping[str, float] | Non
         refs.update(override)
     lam_ref = float(refs["lambda_ref"])
     rate = float(meta["rate"])
-    return {"lam": rate * lam_ref, "lam_miss": lam_ref, "all_miss_rate": float(refs["all_miss_token_rate"]), "rate": rate, "lambda_ref": lam_ref}
+    return {
+        "lam": rate * lam_ref,
+        "lam_miss": lam_ref,
+        "all_miss_rate": float(refs["all_miss_token_rate"]),
+        "rate": rate,
+        "lambda_ref": lam_ref,
+    }
 
 
-def analyze_run(run_dir: Path | str, spec: Mapping[str, Any], refs_override: Mapping[str, float] | None = None, series: bool = True) -> AnalyzedRun:
+def analyze_run(
+    run_dir: Path | str, spec: Mapping[str, Any], refs_override: Mapping[str, float] | None = None, series: bool = True
+) -> AnalyzedRun:
     """One run's verdict (and its figure series). A run that cannot be read is MISSING."""
     try:
         run = load_run(run_dir)
     except (RunFormatError, OSError) as exc:
         name = Path(run_dir).name
-        return AnalyzedRun(RunVerdict(name, float("nan"), -1, "MISSING", False, reason=str(exc), run_dir=str(run_dir)), None)
+        return AnalyzedRun(
+            RunVerdict(name, float("nan"), -1, "MISSING", False, reason=str(exc), run_dir=str(run_dir)), None
+        )
     meta = run.meta
     p = meta["protocol"]
     params = spec["params"]
@@ -69,11 +80,28 @@ def analyze_run(run_dir: Path | str, spec: Mapping[str, Any], refs_override: Map
     stats["completions_ref"] = stats["sessions_completed_rate"] / refs["lambda_ref"]
     stats["base_arrivals_ref"] = stats["base_arrival_rate_window"] / refs["lambda_ref"]
     stats["wall_s"] = meta.get("wall_s")
-    v = judge_run(meta["arm"], float(meta["rate"]), int(meta["seed"]), stats, refs, spec, status=status,
-                  reason=meta.get("status_reason") or "", run_dir=str(run_dir))  # fmt: skip
+    v = judge_run(
+        meta["arm"],
+        float(meta["rate"]),
+        int(meta["seed"]),
+        stats,
+        refs,
+        spec,
+        status=status,
+        reason=meta.get("status_reason") or "",
+        run_dir=str(run_dir),
+    )
     ser = None
     if series:
-        ser = run_series(run.turns, run.sessions, run.gate_events, mspec.duration, float(p.get("hit_bin", 100.0)), mspec.backlog_bin, mspec.hit_threshold)
+        ser = run_series(
+            run.turns,
+            run.sessions,
+            run.gate_events,
+            mspec.duration,
+            float(p.get("hit_bin", 100.0)),
+            mspec.backlog_bin,
+            mspec.hit_threshold,
+        )
     return AnalyzedRun(v, ser, run_open_loop(meta, run.sessions))
 
 
@@ -91,8 +119,10 @@ def analyze(
     pass the registered ones so a missing run is counted as missing, not silently absent."""
     spec = load_rule(rule)
     if is_staged(spec):
-        raise RuleError(f"rule {spec['name']!r} is a staged family: judge it with analysis.staged_analysis.analyze_staged "
-                        "(analysis.judge.report_runs dispatches on analysis.rules.is_staged)")  # fmt: skip
+        raise RuleError(
+            f"rule {spec['name']!r} is a staged family: judge it with analysis.staged_analysis.analyze_staged "
+            "(analysis.judge.report_runs dispatches on analysis.rules.is_staged)"
+        )
     analyzed = [analyze_run(d, spec, refs_override) for d in run_dirs]
     runs = [a.verdict for a in analyzed]
     metas = [_meta(d) for d in run_dirs]
@@ -110,7 +140,12 @@ def analyze(
         "references": {**(ref_block or {}), **(refs_override or {})},
         "rule_spec": spec,
         "runs": [r.to_json() for r in runs],
-        "open_loop": verdict_block([(Path(a.verdict.run_dir).name, a.verdict.arm, a.verdict.rate, a.verdict.seed, a.open_loop) for a in analyzed]),
+        "open_loop": verdict_block(
+            [
+                (Path(a.verdict.run_dir).name, a.verdict.arm, a.verdict.rate, a.verdict.seed, a.open_loop)
+                for a in analyzed
+            ]
+        ),
     }
     return out, analyzed
 
@@ -209,7 +244,9 @@ def runs_table(verdict: Mapping[str, Any]) -> str:
         if not r["good"]:
             failing = {st: [c["condition"] for c in cs if not c["holds"]] for st, cs in r["conditions"].items() if cs}
             why = "; ".join(f"{st}: not ({', '.join(c)})" for st, c in failing.items() if c)
-            notes.append(f"- {r['arm'].upper()} {r['rate']:g} seed {r['seed']}: {r['state']}. {why} {r['reason']}".rstrip())
+            notes.append(
+                f"- {r['arm'].upper()} {r['rate']:g} seed {r['seed']}: {r['state']}. {why} {r['reason']}".rstrip()
+            )
     if notes:
         lines += ["", "Runs whose arm condition does not hold:", *notes]
     lines += report_lines(verdict.get("open_loop"))
@@ -263,7 +300,11 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[AnalyzedRun], path: Pa
                 ax.axvspan(proto["window"]["start"], proto["window"]["end"], color="0.9", zorder=0)
                 if proto["burst"]["size"]:
                     ax.axvline(proto["burst"]["time"], color="0.3", ls="--", lw=0.8)
-    handles = [plt.Line2D([], [], color=ARM_COLORS[a], ls=ARM_STYLES.get(a, "-"), label=a) for a in ARM_ORDER if any(x.verdict.arm.upper() == a for x in runs)]
+    handles = [
+        plt.Line2D([], [], color=ARM_COLORS[a], ls=ARM_STYLES.get(a, "-"), label=a)
+        for a in ARM_ORDER
+        if any(x.verdict.arm.upper() == a for x in runs)
+    ]
     if handles:  # no run with data (all failed): an empty figure, not a crash
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False)
     fig.text(0.5, 0.005, "one line per seed; shaded: evaluation window; dashed: burst", ha="center", fontsize=8)
@@ -281,6 +322,8 @@ def write_report(verdict: Mapping[str, Any], analyzed: Sequence[AnalyzedRun], ou
     vj = out / "verdict.json"
     vj.write_bytes(orjson.dumps(verdict, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     md = out / "report.md"
-    md.write_text(markdown_table(verdict) + "\n\n#### Per run\n\n" + runs_table(verdict) + "\n\n![figure](figure.png)\n")
+    md.write_text(
+        markdown_table(verdict) + "\n\n#### Per run\n\n" + runs_table(verdict) + "\n\n![figure](figure.png)\n"
+    )
     png = figure(verdict, analyzed, out / "figure.png")
     return {"verdict": vj, "report": md, "figure": png}

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from analysis.expr import RuleError, evaluate, parse
-from analysis.stages import validate_staged
-from analysis.stages import judge_staged, judge_staged_run
+from analysis.stages import judge_staged, judge_staged_run, validate_staged
 
 # The registered E2 rule (paper App. E.5, Table 6), restated as data.
 E2_RULE: dict[str, Any] = {
@@ -63,7 +63,15 @@ E2_RULE: dict[str, Any] = {
 }
 
 # Labels the per-seed strings use (Table 7 style); NOBURST's RECOVERED reads as G(ood).
-STATE_LETTER = {"TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I", "FAILED": "F", "MISSING": "-", "INVALID": "X"}
+STATE_LETTER = {
+    "TRAPPED": "T",
+    "RECOVERED": "R",
+    "DRAINING": "D",
+    "INDETERMINATE": "I",
+    "FAILED": "F",
+    "MISSING": "-",
+    "INVALID": "X",
+}
 
 
 # The condition language (and RuleError) live in analysis.expr; re-exported here for callers.
@@ -139,7 +147,9 @@ def _resolve(spec: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]
     return out
 
 
-def load_rule(source: str | Path | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def load_rule(
+    source: str | Path | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """A rule spec, resolved and validated: the E2 rule (None or "e2"), a rule by name
     (analysis/rulespecs/<name>.yaml), a YAML file, or a dict (e.g. the one a registration froze).
 
@@ -156,7 +166,9 @@ def load_rule(source: str | Path | Mapping[str, Any] | None = None, overrides: M
     if overrides:
         unknown = sorted(set(overrides) - set(spec.get("params", {})))
         if unknown:
-            raise RuleError(f"rule {spec.get('name')!r}: override(s) {unknown} name no parameter; parameters are {sorted(spec.get('params', {}))}")
+            raise RuleError(
+                f"rule {spec.get('name')!r}: override(s) {unknown} name no parameter; parameters are {sorted(spec.get('params', {}))}"
+            )
         spec["params"] = {**spec["params"], **dict(overrides)}
     validate_rule(spec)
     return spec
@@ -173,10 +185,14 @@ def validate_rule(spec: Mapping[str, Any]) -> None:
         validate_staged(spec)
         return
     if "group" in spec or "seed" in spec:
-        raise RuleError(f"rule spec {spec.get('name')!r}: has a group/seed stage but no 'roles' (which runs play which part)")
+        raise RuleError(
+            f"rule spec {spec.get('name')!r}: has a group/seed stage but no 'roles' (which runs play which part)"
+        )
     for key in ("name", "params", "states", "arms", "pass"):
         if key not in spec:
-            raise RuleError(f"rule spec {spec.get('name')!r}: missing {key!r} (a paired-test rule needs name, params, states, arms, pass)")
+            raise RuleError(
+                f"rule spec {spec.get('name')!r}: missing {key!r} (a paired-test rule needs name, params, states, arms, pass)"
+            )
     names = [s["name"] for s in spec["states"]]
     if len(set(names)) != len(names):
         raise RuleError(f"rule spec: duplicate state names {names}")
@@ -239,7 +255,9 @@ def arm_expectation(spec: Mapping[str, Any], arm: str) -> list[str]:
     raise RuleError(f"rule {spec['name']}: no expectation for arm {arm!r} (known: {sorted(spec['arms'])})")
 
 
-def classify(stats: Mapping[str, Any], refs: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[str, dict[str, list[tuple[str, bool]]], dict[str, bool]]:
+def classify(
+    stats: Mapping[str, Any], refs: Mapping[str, Any], spec: Mapping[str, Any]
+) -> tuple[str, dict[str, list[tuple[str, bool]]], dict[str, bool]]:
     """Apply the states in precedence order; returns (state, every condition's value, flags)."""
     env = {**spec["params"], **refs, **stats}
     conds: dict[str, list[tuple[str, bool]]] = {}
@@ -271,10 +289,28 @@ def judge_run(
     if status == "missing" or stats is None:
         return RunVerdict(arm, rate, seed, "MISSING", False, reason=reason or "no run", run_dir=run_dir)
     if status != "complete":
-        return RunVerdict(arm, rate, seed, "FAILED", False, stats=dict(stats), reason=reason or f"run status {status}", run_dir=run_dir)
+        return RunVerdict(
+            arm,
+            rate,
+            seed,
+            "FAILED",
+            False,
+            stats=dict(stats),
+            reason=reason or f"run status {status}",
+            run_dir=run_dir,
+        )
     wlen = float(stats.get("window_len", 0.0))
     if wlen + 1e-9 < float(spec["params"].get("min_window", 0.0)):
-        return RunVerdict(arm, rate, seed, "INVALID", False, stats=dict(stats), reason=f"window {wlen:g} s shorter than min_window", run_dir=run_dir)
+        return RunVerdict(
+            arm,
+            rate,
+            seed,
+            "INVALID",
+            False,
+            stats=dict(stats),
+            reason=f"window {wlen:g} s shorter than min_window",
+            run_dir=run_dir,
+        )
     state, conds, flags = classify(stats, refs, spec)
     return RunVerdict(arm, rate, seed, state, state in expect, conds, flags, dict(stats), reason, run_dir)
 
@@ -291,7 +327,9 @@ class RateVerdict:
     reason: str
 
 
-def judge_rate(rate: float, runs: Sequence[RunVerdict], arms: Sequence[str], seeds: Sequence[int], spec: Mapping[str, Any]) -> RateVerdict:
+def judge_rate(
+    rate: float, runs: Sequence[RunVerdict], arms: Sequence[str], seeds: Sequence[int], spec: Mapping[str, Any]
+) -> RateVerdict:
     """PASS iff at least min_good_seeds of the registered seeds (at least min_seeds of them) have
     every arm's condition met in that seed. Missing or failed runs make their seed fail; when they
     are the only reason a rate does not pass, the rate is INCOMPLETE rather than FAIL."""
@@ -310,27 +348,50 @@ def judge_rate(rate: float, runs: Sequence[RunVerdict], arms: Sequence[str], see
         elif any(absent) and all(a or (r is not None and r.good) for a, r in zip(absent, rs)):
             undecided += 1
     if len(seeds) < min_seeds:
-        return RateVerdict(rate, "INCOMPLETE", good, table, f"{len(seeds)} seeds registered; the rule needs at least {min_seeds}")
+        return RateVerdict(
+            rate, "INCOMPLETE", good, table, f"{len(seeds)} seeds registered; the rule needs at least {min_seeds}"
+        )
     if len(good) >= need:
         return RateVerdict(rate, "PASS", good, table, f"{len(good)} of {len(seeds)} seeds meet every arm condition")
     if len(good) + undecided >= need:
-        return RateVerdict(rate, "INCOMPLETE", good, table, f"{len(good)} of {len(seeds)} seeds pass; {undecided} more could with their missing or failed runs")
-    return RateVerdict(rate, "FAIL", good, table, f"only {len(good)} of {len(seeds)} seeds meet every arm condition (need {need})")
+        return RateVerdict(
+            rate,
+            "INCOMPLETE",
+            good,
+            table,
+            f"{len(good)} of {len(seeds)} seeds pass; {undecided} more could with their missing or failed runs",
+        )
+    return RateVerdict(
+        rate, "FAIL", good, table, f"only {len(good)} of {len(seeds)} seeds meet every arm condition (need {need})"
+    )
 
 
 def judge_test(
-    runs: Sequence[RunVerdict], arms: Sequence[str], rates: Sequence[float], seeds: Sequence[int], spec: Mapping[str, Any]
+    runs: Sequence[RunVerdict],
+    arms: Sequence[str],
+    rates: Sequence[float],
+    seeds: Sequence[int],
+    spec: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The test verdict: per rate, and overall PASS only if every rate passes."""
     per = [judge_rate(r, runs, arms, seeds, spec) for r in rates]
-    overall = "PASS" if all(p.verdict == "PASS" for p in per) else ("FAIL" if any(p.verdict == "FAIL" for p in per) else "INCOMPLETE")
+    overall = (
+        "PASS"
+        if all(p.verdict == "PASS" for p in per)
+        else ("FAIL" if any(p.verdict == "FAIL" for p in per) else "INCOMPLETE")
+    )
     return {
         "rule": spec["name"],
         "rule_version": spec.get("version"),
         "verdict": overall,
         "rates": [
-            {"rate": p.rate, "verdict": p.verdict, "good_seeds": p.good_seeds, "reason": p.reason,
-             "seeds": {str(k): v for k, v in p.seeds.items()}}
+            {
+                "rate": p.rate,
+                "verdict": p.verdict,
+                "good_seeds": p.good_seeds,
+                "reason": p.reason,
+                "seeds": {str(k): v for k, v in p.seeds.items()},
+            }
             for p in per
         ],
     }
@@ -352,8 +413,15 @@ def judge_quantities(
     quantity the table lacks reads as NaN (so no condition on it holds).
     Returns (verdict, staged runs)."""
     runs = [
-        judge_staged_run(spec, str(r["arm"]), float(r["rate"]), int(r["seed"]), r.get("quantities"), status=r.get("status", "complete"),
-                         missing_as_nan=True)
+        judge_staged_run(
+            spec,
+            str(r["arm"]),
+            float(r["rate"]),
+            int(r["seed"]),
+            r.get("quantities"),
+            status=r.get("status", "complete"),
+            missing_as_nan=True,
+        )
         for r in rows
     ]
     verdict = judge_staged(spec, runs, rates=rates, seeds=seeds, missing_as_nan=True)

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
 
-from analysis.stages import StagedRun, judge_staged, judge_staged_run
 from analysis.measures import RunTables, measure_all
-from analysis.metrics import MetricSpec, completions, run_series, run_statistics
+from analysis.metrics import MetricSpec, _bins, completions, outstanding_bins, run_series, run_statistics
 from analysis.predictions import Predictions
+from analysis.stages import StagedRun, judge_staged, judge_staged_run
 from harness.recording.record import RunFormatError, load_run
-from analysis.metrics import _bins, outstanding_bins
 
 NAN = float("nan")
 
@@ -64,8 +64,13 @@ def run_refs(meta: Mapping[str, Any], override: Mapping[str, float] | None) -> d
     lam_ref = float(refs["lambda_ref"])
     rate = float(meta["rate"])
     amr = refs.get("all_miss_token_rate")
-    return {"lam": rate * lam_ref, "lam_miss": lam_ref, "all_miss_rate": float(amr) if amr is not None else NAN,
-            "rate": rate, "lambda_ref": lam_ref}  # fmt: skip
+    return {
+        "lam": rate * lam_ref,
+        "lam_miss": lam_ref,
+        "all_miss_rate": float(amr) if amr is not None else NAN,
+        "rate": rate,
+        "lambda_ref": lam_ref,
+    }
 
 
 def run_quantities(
@@ -83,7 +88,9 @@ def run_quantities(
         run = load_run(run_dir)
     except (RunFormatError, OSError) as exc:
         name = Path(run_dir).name
-        return StagedAnalyzedRun(judge_staged_run(spec, name, NAN, -1, None, reason=str(exc), run_dir=str(run_dir)), None, None)
+        return StagedAnalyzedRun(
+            judge_staged_run(spec, name, NAN, -1, None, reason=str(exc), run_dir=str(run_dir)), None, None
+        )
     meta = run.meta
     p = meta["protocol"]
     params = spec["params"]
@@ -112,13 +119,15 @@ def run_quantities(
     file_sha = _sha(Path(run_dir) / str((meta.get("plan") or {}).get("file") or "plan.parquet"))
     cell = (meta.get("cell") or {}).get("name")
     reg = meta.get("registration")
-    q.update({
-        "run.completed": meta.get("status") == "COMPLETED" and not run.partial,
-        "run.plan_ok": plan_sha is not None and plan_sha == file_sha,
-        "run.cell_ok": expect_cell is None or cell == expect_cell,
-        "run.bound": _bound(reg, expect_registration),
-        "run.cell": cell or "",
-    })  # fmt: skip
+    q.update(
+        {
+            "run.completed": meta.get("status") == "COMPLETED" and not run.partial,
+            "run.plan_ok": plan_sha is not None and plan_sha == file_sha,
+            "run.cell_ok": expect_cell is None or cell == expect_cell,
+            "run.bound": _bound(reg, expect_registration),
+            "run.cell": cell or "",
+        }
+    )
     # Roles and predictions name arms by the arm's own name (the paper's), whatever file the test
     # listed it under; the test's key is kept beside it.
     arm = str((meta.get("arm_config") or {}).get("name") or meta["arm"])
@@ -129,19 +138,39 @@ def run_quantities(
         q.update(pv)
         if note:
             notes.append(note)
-    tables = RunTables(run.turns, run.sessions, run.gate_events, mspec.duration, refs["lambda_ref"], mspec.hit_threshold, mspec.backlog_bin)
+    tables = RunTables(
+        run.turns,
+        run.sessions,
+        run.gate_events,
+        mspec.duration,
+        refs["lambda_ref"],
+        mspec.hit_threshold,
+        mspec.backlog_bin,
+    )
     q.update(measure_all(spec.get("measures"), tables, {**params, **q}))
     status = {"COMPLETED": "complete"}.get(run.status, run.status)
     if run.partial and status == "complete":
         status = "PARTIAL"
     reason = "; ".join([*(x for x in [meta.get("status_reason")] if x), *notes])
-    sr = judge_staged_run(spec, arm, float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir))
+    sr = judge_staged_run(
+        spec, arm, float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir)
+    )
     ser = None
     if series:
-        ser = run_series(run.turns, run.sessions, run.gate_events, mspec.duration, float(p.get("hit_bin", 100.0)), mspec.backlog_bin, mspec.hit_threshold)
+        ser = run_series(
+            run.turns,
+            run.sessions,
+            run.gate_events,
+            mspec.duration,
+            float(p.get("hit_bin", 100.0)),
+            mspec.backlog_bin,
+            mspec.hit_threshold,
+        )
         edges = np.arange(0.0, mspec.duration + 1e-9, 300.0)
         ser["completions_t"] = edges[:-1]
-        ser["completions"] = np.array([completions(run.sessions, a, b) for a, b in zip(edges[:-1], edges[1:])]) / refs["lambda_ref"]
+        ser["completions"] = (
+            np.array([completions(run.sessions, a, b) for a, b in zip(edges[:-1], edges[1:])]) / refs["lambda_ref"]
+        )
         ser["outstanding_paused"] = run_series_outstanding(run, mspec)
     return StagedAnalyzedRun(sr, ser, meta)
 
@@ -173,8 +202,17 @@ def analyze_staged(
     expect_registration: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[StagedAnalyzedRun]]:
     """The staged verdict over `run_dirs`; arms, rates and seeds default to those the runs name."""
-    analyzed = [run_quantities(d, spec, refs_override=refs_override, predictions=predictions, expect_cell=expect_cell,
-                               expect_registration=expect_registration) for d in run_dirs]  # fmt: skip
+    analyzed = [
+        run_quantities(
+            d,
+            spec,
+            refs_override=refs_override,
+            predictions=predictions,
+            expect_cell=expect_cell,
+            expect_registration=expect_registration,
+        )
+        for d in run_dirs
+    ]
     runs = [a.run for a in analyzed]
     present = [r for r in runs if r.status != "MISSING"]
     arms = list(arms) if arms else sorted({r.arm for r in present})

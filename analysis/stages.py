@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from analysis.expr import NAN, RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered, parse, truth
 from analysis.measures import MEASURES
@@ -67,7 +68,9 @@ def _check_labelled(items: Any, where: str, funcs: frozenset[str] = frozenset())
     if len(set(names)) != len(names):
         raise RuleError(f"{where}: duplicate names {names}")
     if items[-1].get("all"):
-        raise RuleError(f"{where}: the last entry ({items[-1]['name']}) must be the unconditional fallback (empty 'all')")
+        raise RuleError(
+            f"{where}: the last entry ({items[-1]['name']}) must be the unconditional fallback (empty 'all')"
+        )
     return names
 
 
@@ -81,7 +84,9 @@ def validate_staged(spec: Mapping[str, Any]) -> None:
         raise RuleError(f"rule spec {name!r}: params must be a mapping")
     for mname, m in ordered(spec.get("measures"), f"{name}.measures"):
         if not isinstance(m, Mapping) or m.get("metric") not in MEASURES:
-            raise RuleError(f"rule spec {name!r}: measure {mname!r}: metric must be one of {sorted(MEASURES)}, got {m!r}")
+            raise RuleError(
+                f"rule spec {name!r}: measure {mname!r}: metric must be one of {sorted(MEASURES)}, got {m!r}"
+            )
     run = spec.get("run", {}) or {}
     if "states" in spec:
         _check_labelled(spec["states"], f"{name}.states")
@@ -114,7 +119,9 @@ def validate_staged(spec: Mapping[str, Any]) -> None:
     tf = frozenset(TEST_FUNCTIONS)
     for aname, a in ordered(test.get("aggregates"), f"{name}.test.aggregates"):
         if not isinstance(a, Mapping) or a.get("fn") not in _AGG or ("of" not in a and a.get("fn") != "count"):
-            raise RuleError(f"rule spec {name!r}: test aggregate {aname!r} needs fn in {sorted(_AGG)} and 'of', got {a!r}")
+            raise RuleError(
+                f"rule spec {name!r}: test aggregate {aname!r} needs fn in {sorted(_AGG)} and 'of', got {a!r}"
+            )
         _check_exprs([x for x in (a.get("of"), a.get("where")) if x], f"{name}.test.aggregates.{aname}")
     _check_exprs([e for _, e in ordered(test.get("derive"), f"{name}.test.derive")], f"{name}.test.derive", tf)
     _check_exprs([e for _, e in ordered(test.get("checks"), f"{name}.test.checks")], f"{name}.test.checks", tf)
@@ -148,8 +155,16 @@ class StagedRun:
 
     def env(self) -> dict[str, Any]:
         """Everything a seed-level expression may read of this run, under the role's prefix."""
-        out: dict[str, Any] = {**self.quantities, **self.derived, **self.flags, "status": self.status,
-                               "counted": self.counted, "arm": self.arm, "rate": self.rate, "seed": self.seed}  # fmt: skip
+        out: dict[str, Any] = {
+            **self.quantities,
+            **self.derived,
+            **self.flags,
+            "status": self.status,
+            "counted": self.counted,
+            "arm": self.arm,
+            "rate": self.rate,
+            "seed": self.seed,
+        }
         for lset, label in self.labels.items():
             out[lset] = label
             for lab, conds in self.conditions.get(lset, {}).items():
@@ -167,7 +182,9 @@ class StagedRun:
             "flags": self.flags,
             "count_if": self.count_if,
             "derived": {k: _plain(v) for k, v in self.derived.items()},
-            "quantities": {k: _plain(v) for k, v in self.quantities.items() if isinstance(v, (int, float, str, bool)) or v is None},
+            "quantities": {
+                k: _plain(v) for k, v in self.quantities.items() if isinstance(v, (int, float, str, bool)) or v is None
+            },
             "reason": self.reason,
             "run_dir": self.run_dir,
         }
@@ -200,11 +217,28 @@ def judge_staged_run(
     if quantities is None:
         status = "MISSING"
     if status != COUNTED:
-        return StagedRun(arm, rate, seed, status, q, labels={n: status for n, _ in sets}, reason=reason or status.lower(), run_dir=run_dir)
+        return StagedRun(
+            arm,
+            rate,
+            seed,
+            status,
+            q,
+            labels={n: status for n, _ in sets},
+            reason=reason or status.lower(),
+            run_dir=run_dir,
+        )
     wlen = q.get("window_len")
     if wlen is not None and "min_window" in params and float(wlen) + 1e-9 < float(params["min_window"]):
-        return StagedRun(arm, rate, seed, "INVALID", q, labels={n: "INVALID" for n, _ in sets},
-                         reason=f"window {float(wlen):g} s shorter than min_window {params['min_window']}", run_dir=run_dir)  # fmt: skip
+        return StagedRun(
+            arm,
+            rate,
+            seed,
+            "INVALID",
+            q,
+            labels={n: "INVALID" for n, _ in sets},
+            reason=f"window {float(wlen):g} s shorter than min_window {params['min_window']}",
+            run_dir=run_dir,
+        )
     env = Env(params, q, {}, nan_prefixes=RUN_NAN_PREFIXES, all_nan=missing_as_nan)
     ev = Evaluator(env)
     run = spec.get("run") or {}
@@ -226,7 +260,9 @@ def judge_staged_run(
                 chosen = it["name"]
         labels[lset] = chosen  # type: ignore[assignment]
         env.set(lset, chosen)
-    flags = {k: truth(ev(e)) for k, e in [*ordered(spec.get("flags"), "flags"), *ordered(run.get("flags"), "run.flags")]}
+    flags = {
+        k: truth(ev(e)) for k, e in [*ordered(spec.get("flags"), "flags"), *ordered(run.get("flags"), "run.flags")]
+    }
     out = StagedRun(arm, rate, seed, COUNTED, q, derived, labels, conds, flags, counts, reason, run_dir)
     if not all(c["holds"] for c in counts):
         out.status = "NOT-COUNTED"
@@ -242,7 +278,11 @@ _AGG: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda v: float(sum(v)),
     "min": lambda v: min(v) if v else NAN,
     "max": lambda v: max(v) if v else NAN,
-    "median": lambda v: (sorted(v)[len(v) // 2] if len(v) % 2 else 0.5 * sum(sorted(v)[len(v) // 2 - 1: len(v) // 2 + 1])) if v else NAN,
+    "median": lambda v: (
+        (sorted(v)[len(v) // 2] if len(v) % 2 else 0.5 * sum(sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1]))
+        if v
+        else NAN
+    ),
     "count": lambda v: float(len(v)),
 }
 
@@ -255,7 +295,11 @@ def _arm_names(role: Mapping[str, Any]) -> list[str]:
 def _find(runs: Sequence[StagedRun], role: Mapping[str, Any], rate: float | None, seed: int) -> StagedRun | None:
     want_rate = role.get("rate", rate)
     arms = _arm_names(role)
-    hits = [r for r in runs if r.arm.lower() in arms and r.seed == seed and (want_rate is None or abs(r.rate - float(want_rate)) < 1e-9)]
+    hits = [
+        r
+        for r in runs
+        if r.arm.lower() in arms and r.seed == seed and (want_rate is None or abs(r.rate - float(want_rate)) < 1e-9)
+    ]
     if len(hits) > 1:
         raise RuleError(f"role {role}: {len(hits)} runs for seed {seed} at rate {want_rate}; expected one")
     return hits[0] if hits else None
@@ -271,7 +315,9 @@ class _Seed:
     roles: dict[str, dict[str, Any]]
 
 
-def _judge_seed(spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float | None, seed: int, lenient: bool = False) -> _Seed:
+def _judge_seed(
+    spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float | None, seed: int, lenient: bool = False
+) -> _Seed:
     params = spec["params"]
     layers: dict[str, Any] = {"rate": rate if rate is not None else NAN, "seed": seed}
     roles_out: dict[str, dict[str, Any]] = {}
@@ -290,9 +336,17 @@ def _judge_seed(spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float 
         else:
             for k, v in run.env().items():
                 layers[f"{rname}.{k}"] = v
-            label = run.labels.get(show) if show else (next(iter(run.labels.values()), run.status) if run.labels else run.status)
-            roles_out[rname] = {"arm": run.arm, "status": run.status, "label": label if run.counted else run.status,
-                                "run_dir": run.run_dir}  # fmt: skip
+            label = (
+                run.labels.get(show)
+                if show
+                else (next(iter(run.labels.values()), run.status) if run.labels else run.status)
+            )
+            roles_out[rname] = {
+                "arm": run.arm,
+                "status": run.status,
+                "label": label if run.counted else run.status,
+                "run_dir": run.run_dir,
+            }
         required = role.get("required", True)
         if isinstance(required, str):
             required = truth(Evaluator(params)(required))
@@ -309,8 +363,13 @@ def _judge_seed(spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float 
     return _Seed(seed, decided, env, derived, details, roles_out)
 
 
-def _group_env(spec: Mapping[str, Any], seeds: list[_Seed], n_registered: int, rate: float | None,
-               override: Mapping[tuple[int, str], bool] | None = None) -> tuple[Env, dict[str, Any], dict[str, Any]]:  # fmt: skip
+def _group_env(
+    spec: Mapping[str, Any],
+    seeds: list[_Seed],
+    n_registered: int,
+    rate: float | None,
+    override: Mapping[tuple[int, str], bool] | None = None,
+) -> tuple[Env, dict[str, Any], dict[str, Any]]:
     params = spec["params"]
     group = spec["group"]
     bools = _bool_names(seeds)
@@ -324,8 +383,12 @@ def _group_env(spec: Mapping[str, Any], seeds: list[_Seed], n_registered: int, r
                 n += truth(s.derived.get(b))
         counts[b] = n
     aggs = _aggregate(group.get("aggregates"), [s.env for s in seeds if s.decided], "group.aggregates")
-    base = {"rate": rate if rate is not None else NAN, "n_seeds": n_registered, "n_decided": sum(s.decided for s in seeds),
-            "n_undecided": sum(not s.decided for s in seeds)}  # fmt: skip
+    base = {
+        "rate": rate if rate is not None else NAN,
+        "n_seeds": n_registered,
+        "n_decided": sum(s.decided for s in seeds),
+        "n_undecided": sum(not s.decided for s in seeds),
+    }
     return Env(params, base, counts, aggs, {}), counts, aggs
 
 
@@ -357,7 +420,9 @@ def _bool_names(seeds: list[_Seed]) -> list[str]:
     return names
 
 
-def _decide(spec: Mapping[str, Any], env: Env) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, list[dict[str, Any]]]]:
+def _decide(
+    spec: Mapping[str, Any], env: Env
+) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, list[dict[str, Any]]]]:
     group = spec["group"]
     ev = Evaluator(env)
     derived: dict[str, Any] = {}
@@ -378,8 +443,14 @@ def _decide(spec: Mapping[str, Any], env: Env) -> tuple[str, dict[str, Any], dic
     return outcome or group["outcomes"][-1]["name"], derived, checks, conds
 
 
-def _judge_group(spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float | None, seeds: Sequence[int], label: str,
-                 lenient: bool = False) -> dict[str, Any]:  # fmt: skip
+def _judge_group(
+    spec: Mapping[str, Any],
+    runs: Sequence[StagedRun],
+    rate: float | None,
+    seeds: Sequence[int],
+    label: str,
+    lenient: bool = False,
+) -> dict[str, Any]:
     ss = [_judge_seed(spec, runs, rate, s, lenient) for s in seeds]
     env, counts, aggs = _group_env(spec, ss, len(seeds), rate)
     outcome, derived, checks, conds = _decide(spec, env)
@@ -423,8 +494,12 @@ def _judge_group(spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float
         "checks": checks,
         "conditions": conds,
         "seeds": {
-            str(s.seed): {"decided": s.decided, "roles": s.roles, "derived": {k: _plain(v) for k, v in s.derived.items()},
-                          "details": s.details}  # fmt: skip
+            str(s.seed): {
+                "decided": s.decided,
+                "roles": s.roles,
+                "derived": {k: _plain(v) for k, v in s.derived.items()},
+                "details": s.details,
+            }
             for s in ss
         },
     }
@@ -485,7 +560,9 @@ def judge_staged(
     else:
         groups = [_judge_group(spec, runs, None, seeds, "all", missing_as_nan)]
     test = spec.get("test") or {}
-    run_envs = [Env(spec["params"], r.env(), nan_prefixes=RUN_NAN_PREFIXES, all_nan=missing_as_nan) for r in runs if r.counted]
+    run_envs = [
+        Env(spec["params"], r.env(), nan_prefixes=RUN_NAN_PREFIXES, all_nan=missing_as_nan) for r in runs if r.counted
+    ]
     taggs = _aggregate(test.get("aggregates"), run_envs, "test.aggregates")
     env = Env(spec["params"], {"n_groups": len(groups), "n_runs": len(run_envs)}, taggs, {})
     ev = Evaluator(env, _test_functions(groups))

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +120,14 @@ def extrapolate(rows: list[dict], every: list[Path]) -> dict:
         rate = sum(per[key]) / len(per[key])
         total += n * rate
         basis[t.stem] = {"runs": n, "s_per_run": round(rate, 2), "from": f"{key[0]} {key[1]:g} s"}
-    return {"runs": runs, "test_run_wall_s": round(total, 1), "budget_s": BUDGET_S, "within_budget": total <= BUDGET_S,
-            "method": "unmeasured configs: runs x the subset's wall per run of the same engine and protocol duration", "basis": basis}  # fmt: skip
+    return {
+        "runs": runs,
+        "test_run_wall_s": round(total, 1),
+        "budget_s": BUDGET_S,
+        "within_budget": total <= BUDGET_S,
+        "method": "unmeasured configs: runs x the subset's wall per run of the same engine and protocol duration",
+        "basis": basis,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,8 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", help="write the tests' output here and keep it (default: a temporary folder)")
     ap.add_argument("--only", nargs="*", help="test names to run (default: every config)")
-    ap.add_argument("--out", default=None, help="JSON written (default: benchmarks/all_tests.json, --suite: all_tests_suite.json)")
-    ap.add_argument("--suite", action="store_true", help="one `agentload test run` of every config (one pool) instead of one per config")
+    ap.add_argument(
+        "--out", default=None, help="JSON written (default: benchmarks/all_tests.json, --suite: all_tests_suite.json)"
+    )
+    ap.add_argument(
+        "--suite",
+        action="store_true",
+        help="one `agentload test run` of every config (one pool) instead of one per config",
+    )
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = str(ROOT / "benchmarks" / ("all_tests_suite.json" if args.suite else "all_tests.json"))
@@ -144,12 +156,26 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     suite_wall = suite_cpu = None
     if args.suite:
-        cmd = [*cmd0, "test", "run", *[str(t.relative_to(ROOT)) for t in tests], "--engine", "sim", "--jobs", str(args.jobs),
-               "--out", str(base), "--plain"]  # fmt: skip
+        cmd = [
+            *cmd0,
+            "test",
+            "run",
+            *[str(t.relative_to(ROOT)) for t in tests],
+            "--engine",
+            "sim",
+            "--jobs",
+            str(args.jobs),
+            "--out",
+            str(base),
+            "--plain",
+        ]
         t0, c0 = time.monotonic(), _child_cpu()
         suite_proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         suite_wall, suite_cpu = time.monotonic() - t0, _child_cpu() - c0
-        print(f"one command, {len(tests)} tests: {suite_wall:.1f} s wall ({suite_cpu:.1f} s CPU), exit {suite_proc.returncode}", flush=True)
+        print(
+            f"one command, {len(tests)} tests: {suite_wall:.1f} s wall ({suite_cpu:.1f} s CPU), exit {suite_proc.returncode}",
+            flush=True,
+        )
     for t in tests:
         out = base / t.stem
         if args.suite:
@@ -157,7 +183,19 @@ def main(argv: list[str] | None = None) -> int:
             inner0 = json.loads((out / "wall.json").read_text()) if (out / "wall.json").exists() else {}
             wall, cpu = float(inner0.get("wall_s", float("nan"))), None  # the test's own span inside the one command
         else:
-            cmd = [*cmd0, "test", "run", str(t.relative_to(ROOT)), "--engine", "sim", "--jobs", str(args.jobs), "--out", str(out), "--plain"]
+            cmd = [
+                *cmd0,
+                "test",
+                "run",
+                str(t.relative_to(ROOT)),
+                "--engine",
+                "sim",
+                "--jobs",
+                str(args.jobs),
+                "--out",
+                str(out),
+                "--plain",
+            ]
             t0, c0 = time.monotonic(), _child_cpu()
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             wall, cpu = time.monotonic() - t0, _child_cpu() - c0
@@ -168,15 +206,33 @@ def main(argv: list[str] | None = None) -> int:
             continue
         v = json.loads(vpath.read_text())
         # rescore from the run directories alone: `agentload analyze` must give the same verdict
-        a = subprocess.run([*cmd0, "analyze", str(out), "--test", str(t.relative_to(ROOT)), "--out", str(out / "rescored")],
-                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-        same = (out / "rescored" / "verdict.json").exists() and _norm(json.loads((out / "rescored" / "verdict.json").read_text())) == _norm(json.loads(vpath.read_text()))
+        a = subprocess.run(
+            [*cmd0, "analyze", str(out), "--test", str(t.relative_to(ROOT)), "--out", str(out / "rescored")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        same = (out / "rescored" / "verdict.json").exists() and _norm(
+            json.loads((out / "rescored" / "verdict.json").read_text())
+        ) == _norm(json.loads(vpath.read_text()))
         inner = json.loads((out / "wall.json").read_text()) if (out / "wall.json").exists() else {}
-        row = {"test": t.stem, "runs": inner.get("runs"), "wall_s": round(wall, 1), "cpu_s": None if cpu is None else round(cpu, 1), "verdict": v["verdict"], "simulated": summary(v),
-               "paper": PAPER.get(t.stem, "?"), "analyze_same": same, "analyze_rc": a.returncode}  # fmt: skip
+        row = {
+            "test": t.stem,
+            "runs": inner.get("runs"),
+            "wall_s": round(wall, 1),
+            "cpu_s": None if cpu is None else round(cpu, 1),
+            "verdict": v["verdict"],
+            "simulated": summary(v),
+            "paper": PAPER.get(t.stem, "?"),
+            "analyze_same": same,
+            "analyze_rc": a.returncode,
+        }
         rows.append(row)
-        print(f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({'-' if cpu is None else f'{cpu:.1f}'} s CPU)  {row['simulated']}  | paper: {row['paper']}"
-              f"{'' if same else '  [analyze DIFFERS]'}", flush=True)  # fmt: skip
+        print(
+            f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({'-' if cpu is None else f'{cpu:.1f}'} s CPU)  {row['simulated']}  | paper: {row['paper']}"
+            f"{'' if same else '  [analyze DIFFERS]'}",
+            flush=True,
+        )
     total = time.monotonic() - t_all
     every = sorted((ROOT / "configs" / "tests").glob("*.yaml"))
     result = {
@@ -194,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "rows": rows,
     }
     if args.only:  # a subset: what every config would take, from the measured wall per run of its kind
@@ -203,11 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if "extrapolation" in result:
         x = result["extrapolation"]
-        print(f"every config ({x['runs']} runs), extrapolated from this subset: {x['test_run_wall_s']:.0f} s of test runs "
-              f"({x['method']})", flush=True)  # fmt: skip
-    print(f"\n{len(rows)} tests, {result['runs']} runs, {result['mode']}: test runs {result['test_run_wall_s']:.0f} s wall "
-          f"({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} (budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); "
-          f"with the rescoring {total:.0f} s; wrote {args.out}")  # fmt: skip
+        print(
+            f"every config ({x['runs']} runs), extrapolated from this subset: {x['test_run_wall_s']:.0f} s of test runs "
+            f"({x['method']})",
+            flush=True,
+        )
+    print(
+        f"\n{len(rows)} tests, {result['runs']} runs, {result['mode']}: test runs {result['test_run_wall_s']:.0f} s wall "
+        f"({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} (budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); "
+        f"with the rescoring {total:.0f} s; wrote {args.out}"
+    )
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if all("error" not in r and r.get("analyze_same") for r in rows) else 1

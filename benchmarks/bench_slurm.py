@@ -76,7 +76,9 @@ def per_job(n: int, folder: Path) -> dict[str, Any]:
         t_submitted = time.time()
         t_func = job.result()
         t_result = time.time()
-        jobs.append({"job_id": job.job_id, "t_call": t_call, "t_submitted": t_submitted, "t_func": t_func, "t_result": t_result})
+        jobs.append(
+            {"job_id": job.job_id, "t_call": t_call, "t_submitted": t_submitted, "t_func": t_func, "t_result": t_result}
+        )
     rows = {r.job_id: r for r in S.wait_for_accounting([j["job_id"] for j in jobs])}
     for j in jobs:
         r = rows[j["job_id"]]
@@ -109,17 +111,18 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
     """Per-job overhead of registered jobs: from the scheduler's start to a healthy engine."""
     sys.path.insert(0, str(ROOT / "tests"))
     import orjson
+    from slurm_fixture import commit, fill, make_project, tiny_vllm  # type: ignore[import-not-found]
 
     from slurm.collect import collect
     from slurm.submit import SubmitOptions, submit_registration
-    from slurm_fixture import commit, fill, make_project, tiny_vllm  # type: ignore[import-not-found]
 
     work, _ = make_project(folder / "project")
     reg = fill(work, "bench-one", seeds="[3]", arms="[noburst]")
     vreg = tiny_vllm(work) if vllm else None
     commit(work, "register the benchmark's registrations", push=True)
     cases: list[tuple[str, Path, SubmitOptions]] = [
-        ("emulator", reg, SubmitOptions(engine="emulator", time_scale=300.0, out=str(folder / f"emu-{i}"))) for i in range(n)
+        ("emulator", reg, SubmitOptions(engine="emulator", time_scale=300.0, out=str(folder / f"emu-{i}")))
+        for i in range(n)
     ]
     if vreg is not None:
         import os
@@ -131,9 +134,29 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
         if not (Path(model) / "config.json").exists():
             subprocess.run([py, str(ROOT / "harness/servers/tiny_model.py"), model], check=True, capture_output=True)
         cache = os.environ.get("AGENTLOAD_ENGINE_CACHE") or str(folder / "engine-cache")
-        cases.append(("vllm", vreg, SubmitOptions(engine="vllm", out=str(folder / "vllm"), job_env=private_cache_env(cache), engine_options={
-            "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"], "model": model, "health_timeout": 900.0,
-            "extra_args": ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager"]})))  # fmt: skip
+        cases.append(
+            (
+                "vllm",
+                vreg,
+                SubmitOptions(
+                    engine="vllm",
+                    out=str(folder / "vllm"),
+                    job_env=private_cache_env(cache),
+                    engine_options={
+                        "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"],
+                        "model": model,
+                        "health_timeout": 900.0,
+                        "extra_args": [
+                            "--dtype",
+                            "bfloat16",
+                            "--kv-cache-memory-bytes",
+                            str(256 << 20),
+                            "--enforce-eager",
+                        ],
+                    },
+                ),
+            )
+        )
     jobs = []
     for engine, path, opts in cases:
         doc = submit_registration(path, opts)
@@ -144,29 +167,54 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
         start = row.start
         assert start is not None and row.submit is not None and res["complete"], res
         es = meta["engine_start"]
-        jobs.append({
-            "engine": engine, "job_id": job["job_id"], "state": row.state,
-            "sacct_submit_to_start_s": (start - row.submit).total_seconds(),
-            "start_to_job_script_s": (_iso(meta["job"]["started_at"]) - start).total_seconds(),
-            "start_to_time_check_s": (_iso(meta["time_check"]["checked_at"]) - start).total_seconds(),
-            "start_to_engine_healthy_s": (_iso(es["healthy_at"]) - start).total_seconds(),
-            "engine_launch_to_healthy_s": es["seconds"],
-        })  # fmt: skip
-    keys = ["sacct_submit_to_start_s", "start_to_job_script_s", "start_to_time_check_s", "start_to_engine_healthy_s", "engine_launch_to_healthy_s"]
+        jobs.append(
+            {
+                "engine": engine,
+                "job_id": job["job_id"],
+                "state": row.state,
+                "sacct_submit_to_start_s": (start - row.submit).total_seconds(),
+                "start_to_job_script_s": (_iso(meta["job"]["started_at"]) - start).total_seconds(),
+                "start_to_time_check_s": (_iso(meta["time_check"]["checked_at"]) - start).total_seconds(),
+                "start_to_engine_healthy_s": (_iso(es["healthy_at"]) - start).total_seconds(),
+                "engine_launch_to_healthy_s": es["seconds"],
+            }
+        )
+    keys = [
+        "sacct_submit_to_start_s",
+        "start_to_job_script_s",
+        "start_to_time_check_s",
+        "start_to_engine_healthy_s",
+        "engine_launch_to_healthy_s",
+    ]
     summary = {}
     for eng in sorted({j["engine"] for j in jobs}):
         js = [j for j in jobs if j["engine"] == eng]
-        summary[eng] = {k: {"median": statistics.median(j[k] for j in js), "max": max(j[k] for j in js), "n": len(js)} for k in keys}
-    return {"jobs": jobs, "summary": summary, "note": "sacct times are whole seconds; the job's own times are microseconds (UTC)"}
+        summary[eng] = {
+            k: {"median": statistics.median(j[k] for j in js), "max": max(j[k] for j in js), "n": len(js)} for k in keys
+        }
+    return {
+        "jobs": jobs,
+        "summary": summary,
+        "note": "sacct times are whole seconds; the job's own times are microseconds (UTC)",
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=5)
     ap.add_argument("--fresh", action="store_true", help="purge the cluster state first (new datadir)")
-    ap.add_argument("--engine-jobs", type=int, default=3, help="registered emulator jobs for the start-to-healthy overhead (0: none)")
-    ap.add_argument("--vllm", action="store_true", help="also one registered job on the real CPU vLLM (AGENTLOAD_VLLM_PYTHON)")
-    ap.add_argument("--no-bring-up", action="store_true", help="do not stop and restart the cluster (others may be using it)")
+    ap.add_argument(
+        "--engine-jobs",
+        type=int,
+        default=3,
+        help="registered emulator jobs for the start-to-healthy overhead (0: none)",
+    )
+    ap.add_argument(
+        "--vllm", action="store_true", help="also one registered job on the real CPU vLLM (AGENTLOAD_VLLM_PYTHON)"
+    )
+    ap.add_argument(
+        "--no-bring-up", action="store_true", help="do not stop and restart the cluster (others may be using it)"
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 

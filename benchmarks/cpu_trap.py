@@ -74,6 +74,7 @@ CALIBRATION: dict[str, Any] = {
     "top_rate": 40.0,
 }
 
+
 def engine_options() -> list[str]:
     """The real-engine options of every calibrate / run command (runs/cpu_launch.py)."""
     from runs.cpu_launch import LaunchError, cli_options, engine_env
@@ -100,8 +101,16 @@ class Steps:
         t0, load0 = time.time(), loadavg()
         print(f"[cpu_trap] {name}: {shlex.join(argv)}  (load {load0})", flush=True)
         rc = subprocess.run(argv, cwd=ROOT).returncode
-        rec = {"step": name, "argv": argv, "rc": rc, "started": t0, "wall_s": round(time.time() - t0, 1),
-               "loadavg_before": load0, "loadavg_after": loadavg(), "cpus": os.cpu_count()}  # fmt: skip
+        rec = {
+            "step": name,
+            "argv": argv,
+            "rc": rc,
+            "started": t0,
+            "wall_s": round(time.time() - t0, 1),
+            "loadavg_before": load0,
+            "loadavg_after": loadavg(),
+            "cpus": os.cpu_count(),
+        }
         with self.log.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"[cpu_trap] {name}: rc {rc} in {rec['wall_s']:.0f} s (load {rec['loadavg_after']})", flush=True)
@@ -117,19 +126,50 @@ def agentload(*args: str) -> list[str]:
 def calibrate(steps: Steps, args: argparse.Namespace) -> None:
     c = CALIBRATION
     argv = agentload(
-        "calibrate", "all", "--cell", CELL, "--workload", WORKLOAD, "--out", str(INPUTS), "--runs-dir", str(steps.out / "calibration"),
-        "--n", ",".join(map(str, c["n"])), "--warmup", str(c["warmup"]), "--window", str(c["window"]),
-        "--e0a-n", str(c["e0a_n"]), "--check-n", str(c["check_n"]), "--e0a-seeds", ",".join(map(str, c["e0a_seeds"])),
-        "--e0b-protocol", c["e0b_protocol"], "--grid", ",".join(map(str, c["grid"])), "--final-max", str(c["final_max"]),
-        "--rise-max", str(c["rise_max"]), "--top-rate", str(c["top_rate"]), *engine_options(),
-    )  # fmt: skip
+        "calibrate",
+        "all",
+        "--cell",
+        CELL,
+        "--workload",
+        WORKLOAD,
+        "--out",
+        str(INPUTS),
+        "--runs-dir",
+        str(steps.out / "calibration"),
+        "--n",
+        ",".join(map(str, c["n"])),
+        "--warmup",
+        str(c["warmup"]),
+        "--window",
+        str(c["window"]),
+        "--e0a-n",
+        str(c["e0a_n"]),
+        "--check-n",
+        str(c["check_n"]),
+        "--e0a-seeds",
+        ",".join(map(str, c["e0a_seeds"])),
+        "--e0b-protocol",
+        c["e0b_protocol"],
+        "--grid",
+        ",".join(map(str, c["grid"])),
+        "--final-max",
+        str(c["final_max"]),
+        "--rise-max",
+        str(c["rise_max"]),
+        "--top-rate",
+        str(c["top_rate"]),
+        *engine_options(),
+    )
     if args.resume:
         argv.append("--resume")
     steps.run("calibrate", argv)
 
 
 def fill(steps: Steps, args: argparse.Namespace) -> None:
-    steps.run("fill", agentload("prereg", "fill", "--inputs", str(INPUTS), "--test", str(TEMPLATE), "--out", str(REGISTRATION)))
+    steps.run(
+        "fill",
+        agentload("prereg", "fill", "--inputs", str(INPUTS), "--test", str(TEMPLATE), "--out", str(REGISTRATION)),
+    )
 
 
 def register(steps: Steps, args: argparse.Namespace) -> None:
@@ -137,7 +177,15 @@ def register(steps: Steps, args: argparse.Namespace) -> None:
         steps.run("git-add", ["git", "add", str(INPUTS), str(REGISTRATION)])
         staged = subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=ROOT).returncode != 0
         if staged:
-            steps.run("git-commit", ["git", "commit", "-m", f"Calibration inputs and filled registration of {CELL} (benchmarks/cpu_trap.py)"])
+            steps.run(
+                "git-commit",
+                [
+                    "git",
+                    "commit",
+                    "-m",
+                    f"Calibration inputs and filled registration of {CELL} (benchmarks/cpu_trap.py)",
+                ],
+            )
     steps.run("check", agentload("prereg", "check", str(REGISTRATION)), check=False)
 
 
@@ -173,22 +221,47 @@ def run(steps: Steps, args: argparse.Namespace) -> None:
             continue
         if rd.exists():
             rd.rename(rd.with_name(f"{rd.name}.failed-{int(time.time())}"))
-        steps.run(f"run {rd.name}", agentload("run", "--registration", str(REGISTRATION), "--arm", arm, "--rate", str(rate), "--seed",
-                                              str(seed), "--out", str(rd), *engine_options()), check=False)  # fmt: skip
+        steps.run(
+            f"run {rd.name}",
+            agentload(
+                "run",
+                "--registration",
+                str(REGISTRATION),
+                "--arm",
+                arm,
+                "--rate",
+                str(rate),
+                "--seed",
+                str(seed),
+                "--out",
+                str(rd),
+                *engine_options(),
+            ),
+            check=False,
+        )
 
 
 def score(steps: Steps, args: argparse.Namespace) -> None:
-    steps.run("score", agentload("analyze", "--registration", str(REGISTRATION), str(steps.out / "runs"), "--out", str(steps.out / "verdict")),
-              check=False)  # fmt: skip
+    steps.run(
+        "score",
+        agentload(
+            "analyze", "--registration", str(REGISTRATION), str(steps.out / "runs"), "--out", str(steps.out / "verdict")
+        ),
+        check=False,
+    )
 
 
 STEPS = {"calibrate": calibrate, "fill": fill, "register": register, "run": run, "score": score}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("step", choices=[*STEPS, "all"])
-    p.add_argument("--out", default="results/cpu-trap", help="run records, step log and verdict (default results/cpu-trap)")
+    p.add_argument(
+        "--out", default="results/cpu-trap", help="run records, step log and verdict (default results/cpu-trap)"
+    )
     p.add_argument("--resume", action="store_true", help="calibrate: keep completed calibration runs")
     p.add_argument("--commit", action="store_true", help="register: git-commit the inputs and the registration first")
     p.add_argument("--arms", help="run: only these arms (comma-separated)")

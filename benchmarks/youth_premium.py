@@ -29,9 +29,9 @@ from analysis.theory.fluid import plan_fluid_from_plan
 from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import load_test
-from runs.arms import execute_run, find_arm
-from harness.workload.plans import make_plan
 from harness.workload.planfile import read_plan
+from harness.workload.plans import make_plan
+from runs.arms import execute_run, find_arm
 
 TEST = "configs/tests/e2-sglang-300k.yaml"
 
@@ -61,15 +61,21 @@ def main(argv: list[str] | None = None) -> int:
             fl = plan_fluid_from_plan(mf, read_plan(d / "plan.parquet"), t_end=w1)
             r = fl.requests
             m = (r["done"] >= w0) & (r["done"] < w1)
-            rows.append({
-                "rate": rate, "seed": seed,
-                "D_sim": len(done) / (w1 - w0) / lr, "D_modelF_plan": fl.completion_rate(w0, w1) / lr,
-                "D_sim_hazard": haz[w.turn.to_numpy() - 1].sum() / (w1 - w0) / lr,
-                "D_modelF_hazard": haz[r["turn"][m] - 1].sum() / (w1 - w0) / lr,
-                "turns_sim": len(w) / (w1 - w0), "turns_modelF": m.sum() / (w1 - w0),
-                "prompt_sim": float(w.prompt_tokens.mean()), "prompt_modelF": float(r["prompt"][m].mean()),
-                "D_modelF_asymptotic": mf.asymptotics(rate * lr).D / lr,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "rate": rate,
+                    "seed": seed,
+                    "D_sim": len(done) / (w1 - w0) / lr,
+                    "D_modelF_plan": fl.completion_rate(w0, w1) / lr,
+                    "D_sim_hazard": haz[w.turn.to_numpy() - 1].sum() / (w1 - w0) / lr,
+                    "D_modelF_hazard": haz[r["turn"][m] - 1].sum() / (w1 - w0) / lr,
+                    "turns_sim": len(w) / (w1 - w0),
+                    "turns_modelF": m.sum() / (w1 - w0),
+                    "prompt_sim": float(w.prompt_tokens.mean()),
+                    "prompt_modelF": float(r["prompt"][m].mean()),
+                    "D_modelF_asymptotic": mf.asymptotics(rate * lr).D / lr,
+                }
+            )
     table = pd.DataFrame(rows)
     _, arm = find_arm(b, "burst")
     spread = {}
@@ -79,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
             fl = plan_fluid_from_plan(mf, make_plan(b.workload, b.protocol, arm, rate, lr, seed), t_end=w1)
             D.append(fl.completion_rate(w0, w1) / lr)
         D = np.asarray(D)
-        spread[str(rate)] = {"seeds": args.fluid_seeds, "mean": float(D.mean()), "sd": float(D.std(ddof=1)), "min": float(D.min()),
-                             "max": float(D.max()), "rank_of_seeds_0_2": [int((D < D[k]).sum()) for k in range(3)]}  # fmt: skip
+        spread[str(rate)] = {
+            "seeds": args.fluid_seeds,
+            "mean": float(D.mean()),
+            "sd": float(D.std(ddof=1)),
+            "min": float(D.min()),
+            "max": float(D.max()),
+            "rank_of_seeds_0_2": [int((D[k] > D).sum()) for k in range(3)],
+        }
     pd.set_option("display.width", 200)
     print(table.round(3).to_string(index=False))
     print(json.dumps(spread, indent=1))

@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from analysis.calibration import E0B_FINAL_MAX, E0B_RISE_MAX, E0aSummary, E0bStats, WindowStats, curve_means, hit_crossing
-from harness.config import CellConfig, WorkloadConfig
+from analysis.calibration import (
+    E0B_FINAL_MAX,
+    E0B_RISE_MAX,
+    E0aSummary,
+    E0bStats,
+    WindowStats,
+    curve_means,
+    hit_crossing,
+)
+from cli.run import add_executor_options, sweep_executor
+from cli.sim2real import add_costs_stage
+from harness.config import DEFAULT_TOP_RATE, CellConfig, WorkloadConfig, config_ref, load_config
+from harness.errors import UsageError
 from runs.calibration import (
     E0A_CHECK_N,
     E0A_N,
@@ -28,24 +40,21 @@ from runs.calibration import (
     e0b,
     stage_c,
 )
-from harness.config import DEFAULT_TOP_RATE
-from harness.errors import UsageError
-from harness.config import config_ref, load_config
-from runs.realrun import options_from_args
-from cli.run import sweep_executor
-from cli.run import add_executor_options
-from runs.realrun import add_engine_arguments
-from cli.sim2real import add_costs_stage
+from runs.realrun import add_engine_arguments, options_from_args
 
 
 def _fmt_curve(stats: Sequence[WindowStats]) -> str:
     m = curve_means(stats)
     lines = [f"{'n':>5} {'mu sess/s':>10} {'mu turns':>9} {'hit':>6} {'uncached tok/s':>15} {'seeds':>5}"]
     for r in m.itertuples():
-        lines.append(f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} {r.seeds:>5}")
+        lines.append(
+            f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} {r.seeds:>5}"
+        )
     peak = m.loc[m["mu_sessions"].idxmax()]
-    lines.append(f"peak mu* = {peak.mu_sessions:.4f} sessions/s at n = {int(peak.n)}; "
-                 f"0.5-hit crossing at n = {hit_crossing(m['n'], m['hit_fraction']):.1f}")  # fmt: skip
+    lines.append(
+        f"peak mu* = {peak.mu_sessions:.4f} sessions/s at n = {int(peak.n)}; "
+        f"0.5-hit crossing at n = {hit_crossing(m['n'], m['hit_fraction']):.1f}"
+    )
     return "\n".join(lines)
 
 
@@ -64,8 +73,10 @@ def _fmt_e0a(s: E0aSummary) -> str:
 def _fmt_e0b(stats: Sequence[E0bStats]) -> str:
     lines = [f"{'x ref':>6} {'seed':>4} {'sessions':>8} {'realized':>8} {'final':>7} {'rise':>7} {'hit':>6}  stable"]
     for s in stats:
-        lines.append(f"{s.multiple:>6g} {s.seed:>4} {s.sessions:>8} {s.realized_multiple:>8.3f} {s.final_backlog:>7.1f} {s.rise:>7.1f} "
-                     f"{s.hit_fraction:>6.3f}  {'yes' if s.stable else 'NO'}")  # fmt: skip
+        lines.append(
+            f"{s.multiple:>6g} {s.seed:>4} {s.sessions:>8} {s.realized_multiple:>8.3f} {s.final_backlog:>7.1f} {s.rise:>7.1f} "
+            f"{s.hit_fraction:>6.3f}  {'yes' if s.stable else 'NO'}"
+        )
     return "\n".join(lines)
 
 
@@ -84,25 +95,46 @@ def _cmd(args: Any) -> int:
     engine = None
     if args.engine != "sim":
         if out is None:
-            raise UsageError(f"--engine {args.engine}: a real-engine calibration needs --out for its server logs and run records")
+            raise UsageError(
+                f"--engine {args.engine}: a real-engine calibration needs --out for its server logs and run records"
+            )
         engine = options_from_args(args, cell_ref=args.cell)
     mapper = None
     if args.executor == "slurm":
         if out is None:
-            raise UsageError("--executor slurm: give --out (the tasks' logs and the accounting export are written there)")
+            raise UsageError(
+                "--executor slurm: give --out (the tasks' logs and the accounting export are written there)"
+            )
         mapper = sweep_executor(args, out, f"calibrate-{args.stage}-{cell.name}")
     if args.stage == "all":
         if out is None:
             raise UsageError("calibrate all: --out DIR is required (the three summaries are written there)")
         bundle = calibrate_all(
-            cell, workload, out, runs_dir=args.runs_dir, ns=_ints(args.n) if args.n else STAGE_C_NS,
-            stage_c_seeds=_ints(args.stage_c_seeds), e0a_seeds=_ints(args.e0a_seeds), e0a_n=args.e0a_n,
-            check_n=args.check_n or None, warmup=args.warmup, window=args.window,
-            grid=_floats(args.grid) if args.grid else E0B_GRID, e0b_seeds=_ints(args.e0b_seeds),
-            e0b_duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-            engine=engine, engine_name=args.engine, log=lambda m: print(m, file=sys.stderr),
-            e0b_protocol_ref=args.e0b_protocol, top_rate=args.top_rate, resume=args.resume, mapper=mapper,
-        )  # fmt: skip
+            cell,
+            workload,
+            out,
+            runs_dir=args.runs_dir,
+            ns=_ints(args.n) if args.n else STAGE_C_NS,
+            stage_c_seeds=_ints(args.stage_c_seeds),
+            e0a_seeds=_ints(args.e0a_seeds),
+            e0a_n=args.e0a_n,
+            check_n=args.check_n or None,
+            warmup=args.warmup,
+            window=args.window,
+            grid=_floats(args.grid) if args.grid else E0B_GRID,
+            e0b_seeds=_ints(args.e0b_seeds),
+            e0b_duration=args.duration,
+            rise_span=args.rise_span,
+            final_max=args.final_max,
+            rise_max=args.rise_max,
+            engine=engine,
+            engine_name=args.engine,
+            log=lambda m: print(m, file=sys.stderr),
+            e0b_protocol_ref=args.e0b_protocol,
+            top_rate=args.top_rate,
+            resume=args.resume,
+            mapper=mapper,
+        )
         print(_fmt_curve(bundle.stage_c))
         print()
         print(_fmt_e0a(bundle.e0a))
@@ -114,49 +146,107 @@ def _cmd(args: Any) -> int:
             print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
         return 0
     if args.stage == "stage-c":
-        stats = stage_c(cell, workload, _ints(args.n) if args.n else STAGE_C_NS, seeds=_ints(args.seeds or "0"),
-                        out_dir=out, warmup=args.warmup, window=args.window, engine=engine, resume=args.resume, mapper=mapper)  # fmt: skip
+        stats = stage_c(
+            cell,
+            workload,
+            _ints(args.n) if args.n else STAGE_C_NS,
+            seeds=_ints(args.seeds or "0"),
+            out_dir=out,
+            warmup=args.warmup,
+            window=args.window,
+            engine=engine,
+            resume=args.resume,
+            mapper=mapper,
+        )
         print(_fmt_curve(stats))
         result: Any = [s.as_dict() for s in stats]
     elif args.stage == "e0a":
-        summary = e0a(cell, workload, seeds=_ints(args.seeds or "0,1,2"), n=int(args.n or E0A_N),
-                      check_n=args.check_n or None, out_dir=out, warmup=args.warmup, window=args.window,
-                      engine=engine, resume=args.resume, mapper=mapper)  # fmt: skip
+        summary = e0a(
+            cell,
+            workload,
+            seeds=_ints(args.seeds or "0,1,2"),
+            n=int(args.n or E0A_N),
+            check_n=args.check_n or None,
+            out_dir=out,
+            warmup=args.warmup,
+            window=args.window,
+            engine=engine,
+            resume=args.resume,
+            mapper=mapper,
+        )
         print(_fmt_e0a(summary))
         result = summary.as_dict()
     else:
         lam = args.lambda_ref or cell.lambda_ref
         if lam is None:
-            raise UsageError(f"calibrate e0b: cell {cell.name!r} has no lambda_ref; give --lambda-ref (E0a's turns-based rate)")
-        stats_b = e0b(cell, workload, float(lam), grid=_floats(args.grid) if args.grid else E0B_GRID, seeds=_ints(args.seeds or "0"),
-                      duration=args.duration, rise_span=args.rise_span, final_max=args.final_max, rise_max=args.rise_max,
-                      out_dir=out, engine=engine, protocol=args.e0b_protocol, top_rate=args.top_rate, resume=args.resume,
-                      mapper=mapper)  # fmt: skip
+            raise UsageError(
+                f"calibrate e0b: cell {cell.name!r} has no lambda_ref; give --lambda-ref (E0a's turns-based rate)"
+            )
+        stats_b = e0b(
+            cell,
+            workload,
+            float(lam),
+            grid=_floats(args.grid) if args.grid else E0B_GRID,
+            seeds=_ints(args.seeds or "0"),
+            duration=args.duration,
+            rise_span=args.rise_span,
+            final_max=args.final_max,
+            rise_max=args.rise_max,
+            out_dir=out,
+            engine=engine,
+            protocol=args.e0b_protocol,
+            top_rate=args.top_rate,
+            resume=args.resume,
+            mapper=mapper,
+        )
         print(_fmt_e0b(stats_b))
         result = [s.as_dict() for s in stats_b]
     if mapper is not None and out is not None:
         print(f"SLURM accounting of the array(s): {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{args.stage}.json").write_text(json.dumps({"cell": cell.name, "stage": args.stage, "result": result}, indent=2))
+        (out / f"{args.stage}.json").write_text(
+            json.dumps({"cell": cell.name, "stage": args.stage, "result": result}, indent=2)
+        )
         print(f"wrote {out / (args.stage + '.json')}", file=sys.stderr)
     return 0
 
 
 def _e0b_options(q: Any) -> None:
     q.add_argument("--grid", help="comma-separated multiples of lambda_ref (default 1.25,1.5,1.75,2.0,2.5,3.0)")
-    q.add_argument("--e0b-protocol", default="e0b", help="E0b protocol config: duration, window, backlog bins (default e0b: the paper's)")
-    q.add_argument("--top-rate", type=float, default=DEFAULT_TOP_RATE,
-                   help="sessions/s of the base stream the arrivals are thinned from (the test's top_rate; default 2.0)")
-    q.add_argument("--duration", type=float, default=None, help="seconds per E0b run (default: the protocol's, 3000 for e0b)")
-    q.add_argument("--rise-span", type=float, default=None, help="the rise is fitted over the last span (default: the protocol's window, 1500 s)")
-    q.add_argument("--final-max", type=float, default=E0B_FINAL_MAX, help="stable needs the final backlog below this (50)")
-    q.add_argument("--rise-max", type=float, default=E0B_RISE_MAX, help="stable needs the fitted rise at most this (10)")
+    q.add_argument(
+        "--e0b-protocol",
+        default="e0b",
+        help="E0b protocol config: duration, window, backlog bins (default e0b: the paper's)",
+    )
+    q.add_argument(
+        "--top-rate",
+        type=float,
+        default=DEFAULT_TOP_RATE,
+        help="sessions/s of the base stream the arrivals are thinned from (the test's top_rate; default 2.0)",
+    )
+    q.add_argument(
+        "--duration", type=float, default=None, help="seconds per E0b run (default: the protocol's, 3000 for e0b)"
+    )
+    q.add_argument(
+        "--rise-span",
+        type=float,
+        default=None,
+        help="the rise is fitted over the last span (default: the protocol's window, 1500 s)",
+    )
+    q.add_argument(
+        "--final-max", type=float, default=E0B_FINAL_MAX, help="stable needs the final backlog below this (50)"
+    )
+    q.add_argument(
+        "--rise-max", type=float, default=E0B_RISE_MAX, help="stable needs the fitted rise at most this (10)"
+    )
 
 
 def register(cli: Any) -> None:
     """Add `agentload calibrate stage-c|e0a|e0b|all|costs` (see cli/main.py for the pattern)."""
-    p = cli.command("calibrate", group="calibrate", help="run a calibration stage (Stage C, E0a, E0b) or all three on a cell")
+    p = cli.command(
+        "calibrate", group="calibrate", help="run a calibration stage (Stage C, E0a, E0b) or all three on a cell"
+    )
     p.set_defaults(_parser=p)
     sub = p.add_subparsers(dest="stage", metavar="STAGE")
     for name, help_ in (
@@ -168,9 +258,13 @@ def register(cli: Any) -> None:
         q = sub.add_parser(name, help=help_, description=help_)
         q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
         q.add_argument("--workload", default="standard", help="workload config (default: standard)")
-        q.add_argument("--engine", default="sim", choices=["sim", "sglang", "vllm", "emulator"],
-                       help="where to run: 'sim' = the engine model in virtual time; otherwise a fresh "
-                            "server per run, launched from the cell (see the real-engine options)")  # fmt: skip
+        q.add_argument(
+            "--engine",
+            default="sim",
+            choices=["sim", "sglang", "vllm", "emulator"],
+            help="where to run: 'sim' = the engine model in virtual time; otherwise a fresh "
+            "server per run, launched from the cell (see the real-engine options)",
+        )
         if name == "all":
             q.add_argument("--n", help="Stage C populations, comma-separated (default the nine of record)")
             q.add_argument("--stage-c-seeds", default="0", help="Stage C seeds (0)")
@@ -181,7 +275,9 @@ def register(cli: Any) -> None:
         else:
             q.add_argument("--seeds", help="comma-separated seeds (stage-c and e0b default 0; e0a default 0,1,2)")
         if name in ("stage-c", "e0a"):
-            q.add_argument("--n", help="stage-c: comma-separated populations (default the nine of record); e0a: population (32)")
+            q.add_argument(
+                "--n", help="stage-c: comma-separated populations (default the nine of record); e0a: population (32)"
+            )
         if name in ("e0a", "all"):
             q.add_argument("--check-n", type=int, default=E0A_CHECK_N, help="saturation check population (0: none)")
         if name in ("e0b", "all"):
@@ -191,8 +287,11 @@ def register(cli: Any) -> None:
         q.add_argument("--warmup", type=float, default=WARMUP, help="closed runs: seconds before the window (900)")
         q.add_argument("--window", type=float, default=WINDOW, help="closed runs: window length, seconds (1800)")
         q.add_argument("--out", required=name == "all", help="directory for run records and summaries")
-        q.add_argument("--resume", action="store_true",
-                       help="summarise a run directory that already holds a matching COMPLETED run instead of running it again")
+        q.add_argument(
+            "--resume",
+            action="store_true",
+            help="summarise a run directory that already holds a matching COMPLETED run instead of running it again",
+        )
 
         add_engine_arguments(q)
         add_executor_options(q)

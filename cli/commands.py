@@ -45,22 +45,70 @@ class Command:
 
 COMMANDS: list[Command] = [
     Command("plan", "workload", "make a frozen session plan (Parquet + SHA-256), or show one", "cli.plan"),
-    Command("calibrate", "calibrate", "run a calibration stage (Stage C, E0a, E0b) or all three on a cell", "cli.calibrate"),
-    Command("differential", "calibrate", "the engine model against a real engine's own scheduler and cache code", "cli.sim2real"),
-    Command("prereg", "calibrate", "fill a registration by formula from calibration inputs; check one before submitting", "cli.prereg"),
+    Command(
+        "calibrate", "calibrate", "run a calibration stage (Stage C, E0a, E0b) or all three on a cell", "cli.calibrate"
+    ),
+    Command(
+        "differential",
+        "calibrate",
+        "the engine model against a real engine's own scheduler and cache code",
+        "cli.sim2real",
+    ),
+    Command(
+        "prereg",
+        "calibrate",
+        "fill a registration by formula from calibration inputs; check one before submitting",
+        "cli.prereg",
+    ),
     Command("theory", "calibrate", "model F, the entry model's curve, plan-driven fluid", "cli.theory"),
-    Command("predict", "calibrate", "make prediction files, freeze them before the runs, score them after", "cli.predict"),
-    Command("submit", "execute", "submit every arm x rate x seed of a registration as jobs (SLURM via submitit, or local)", "cli.submit"),
-    Command("jobs", "execute", "scheduler states of a submission's jobs; collect their runs, accounting and verdict", "cli.submit"),
+    Command(
+        "predict", "calibrate", "make prediction files, freeze them before the runs, score them after", "cli.predict"
+    ),
+    Command(
+        "submit",
+        "execute",
+        "submit every arm x rate x seed of a registration as jobs (SLURM via submitit, or local)",
+        "cli.submit",
+    ),
+    Command(
+        "jobs",
+        "execute",
+        "scheduler states of a submission's jobs; collect their runs, accounting and verdict",
+        "cli.submit",
+    ),
     Command("emulator", "execute", "serve the engine model over SGLang's or vLLM's HTTP API", "cli.emulator"),
-    Command("smoke", "execute", "Stage 0: check an engine server against a cell (flags, cache reporting, pool, flush)", "cli.smoke"),
+    Command(
+        "smoke",
+        "execute",
+        "Stage 0: check an engine server against a cell (flags, cache reporting, pool, flush)",
+        "cli.smoke",
+    ),
     Command("run", "execute", "drive one arm x rate x seed of a test into a run directory", "cli.run"),
     Command("test", "execute", "run a whole test (every arm x rate x seed) and score it", "cli.run"),
-    Command("replay", "judge", "replay real runs in the simulator (their plan, arm, cell) and report parity", "cli.sim2real"),
-    Command("analyze", "judge", "score run directories with a registered rule; write verdict, report, figure", "cli.review"),
-    Command("provenance", "judge", "proofs of unchanged files, a test's timeline and labels, whole-test verification", "cli.provenance"),
-    Command("status", "judge", "where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks", "cli.review"),
-    Command("report", "judge", "a test's report: the Markdown tables, or with --html one self-contained page for a reviewer", "cli.review"),
+    Command(
+        "replay", "judge", "replay real runs in the simulator (their plan, arm, cell) and report parity", "cli.sim2real"
+    ),
+    Command(
+        "analyze", "judge", "score run directories with a registered rule; write verdict, report, figure", "cli.review"
+    ),
+    Command(
+        "provenance",
+        "judge",
+        "proofs of unchanged files, a test's timeline and labels, whole-test verification",
+        "cli.provenance",
+    ),
+    Command(
+        "status",
+        "judge",
+        "where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks",
+        "cli.review",
+    ),
+    Command(
+        "report",
+        "judge",
+        "a test's report: the Markdown tables, or with --html one self-contained page for a reviewer",
+        "cli.review",
+    ),
 ]
 BY_NAME: dict[str, Command] = {c.name: c for c in COMMANDS}
 
@@ -74,7 +122,9 @@ class CLI:
             description="Registered, reproducible tests of prefix-cache collapse in LLM agent serving.",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        self.parser.add_argument("--debug", dest="debug_top", action="store_true", help="show the traceback of an internal error (a bug)")
+        self.parser.add_argument(
+            "--debug", dest="debug_top", action="store_true", help="show the traceback of an internal error (a bug)"
+        )
         self._sub = self.parser.add_subparsers(dest="command", metavar="COMMAND")
         self.registered: list[str] = []
 
@@ -82,12 +132,16 @@ class CLI:
         """Add a top-level command and return its parser; it must match its row in COMMANDS."""
         row = BY_NAME.get(name)
         if row is None or row.group != group or row.help != help:
-            raise ValueError(f"command {name!r} (group {group!r}, help {help!r}) does not match its row in "
-                             f"harness.commands.COMMANDS ({row}); change both together")  # fmt: skip
+            raise ValueError(
+                f"command {name!r} (group {group!r}, help {help!r}) does not match its row in "
+                f"harness.commands.COMMANDS ({row}); change both together"
+            )
         if name in self.registered:
             raise ValueError(f"command {name!r} registered twice")
         self.registered.append(name)
-        return self._sub.add_parser(name, description=help, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)  # type: ignore[arg-type]
+        return self._sub.add_parser(
+            name, description=help, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+        )  # type: ignore[arg-type]
 
     def finish(self) -> argparse.ArgumentParser:
         """Put the whole command table, grouped by the data flow, into the top-level help."""

@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from cli.commands import BY_NAME, COMMANDS, CLI
+from cli.commands import BY_NAME, CLI, COMMANDS
 from harness.errors import AgentloadError
 
 
@@ -40,8 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     name = _command_name(args_in)
     if name is not None and name not in BY_NAME:
-        print(f"agentload: error: unknown command {name!r}; expected one of {', '.join(c.name for c in COMMANDS)} "
-              "(agentload --help lists them)", file=sys.stderr)  # fmt: skip
+        print(
+            f"agentload: error: unknown command {name!r}; expected one of {', '.join(c.name for c in COMMANDS)} "
+            "(agentload --help lists them)",
+            file=sys.stderr,
+        )
         return 2
     cli = build([BY_NAME[name].module] if name else [])
     args = cli.parser.parse_args(args_in)
@@ -59,8 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug_top or getattr(args, "debug", False):
             raise
-        print(f"agentload: internal error (a bug in agentload): {type(exc).__name__}: {exc}; "
-              "run again with --debug for the traceback", file=sys.stderr)  # fmt: skip
+        print(
+            f"agentload: internal error (a bug in agentload): {type(exc).__name__}: {exc}; "
+            "run again with --debug for the traceback",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -5,19 +5,21 @@ score them after, against the bytes the freeze tag holds.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from prereg.predictions import write_predictions
-from prereg.predict_makers import DEFAULT_VALUE_QUANTITIES, simulator_predictions
-from prereg.predict_makers import model_f_predictions
-from prereg.predict_makers import entry_predictions
 from prereg.freeze import freeze
+from prereg.predict_makers import (
+    DEFAULT_VALUE_QUANTITIES,
+    entry_predictions,
+    model_f_predictions,
+    simulator_predictions,
+)
+from prereg.predictions import write_predictions
 from provenance.git import Repo
 from review.score_report import score_frozen, summary_lines, write_report
-import json
-from provenance.git import GitError
 
 
 def _floats(text: str | None) -> list[float] | None:
@@ -40,10 +42,21 @@ def _write(pf: Any, out: str) -> int:
 
 def _cmd_make_sim(args: argparse.Namespace) -> int:
     layers = ["fresh"] + (["exact"] if args.exact else [])
-    pf = simulator_predictions(args.test, n_seeds=args.seeds, first_seed=args.first_seed, arms=_strs(args.arms), rates=_floats(args.rates),
-                               layers=layers, value_quantities=_strs(args.values) or DEFAULT_VALUE_QUANTITIES,
-                               tolerance_sd=args.tolerance_sd, band=args.band, registration=args.registration, jobs=args.jobs,
-                               work_dir=args.work, name=args.name)  # fmt: skip
+    pf = simulator_predictions(
+        args.test,
+        n_seeds=args.seeds,
+        first_seed=args.first_seed,
+        arms=_strs(args.arms),
+        rates=_floats(args.rates),
+        layers=layers,
+        value_quantities=_strs(args.values) or DEFAULT_VALUE_QUANTITIES,
+        tolerance_sd=args.tolerance_sd,
+        band=args.band,
+        registration=args.registration,
+        jobs=args.jobs,
+        work_dir=args.work,
+        name=args.name,
+    )
     return _write(pf, args.out)
 
 
@@ -55,15 +68,26 @@ def _cmd_make_fluid(args: argparse.Namespace) -> int:
             intervals.append((float(a), float(b)))
         except ValueError:
             raise UsageError(f"--intervals {x!r}: expected START:END in seconds, e.g. 3000:8700") from None
-    pf = model_f_predictions(args.test, arms=_strs(args.arms), rates=_floats(args.rates), slope_tolerance=args.slope_tolerance,
-                             completions_tolerance=args.completions_tolerance, intervals=intervals, wave=args.wave,
-                             trap_state=args.trap_state, registration=args.registration, name=args.name)  # fmt: skip
+    pf = model_f_predictions(
+        args.test,
+        arms=_strs(args.arms),
+        rates=_floats(args.rates),
+        slope_tolerance=args.slope_tolerance,
+        completions_tolerance=args.completions_tolerance,
+        intervals=intervals,
+        wave=args.wave,
+        trap_state=args.trap_state,
+        registration=args.registration,
+        name=args.name,
+    )
     return _write(pf, args.out)
 
 
 def _cmd_make_entry(args: argparse.Namespace) -> int:
     grid = [int(x) for x in args.grid.split(",")] if args.grid else (16, 20, 24, 32, 48, 96, 300)
-    pf = entry_predictions(args.cell, args.workload, grid=grid, crossing_tolerance=args.crossing_tolerance, name=args.name)
+    pf = entry_predictions(
+        args.cell, args.workload, grid=grid, crossing_tolerance=args.crossing_tolerance, name=args.name
+    )
     return _write(pf, args.out)
 
 
@@ -71,9 +95,13 @@ def _cmd_freeze(args: argparse.Namespace) -> int:
     dirs = [Path(args.testdir) / "provenance" / "freezes"] if args.testdir else []
     if dirs and not args.no_repo_record:
         dirs.append(Repo.containing(Path(args.files[0])).path / "prereg" / "freezes")
-    rec = freeze(args.files, tag=args.tag, remote=args.remote, branch=args.branch, record_dirs=dirs, message=args.message)
+    rec = freeze(
+        args.files, tag=args.tag, remote=args.remote, branch=args.branch, record_dirs=dirs, message=args.message
+    )
     d = rec.data
-    print(f"froze {len(d['files'])} file(s) under tag {d['tag']} (commit {d['commit'][:12]}{'' if d['new_commit'] else ', already committed'})")
+    print(
+        f"froze {len(d['files'])} file(s) under tag {d['tag']} (commit {d['commit'][:12]}{'' if d['new_commit'] else ', already committed'})"
+    )
     for f in d["files"]:
         print(f"  sha256 {f['sha256']}  {f['path']}")
     print(f"remote {d['remote']['name']} ({d['remote']['url']}) holds commit and tag; confirmed at {d['confirmed_at']}")
@@ -88,7 +116,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
     if args.repo:
         repo = Repo.containing(Path(args.repo))
     rep = score_frozen(args.pred, args.targets, outcome_files=args.outcomes or (), rule=args.rule, repo=repo)
-    td = next((Path(t) for t in args.targets if (Path(t) / "runs").is_dir() or (Path(t) / "submission.json").is_file()), None)
+    td = next(
+        (Path(t) for t in args.targets if (Path(t) / "runs").is_dir() or (Path(t) / "submission.json").is_file()), None
+    )
     out = Path(args.out) if args.out else ((td / "predictions") if td else Path("."))
     paths = write_report(rep, out)
     if args.json:
@@ -102,7 +132,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 def register(cli: Any) -> None:
     """Add `agentload predict ...`."""
-    p = cli.command("predict", group="calibrate", help="make prediction files, freeze them before the runs, score them after")
+    p = cli.command(
+        "predict", group="calibrate", help="make prediction files, freeze them before the runs, score them after"
+    )
 
     p.set_defaults(func=None, _parser=p)
     sub = p.add_subparsers(dest="predict_action", metavar="ACTION")
@@ -111,33 +143,67 @@ def register(cli: Any) -> None:
     mk.set_defaults(func=None, _parser=mk)
     msub = mk.add_subparsers(dest="maker", metavar="SOURCE")
 
-    s = msub.add_parser("sim", help="the simulator over N fresh seeds: per-run state / stuck probabilities, values, rule probability")
-    s.add_argument("test", help="test YAML, or a registration file (its registered test; --registration defaults to it)")
+    s = msub.add_parser(
+        "sim", help="the simulator over N fresh seeds: per-run state / stuck probabilities, values, rule probability"
+    )
+    s.add_argument(
+        "test", help="test YAML, or a registration file (its registered test; --registration defaults to it)"
+    )
     s.add_argument("--out", required=True, help="prediction file to write (YAML)")
     s.add_argument("--seeds", type=int, default=3, help="number of fresh seeds (default 3)")
-    s.add_argument("--first-seed", type=int, default=1000, help="first fresh seed (default 1000; must avoid the test's seeds)")
+    s.add_argument(
+        "--first-seed", type=int, default=1000, help="first fresh seed (default 1000; must avoid the test's seeds)"
+    )
     s.add_argument("--arms", help="comma-separated arms (default: the test's)")
     s.add_argument("--rates", help="comma-separated rates (default: the test's)")
-    s.add_argument("--values", help="comma-separated run statistics to predict as values (default hit,followup_hit,slope,token_ratio)")
-    s.add_argument("--tolerance-sd", type=float, default=2.0, help="value tolerance in fresh-seed standard deviations (default 2)")
+    s.add_argument(
+        "--values",
+        help="comma-separated run statistics to predict as values (default hit,followup_hit,slope,token_ratio)",
+    )
+    s.add_argument(
+        "--tolerance-sd", type=float, default=2.0, help="value tolerance in fresh-seed standard deviations (default 2)"
+    )
     s.add_argument("--band", action="store_true", help="value tolerance: the band [min, max] the fresh seeds spanned")
-    s.add_argument("--exact", action="store_true", help="also simulate the registered seeds' own frozen plans and freeze those calls")
+    s.add_argument(
+        "--exact",
+        action="store_true",
+        help="also simulate the registered seeds' own frozen plans and freeze those calls",
+    )
     s.add_argument("--registration", help="the registration the predictions are about (its SHA-256 goes in the file)")
     s.add_argument("--jobs", type=int, default=1, help="parallel simulations")
     s.add_argument("--work", help="keep the simulated runs in this folder (default: a temporary one)")
     s.add_argument("--name", help="name of the prediction file (default <test>-simulator)")
     s.set_defaults(func=_cmd_make_sim)
 
-    f = msub.add_parser("model-f", help="model F driven by each seed's exact frozen plan: slopes, completions, backlog, stuck calls")
-    f.add_argument("test", help="test YAML, or a registration file (its registered test; --registration defaults to it)")
+    f = msub.add_parser(
+        "model-f", help="model F driven by each seed's exact frozen plan: slopes, completions, backlog, stuck calls"
+    )
+    f.add_argument(
+        "test", help="test YAML, or a registration file (its registered test; --registration defaults to it)"
+    )
     f.add_argument("--out", required=True)
     f.add_argument("--arms")
     f.add_argument("--rates")
-    f.add_argument("--slope-tolerance", type=float, default=0.004, help="absolute tolerance on window slopes, sessions/s")
-    f.add_argument("--completions-tolerance", type=float, default=0.006, help="absolute tolerance on completions, sessions/s")
-    f.add_argument("--intervals", help="extra START:END intervals for slopes and completions, comma-separated (e.g. 3000:8700,6600:8700)")
-    f.add_argument("--wave", action="store_true", help="predict the burst cohort's median completion (MIRROR's wave, +-0.15 (F - t_burst))")
-    f.add_argument("--trap-state", action="store_true", help="asymptotic trap-state targets per run: S1 prompt, S3 completions, S4 slope")
+    f.add_argument(
+        "--slope-tolerance", type=float, default=0.004, help="absolute tolerance on window slopes, sessions/s"
+    )
+    f.add_argument(
+        "--completions-tolerance", type=float, default=0.006, help="absolute tolerance on completions, sessions/s"
+    )
+    f.add_argument(
+        "--intervals",
+        help="extra START:END intervals for slopes and completions, comma-separated (e.g. 3000:8700,6600:8700)",
+    )
+    f.add_argument(
+        "--wave",
+        action="store_true",
+        help="predict the burst cohort's median completion (MIRROR's wave, +-0.15 (F - t_burst))",
+    )
+    f.add_argument(
+        "--trap-state",
+        action="store_true",
+        help="asymptotic trap-state targets per run: S1 prompt, S3 completions, S4 slope",
+    )
     f.add_argument("--registration")
     f.add_argument("--name")
     f.set_defaults(func=_cmd_make_fluid)
@@ -151,7 +217,9 @@ def register(cli: Any) -> None:
     e.add_argument("--name")
     e.set_defaults(func=_cmd_make_entry)
 
-    fr = sub.add_parser("freeze", help="commit, tag (with each file's SHA-256), push and read back; write the freeze record")
+    fr = sub.add_parser(
+        "freeze", help="commit, tag (with each file's SHA-256), push and read back; write the freeze record"
+    )
     fr.add_argument("files", nargs="+", help="prediction files (and any notes frozen with them)")
     fr.add_argument("--tag", help="tag name (default pred-<name>-<UTC time>)")
     fr.add_argument("--remote", help="git remote (default: the branch's upstream remote)")
@@ -170,4 +238,3 @@ def register(cli: Any) -> None:
     sc.add_argument("--repo", help="repository holding the freeze tag (default: the test directory's, else .)")
     sc.add_argument("--json", action="store_true", help="print the JSON report")
     sc.set_defaults(func=_cmd_score)
-

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from prereg.fill import fill_to_file
+
 from prereg.check import check_registration, format_check
-from prereg.registration import RegistrationError
+from prereg.fill import fill_to_file
 
 
 def _cmd_fill(args: Any) -> int:
@@ -20,8 +20,10 @@ def _cmd_fill(args: Any) -> int:
     print(f"  sha256  {sha}")
     if w:
         hi = "-" if w["high"] is None else f"{w['high']:g}"
-        print(f"  window  ({w['low']:g}, {hi}) x lambda_ref, upper edge from {w['binding']} "
-              f"(mu*/lambda_ref = {w['mu_star_over_lambda_ref']:.3f}, E0b edge = {w['e0b_edge']})")  # fmt: skip
+        print(
+            f"  window  ({w['low']:g}, {hi}) x lambda_ref, upper edge from {w['binding']} "
+            f"(mu*/lambda_ref = {w['mu_star_over_lambda_ref']:.3f}, E0b edge = {w['e0b_edge']})"
+        )
     if band:
         print(f"  band    ({band['low']:g}, {band['high']:g}), strict")
     if s["rates"]:
@@ -29,8 +31,14 @@ def _cmd_fill(args: Any) -> int:
     if cap:
         print(f"  cap     {cap['cap']} (argmax {cap['argmax']}{', ambiguous' if cap['ambiguous'] else ''})")
     if drain:
-        per = ", ".join(f"{d['rate']:g}: {d['drain_s']:.0f} s{'' if d['fits'] else ' (does not fit)'}" for d in drain["per_rate"] if d["drain_s"] is not None)
-        print(f"  drain   {per}; budget {drain['budget_s']:.0f} s; fits up to {drain['largest_fitting_multiple']:.2f} x lambda_ref")
+        per = ", ".join(
+            f"{d['rate']:g}: {d['drain_s']:.0f} s{'' if d['fits'] else ' (does not fit)'}"
+            for d in drain["per_rate"]
+            if d["drain_s"] is not None
+        )
+        print(
+            f"  drain   {per}; budget {drain['budget_s']:.0f} s; fits up to {drain['largest_fitting_multiple']:.2f} x lambda_ref"
+        )
     for w_ in s["warnings"]:
         v = "" if w_["value"] is None else f" = {w_['value']:.3f}"
         print(f"  warning {w_['id']}{v}: {w_['text']}")
@@ -40,8 +48,14 @@ def _cmd_fill(args: Any) -> int:
 
 
 def _cmd_check(args: Any) -> int:
-    res = check_registration(args.registration, expect_sha256=args.expect_sha256, remote=args.remote, branch=args.branch,
-                             plans=not args.no_plans, allow_exploratory=args.exploratory)  # fmt: skip
+    res = check_registration(
+        args.registration,
+        expect_sha256=args.expect_sha256,
+        remote=args.remote,
+        branch=args.branch,
+        plans=not args.no_plans,
+        allow_exploratory=args.exploratory,
+    )
     if args.json:
         print(json.dumps(res.to_json(), indent=2, default=str))
     else:
@@ -51,19 +65,29 @@ def _cmd_check(args: Any) -> int:
 
 def register(cli: Any) -> None:
     """Add `agentload prereg fill|check`."""
-    p = cli.command("prereg", group="calibrate", help="fill a registration by formula from calibration inputs; check one before submitting")
+    p = cli.command(
+        "prereg",
+        group="calibrate",
+        help="fill a registration by formula from calibration inputs; check one before submitting",
+    )
     p.set_defaults(_parser=p)
     sub = p.add_subparsers(dest="prereg_command", metavar="ACTION")
-    f = sub.add_parser("fill", help="fill a registration from calibration summaries and a template",
-                       description="Fill a registration by formula (docs/registration.md): the same inputs give the same bytes.")  # fmt: skip
+    f = sub.add_parser(
+        "fill",
+        help="fill a registration from calibration summaries and a template",
+        description="Fill a registration by formula (docs/registration.md): the same inputs give the same bytes.",
+    )
     f.add_argument("--inputs", help="folder with stage-c.yaml, e0a.yaml, e0b.yaml (not needed for a derived template)")
     f.add_argument("--test", required=True, help="registration template (prereg/templates/*.yaml)")
     f.add_argument("--out", required=True, help="registration file to write")
     f.add_argument("--name", help="registration name (default: the template's)")
     f.add_argument("--json", action="store_true", help="print the fill summary as JSON")
     f.set_defaults(func=_cmd_fill)
-    c = sub.add_parser("check", help="hash, status, inputs, git state and label of a registration; refusals named",
-                       description="Check a registration before submitting jobs (exit 1 when refused).")  # fmt: skip
+    c = sub.add_parser(
+        "check",
+        help="hash, status, inputs, git state and label of a registration; refusals named",
+        description="Check a registration before submitting jobs (exit 1 when refused).",
+    )
     c.add_argument("registration")
     c.add_argument("--expect-sha256", help="refuse unless the file has this SHA-256")
     c.add_argument("--remote", help="git remote to ask (default: the branch's upstream, else origin)")

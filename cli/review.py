@@ -15,15 +15,14 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-from review.testdir import open_testdir
-from provenance.git import Repo
-from review.status import format_status, collect_status
-from review.html import write_html
-from review.registered import cmd
-from analysis.expr import RuleError
-from review.registered import RegisteredAnalysisError
+
 from analysis.judge import add_ref_options, refs_override, report_runs
 from cli.commands import CLI
+from provenance.git import Repo
+from review.html import write_html
+from review.registered import cmd
+from review.status import collect_status, format_status
+from review.testdir import open_testdir
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -60,20 +59,39 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def register(cli: CLI) -> None:
     """Add `analyze`, `status` and `report` to the agentload command."""
     _register_analyze(cli)
-    s = cli.command("status", group="judge", help="where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks")
+    s = cli.command(
+        "status",
+        group="judge",
+        help="where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks",
+    )
     s.add_argument("testdir", help="the test directory (submission.json, runs/, provenance/, the verdict)")
     s.add_argument("--json", action="store_true", help="print the status as JSON")
-    s.add_argument("--no-scheduler", action="store_true", help="do not ask the scheduler; job states from the accounting export only")
-    s.add_argument("--registration", help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would get)")
-    s.add_argument("--repo", help="repository holding the registration and freezes (default: the test directory's, else .)")
+    s.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not ask the scheduler; job states from the accounting export only",
+    )
+    s.add_argument(
+        "--registration",
+        help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would get)",
+    )
+    s.add_argument(
+        "--repo", help="repository holding the registration and freezes (default: the test directory's, else .)"
+    )
     s.set_defaults(func=_cmd_status)
 
-    r = cli.command("report", group="judge", help="a test's report: the Markdown tables, or with --html one self-contained page for a reviewer")
+    r = cli.command(
+        "report",
+        group="judge",
+        help="a test's report: the Markdown tables, or with --html one self-contained page for a reviewer",
+    )
     r.add_argument("testdir", help="the test directory")
     r.add_argument("--html", action="store_true", help="write one self-contained HTML page (works offline)")
     r.add_argument("--out", help="HTML file to write (default <testdir>/report.html)")
     r.add_argument("--registration", help="the registration file, for a test not yet submitted")
-    r.add_argument("--repo", help="repository holding the registration and freezes (default: the test directory's, else .)")
+    r.add_argument(
+        "--repo", help="repository holding the registration and freezes (default: the test directory's, else .)"
+    )
     r.set_defaults(func=_cmd_report)
 
 
@@ -91,17 +109,28 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print("no run directories found", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(os.path.commonpath(dirs)) / "analysis"
-    return report_runs(dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args), predictions=args.predictions)
+    return report_runs(
+        dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args), predictions=args.predictions
+    )
 
 
 def _register_analyze(cli: CLI) -> None:
-    a = cli.command("analyze", group="judge", help="score run directories with a registered rule; write verdict, report, figure")
+    a = cli.command(
+        "analyze", group="judge", help="score run directories with a registered rule; write verdict, report, figure"
+    )
     a.add_argument("runs", nargs="+", help="run directories, or folders holding them")
-    a.add_argument("--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)")
+    a.add_argument(
+        "--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)"
+    )
     a.add_argument("--out", help="report folder (default: <common parent>/analysis)")
-    a.add_argument("--registration", help="judge as registered: the registration's rule and references, only its bound runs, "
-                                          "the analysis code of its commit (see analysis/registered.py)")  # fmt: skip
-    a.add_argument("--predictions", help="frozen prediction file (default: the test's; 'freeze' tests: predictions.json beside the runs)")
+    a.add_argument(
+        "--registration",
+        help="judge as registered: the registration's rule and references, only its bound runs, "
+        "the analysis code of its commit (see analysis/registered.py)",
+    )
+    a.add_argument(
+        "--predictions",
+        help="frozen prediction file (default: the test's; 'freeze' tests: predictions.json beside the runs)",
+    )
     add_ref_options(a)
     a.set_defaults(func=_cmd_analyze)
-

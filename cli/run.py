@@ -18,22 +18,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from analysis.judge import add_ref_options, refs_override, report_runs
-from runs.realrun import engine_options
-from slurm.sweep import sweep_from_args
-from prereg.registration import load_registration
-from harness.errors import UsageError
-from provenance.git import GitError, Repo
-from harness.config import load_test
-from runs.arms import RunResult, execute_run, run_name
-from runs.suite import SuiteTest, run_suite, run_test
-from harness.recording.progress import TestDisplay
-from analysis.rules import load_rule
 import orjson
+
+from analysis.judge import add_ref_options, refs_override, report_runs
+from analysis.rules import load_rule
 from analysis.theory.predict import freeze_predictions
-from runs.arms import references
-from harness.errors import ConfigError
-from runs.realrun import add_engine_arguments
+from harness.config import load_test
+from harness.errors import ConfigError, UsageError
+from harness.recording.progress import TestDisplay
+from prereg.registration import load_registration
+from provenance.git import GitError, Repo
+from runs.arms import RunResult, execute_run, references, run_name
+from runs.realrun import add_engine_arguments, engine_options
+from runs.suite import SuiteTest, run_suite, run_test
+from slurm.sweep import sweep_from_args
 
 DEFAULT_RESULTS = Path("results")
 
@@ -57,11 +55,19 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 def add_executor_options(p: argparse.ArgumentParser) -> None:
     """Where the runs run: this machine's processes, or one SLURM job array (slurm/sweep.py)."""
     g = p.add_argument_group("executor")
-    g.add_argument("--executor", choices=("local", "slurm"), default="local",
-                   help="local worker processes (default), or one SLURM job array through submitit (the same records)")  # fmt: skip
+    g.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local worker processes (default), or one SLURM job array through submitit (the same records)",
+    )
     g.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's default)")
-    g.add_argument("--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)")
-    g.add_argument("--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)")
+    g.add_argument(
+        "--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)"
+    )
+    g.add_argument(
+        "--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)"
+    )
 
 
 def sweep_executor(args: argparse.Namespace, out: Path, name: str) -> Any:
@@ -112,8 +118,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         bundle, extra = registered_bundle(args.registration)
     else:
         bundle = load_test(args.config)
-    out = Path(args.out) if args.out else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
-    res = execute_run(bundle, args.arm, args.rate, args.seed, args.engine, out, options=_engine_options(args, bundle), extra_meta=extra)
+    out = (
+        Path(args.out)
+        if args.out
+        else DEFAULT_RESULTS / "runs" / f"{bundle.test.name}-{_stamp()}" / run_name(args.arm, args.rate, args.seed)
+    )
+    res = execute_run(
+        bundle,
+        args.arm,
+        args.rate,
+        args.seed,
+        args.engine,
+        out,
+        options=_engine_options(args, bundle),
+        extra_meta=extra,
+    )
     print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -131,8 +150,11 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else DEFAULT_RESULTS / f"{bundle.test.name}-{args.engine}-{_stamp()}"
     jobs = args.jobs or os.cpu_count() or 1
     n = len(bundle.arms) * len(bundle.test.rates) * len(bundle.test.seeds)
-    print(f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
-          f"engine {args.engine}, {jobs} worker(s), output {out}", flush=True)  # fmt: skip
+    print(
+        f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
+        f"engine {args.engine}, {jobs} worker(s), output {out}",
+        flush=True,
+    )
 
     # a bad rule fails before any run; a rule file the test names is found beside the test (rule_path)
     spec = load_rule(args.rule or bundle.rule_path or bundle.test.rule, bundle.test.rule_params)
@@ -141,8 +163,16 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     sweep = sweep_executor(args, out, bundle.test.name)
     display = TestDisplay(live=None if not args.plain else False) if sweep is None else None
-    results = run_test(bundle.path or args.test, args.engine, out, jobs=jobs, display=display, options=_engine_options(args, bundle), rule=args.rule,
-                       executor=sweep)  # fmt: skip
+    results = run_test(
+        bundle.path or args.test,
+        args.engine,
+        out,
+        jobs=jobs,
+        display=display,
+        options=_engine_options(args, bundle),
+        rule=args.rule,
+        executor=sweep,
+    )
     wall = time.monotonic() - t0
     if sweep is not None:
         print(f"SLURM accounting of the array: {sweep.export_accounting(out / 'provenance')}", flush=True)
@@ -150,8 +180,14 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
     if len(failed) < len(results):
-        code = report_runs([r.run_dir for r in results], out, test_path=str(bundle.path or args.test), rule=args.rule, refs=refs_override(args),
-                           predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None)
+        code = report_runs(
+            [r.run_dir for r in results],
+            out,
+            test_path=str(bundle.path or args.test),
+            rule=args.rule,
+            refs=refs_override(args),
+            predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None,
+        )
     else:
         print("no run completed: no verdict", flush=True)
         code = 1
@@ -162,7 +198,9 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
         for r in warned:
             print(f"  {Path(r.run_dir).name}: {'; '.join(r.warnings)}", file=sys.stderr)
     if failed:
-        print(f"{len(failed)} run(s) not completed{'' if args.debug else ' (tracebacks with --debug)'}:", file=sys.stderr)
+        print(
+            f"{len(failed)} run(s) not completed{'' if args.debug else ' (tracebacks with --debug)'}:", file=sys.stderr
+        )
         for r in failed:
             print(f"  {Path(r.run_dir).name}: {r.status}: {one_line(r.reason)}", file=sys.stderr)
             if args.debug and r.detail:
@@ -188,7 +226,10 @@ def register(cli: Any) -> None:
     """Add `run` and `test run` to the agentload command."""
     p = cli.command("run", group="execute", help="drive one arm x rate x seed of a test into a run directory")
     p.add_argument("--config", help="test YAML (names the cell, workload, protocol and arms)")
-    p.add_argument("--registration", help="a FILLED registration instead of --config: its configs and plans, and the run bound to it")
+    p.add_argument(
+        "--registration",
+        help="a FILLED registration instead of --config: its configs and plans, and the run bound to it",
+    )
     p.add_argument("--arm", required=True, help="arm name, e.g. BURST")
     p.add_argument("--rate", required=True, type=float, help="arrival rate in multiples of the cell's lambda_ref")
     p.add_argument("--seed", required=True, type=int)
@@ -201,14 +242,22 @@ def register(cli: Any) -> None:
     t = cli.command("test", group="execute", help="run a whole test (every arm x rate x seed) and score it")
     sub = t.add_subparsers(dest="test_command", metavar="ACTION")
     t.set_defaults(func=None, _parser=t)
-    tr = sub.add_parser("run", help="run every arm x rate x seed of a test, then print its verdict",
-                        description="Run every arm x rate x seed of a test, then score it. Several tests (e.g. "
-                        "configs/tests/*.yaml) share one pool of --jobs workers; each is scored as soon as its own runs are "
-                        "done, into <out>/<test name>/.")  # fmt: skip
-    tr.add_argument("test", nargs="+", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml (several: one pool for all)")
+    tr = sub.add_parser(
+        "run",
+        help="run every arm x rate x seed of a test, then print its verdict",
+        description="Run every arm x rate x seed of a test, then score it. Several tests (e.g. "
+        "configs/tests/*.yaml) share one pool of --jobs workers; each is scored as soon as its own runs are "
+        "done, into <out>/<test name>/.",
+    )
+    tr.add_argument(
+        "test", nargs="+", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml (several: one pool for all)"
+    )
     tr.add_argument("--engine", default="sim", help="engine backend (default: sim)")
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
-    tr.add_argument("--out", help="output folder (default: results/<test>-<engine>-<time>; several tests: results/tests-<engine>-<time>/<test>)")
+    tr.add_argument(
+        "--out",
+        help="output folder (default: results/<test>-<engine>-<time>; several tests: results/tests-<engine>-<time>/<test>)",
+    )
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)
@@ -222,18 +271,32 @@ def register(cli: Any) -> None:
 # -------------------------------------------------------------------------------------------
 def run_suite_command(args: argparse.Namespace) -> int:
     """Run the tests named in args.test (two or more); the exit status is the worst of theirs."""
-    single = [opt for opt, given in (("--rule", args.rule), ("--lambda-ref/--all-miss-rate", refs_override(args)),
-                                     ("--executor slurm", getattr(args, "executor", "local") == "slurm")) if given]  # fmt: skip
+    single = [
+        opt
+        for opt, given in (
+            ("--rule", args.rule),
+            ("--lambda-ref/--all-miss-rate", refs_override(args)),
+            ("--executor slurm", getattr(args, "executor", "local") == "slurm"),
+        )
+        if given
+    ]
     if single:
-        raise UsageError(f"test run: {', '.join(single)} applies to one test; run those tests one at a time "
-                       f"(agentload test run TEST.yaml {single[0].split('/')[0]} ...)")  # fmt: skip
+        raise UsageError(
+            f"test run: {', '.join(single)} applies to one test; run those tests one at a time "
+            f"(agentload test run TEST.yaml {single[0].split('/')[0]} ...)"
+        )
     bundles = [load_test(p) for p in args.test]
-    specs = [load_rule(b.rule_path or b.test.rule, b.test.rule_params) for b in bundles]  # a bad rule fails before any run
+    specs = [
+        load_rule(b.rule_path or b.test.rule, b.test.rule_params) for b in bundles
+    ]  # a bad rule fails before any run
     out = Path(args.out) if args.out else DEFAULT_RESULTS / f"tests-{args.engine}-{_stamp()}"
     tests = [SuiteTest(b, out / b.test.name, _engine_options(args, b)) for b in bundles]
     n = sum(len(b.arms) * len(b.test.rates) * len(b.test.seeds) for b in bundles)
     jobs = args.jobs or os.cpu_count() or 1
-    print(f"{len(tests)} tests, {n} runs, engine {args.engine}, {jobs} worker(s) for all of them, output {out}", flush=True)
+    print(
+        f"{len(tests)} tests, {n} runs, engine {args.engine}, {jobs} worker(s) for all of them, output {out}",
+        flush=True,
+    )
     t0 = time.monotonic()
     codes: dict[str, int] = {}
 
@@ -244,7 +307,9 @@ def run_suite_command(args: argparse.Namespace) -> int:
     def test_done(t: SuiteTest) -> None:
         b = t.bundle
         failed = [r for r in t.results if r.status != "COMPLETED"]
-        (t.out / "wall.json").write_text(f'{{"runs": {len(t.results)}, "wall_s": {t.wall_s:.2f}, "jobs": {jobs}, "suite": true}}\n')
+        (t.out / "wall.json").write_text(
+            f'{{"runs": {len(t.results)}, "wall_s": {t.wall_s:.2f}, "jobs": {jobs}, "suite": true}}\n'
+        )
         print(f"== {b.test.name}: {len(t.results)} runs, {len(failed)} not completed", flush=True)
         for r in failed:
             print(f"  {Path(r.run_dir).name}: {r.status}: {one_line(r.reason)}", file=sys.stderr)
@@ -252,8 +317,14 @@ def run_suite_command(args: argparse.Namespace) -> int:
             print(f"{b.test.name}: no run completed: no verdict", flush=True)
             codes[b.test.name] = 1
             return
-        codes[b.test.name] = report_runs([r.run_dir for r in t.results], t.out, test_path=str(b.path), rule=None, refs=None,
-                                         predictions=str(t.out / "predictions.json") if b.test.predictions == "freeze" else None)  # fmt: skip
+        codes[b.test.name] = report_runs(
+            [r.run_dir for r in t.results],
+            t.out,
+            test_path=str(b.path),
+            rule=None,
+            refs=None,
+            predictions=str(t.out / "predictions.json") if b.test.predictions == "freeze" else None,
+        )
 
     for t, spec in zip(tests, specs):  # frozen before any run of any test exists
         if t.bundle.test.predictions == "freeze":

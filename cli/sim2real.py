@@ -12,23 +12,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
+from harness.errors import UsageError
+from runs.calibration import cache_off, run_closed
+from runs.realrun import add_engine_arguments, options_from_args
+from sim2real import parity
+from sim2real.costfit import CostFitError, fit_from_runs
+from sim2real.replay import replay_run
 from sim2real.suite import run_suite, write_report
 from sim2real.traces import default_suite
-from runs.realrun import add_engine_arguments
-from harness.errors import UsageError
-from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
-from sim2real.costfit import CostFitError, fit_from_runs
-from runs.calibration import cache_off, run_closed
-from runs.realrun import options_from_args
-from sim2real import parity
-from sim2real.replay import replay_run
-from sim2real.engineproc import EngineProcError
 
 
 def _ints(text: str) -> list[int]:
@@ -55,13 +53,29 @@ def add_costs_stage(sub: Any) -> None:
     q = sub.add_parser("costs", help=help_, description=help_)
     q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
     q.add_argument("--workload", default="standard", help="workload config (default: standard)")
-    q.add_argument("--engine", default="vllm", choices=["vllm"], help="the engine whose timings are fitted (vLLM reports them per request)")
-    q.add_argument("--n", default="8,32", help="comma-separated closed populations (default 8,32: low and high concurrency)")
+    q.add_argument(
+        "--engine",
+        default="vllm",
+        choices=["vllm"],
+        help="the engine whose timings are fitted (vLLM reports them per request)",
+    )
+    q.add_argument(
+        "--n", default="8,32", help="comma-separated closed populations (default 8,32: low and high concurrency)"
+    )
     q.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     q.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (default 10)")
-    q.add_argument("--window", type=float, default=40.0, help="seconds after the warm-up (default 40); the fit uses every request")
-    q.add_argument("--cache", choices=["off", "on"], default="off", help="prefix cache during the runs (default off: no hit enters even as a regressor)")
-    q.add_argument("--from-runs", nargs="+", default=None, metavar="RUN_DIR", help="fit these runs instead of making new ones")
+    q.add_argument(
+        "--window", type=float, default=40.0, help="seconds after the warm-up (default 40); the fit uses every request"
+    )
+    q.add_argument(
+        "--cache",
+        choices=["off", "on"],
+        default="off",
+        help="prefix cache during the runs (default off: no hit enters even as a regressor)",
+    )
+    q.add_argument(
+        "--from-runs", nargs="+", default=None, metavar="RUN_DIR", help="fit these runs instead of making new ones"
+    )
     q.add_argument("--name", default=None, help="cost file name (default: <cell>-fitted)")
     q.add_argument("--out", required=True, help="directory for the runs, the cost file and the residuals")
 
@@ -85,8 +99,17 @@ def _cmd_costs(args: argparse.Namespace) -> int:
                 d = out / f"costs-n{n}-s{s}"
                 if (d / "meta.json").exists():
                     raise UsageError(f"{d} already holds a run; use --from-runs to fit it, or another --out")
-                run_closed(run_cell, workload, n, seed=s, warmup=args.warmup, window=args.window, run_dir=d,
-                           meta={"stage": "costs", "cache": args.cache}, engine=options)  # fmt: skip
+                run_closed(
+                    run_cell,
+                    workload,
+                    n,
+                    seed=s,
+                    warmup=args.warmup,
+                    window=args.window,
+                    run_dir=d,
+                    meta={"stage": "costs", "cache": args.cache},
+                    engine=options,
+                )
                 dirs.append(d)
     try:
         fit = fit_from_runs(dirs, cell.chunked_prefill)
@@ -99,10 +122,14 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     assert fit.per_row is not None
     fit.per_row.to_csv(out / f"{name}.residuals.csv", index=False)
     p = fit.params
-    print(f"a = {p['a'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, c_p = {p['c_p'] * 1e9:.4f} ns/pair, "
-          f"c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens of context (f0 = 0, chunk {fit.chunk})")  # fmt: skip
+    print(
+        f"a = {p['a'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, c_p = {p['c_p'] * 1e9:.4f} ns/pair, "
+        f"c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens of context (f0 = 0, chunk {fit.chunk})"
+    )
     for k, r in fit.residuals.items():
-        print(f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 |rel| {r['p90_abs_rel']:.3f}")
+        print(
+            f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 |rel| {r['p90_abs_rel']:.3f}"
+        )
     print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
     return 0
 
@@ -115,7 +142,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         rd = Path(rd)
         sim_dir = out / "replays" / rd.name
         replay_run(rd, sim_dir, cost_file=args.cost)
-        reports.append(parity.compare(rd, sim_dir, bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac)))
+        reports.append(
+            parity.compare(
+                rd, sim_dir, bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac)
+            )
+        )
     paths = parity.write(reports, out)
     print(paths["markdown"].read_text())
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
@@ -123,15 +154,23 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def register(cli: Any) -> None:
-    p = cli.command("differential", group="calibrate", help="the engine model against a real engine's own scheduler and cache code")
+    p = cli.command(
+        "differential", group="calibrate", help="the engine model against a real engine's own scheduler and cache code"
+    )
     p.add_argument("--engine", required=True, choices=["vllm", "sglang"])
-    p.add_argument("--python", default=None, help="the engine venv's python (default $AGENTLOAD_VLLM_PYTHON / $AGENTLOAD_SGLANG_PYTHON)")
+    p.add_argument(
+        "--python",
+        default=None,
+        help="the engine venv's python (default $AGENTLOAD_VLLM_PYTHON / $AGENTLOAD_SGLANG_PYTHON)",
+    )
     p.add_argument("--seeds", type=int, default=3, help="seeds per trace family (default 3)")
     p.add_argument("--family", default=None, help="comma-separated trace families (default all)")
     p.add_argument("--out", default="results/differential", help="report directory")
     p.set_defaults(func=_cmd_differential)
 
-    p = cli.command("replay", group="judge", help="replay real runs in the simulator (their plan, arm, cell) and report parity")
+    p = cli.command(
+        "replay", group="judge", help="replay real runs in the simulator (their plan, arm, cell) and report parity"
+    )
     p.add_argument("run_dir", nargs="+", help="run directories of real runs")
     p.add_argument("--cost", default=None, help="cost file for the simulator (default: the run's own cell costs)")
     p.add_argument("--out", default="results/replay", help="directory for the replays and the parity report")
@@ -140,4 +179,3 @@ def register(cli: Any) -> None:
     p.add_argument("--backlog-rel", type=float, default=0.20, help="backlog band, relative (default 0.20)")
     p.add_argument("--band-frac", type=float, default=0.80, help="share of bins that must lie in band (default 0.80)")
     p.set_defaults(func=_cmd_replay)
-

@@ -10,39 +10,66 @@ from pathlib import Path
 
 from cli.commands import CLI
 from harness.config import CellConfig, load_config
-from harness.servers.registry import get_adapter
 from harness.servers.base import free_port
+from harness.servers.registry import get_adapter
 from harness.servers.smoke import WORKLOAD_MAX_PROMPT, run_smoke_blocking
 from harness.servers.vllm import private_cache_env
 
 
 def register(cli: CLI) -> None:
     """Add `agentload smoke`."""
-    p = cli.command("smoke", group="execute", help="Stage 0: check an engine server against a cell (flags, cache reporting, pool, flush)")
+    p = cli.command(
+        "smoke",
+        group="execute",
+        help="Stage 0: check an engine server against a cell (flags, cache reporting, pool, flush)",
+    )
     p.add_argument("--engine", required=True, help="sglang | vllm | emulator (emulator:sglang, emulator:vllm)")
     p.add_argument("--cell", required=True, help="cell config (path or name under configs/cells)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--server-cmd", help="launcher prefix to which the cell's flags are appended, e.g. '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'")
+    src.add_argument(
+        "--server-cmd",
+        help="launcher prefix to which the cell's flags are appended, e.g. '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
+    )
     src.add_argument("--base-url", help="check an already running server instead of launching one")
     p.add_argument("--model-path", "--model", dest="model", help="weights the engine loads (default: the cell's model)")
     p.add_argument("--flavor", choices=("sglang", "vllm"), help="emulator dialect (default: the cell's engine)")
     p.add_argument("--time-scale", type=float, default=1.0, help="emulator time scale")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = a free port")
-    p.add_argument("--engine-arg", "--server-arg", dest="engine_arg", action="append", default=[], metavar="ARG",
-                   help="extra server argument(s), shell-split (repeatable): --engine-arg='--dtype bfloat16'")
-    p.add_argument("--run-dir", type=Path, default=None, help="where the server log and smoke.json go (default results/smoke/smoke-<time>)")
+    p.add_argument(
+        "--engine-arg",
+        "--server-arg",
+        dest="engine_arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra server argument(s), shell-split (repeatable): --engine-arg='--dtype bfloat16'",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where the server log and smoke.json go (default results/smoke/smoke-<time>)",
+    )
     p.add_argument("--health-timeout", type=float, default=900.0)
     p.add_argument("--long-prompt", type=int, default=WORKLOAD_MAX_PROMPT)
     p.add_argument("--decode-tokens", type=int, default=100)
-    p.add_argument("--cache-dir", type=Path, default=None, help="private folder for the engine's compile caches and temp files")
+    p.add_argument(
+        "--cache-dir", type=Path, default=None, help="private folder for the engine's compile caches and temp files"
+    )
     p.set_defaults(func=_cmd_smoke)
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
     cell = load_config(args.cell, CellConfig)
-    adapter = get_adapter(args.engine, cell=cell, flavor=args.flavor, time_scale=args.time_scale, cell_ref=args.cell,
-                          server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None)  # fmt: skip
+    adapter = get_adapter(
+        args.engine,
+        cell=cell,
+        flavor=args.flavor,
+        time_scale=args.time_scale,
+        cell_ref=args.cell,
+        server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None,
+    )
     run_dir = args.run_dir or Path("results") / "smoke" / time.strftime("smoke-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     handle = None
@@ -52,15 +79,24 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
         if base_url is None:
             port = args.port or free_port(args.host)
             extra = [tok for a in args.engine_arg for tok in shlex.split(a)]
-            argv, env = adapter.launch_command(cell, model=args.model or cell.model, host=args.host, port=port, extra_args=extra)
+            argv, env = adapter.launch_command(
+                cell, model=args.model or cell.model, host=args.host, port=port, extra_args=extra
+            )
             if args.cache_dir is not None:
                 env.update(private_cache_env(args.cache_dir))
             t0 = time.monotonic()
             handle = adapter.start(argv, env, run_dir, host=args.host, port=port, health_timeout=args.health_timeout)
             print(f"server healthy after {time.monotonic() - t0:.1f} s at {handle.base_url} (log {handle.log_path})")
             base_url = handle.base_url
-        report = run_smoke_blocking(adapter, base_url.rstrip("/"), cell, model_name=adapter.served_model_name(cell),
-                                    long_prompt=args.long_prompt, decode_tokens=args.decode_tokens, launched_argv=argv)  # fmt: skip
+        report = run_smoke_blocking(
+            adapter,
+            base_url.rstrip("/"),
+            cell,
+            model_name=adapter.served_model_name(cell),
+            long_prompt=args.long_prompt,
+            decode_tokens=args.decode_tokens,
+            launched_argv=argv,
+        )
     finally:
         if handle is not None:
             adapter.stop(handle)

@@ -13,19 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
-from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.errors import UsageError
+from analysis.rules import load_rule
+from analysis.theory.entry import Server, all_miss_onset, demand_averaged_mu, onset_speed_law, predicted_curve
+from analysis.theory.fluid import plan_fluid_from_plan
 from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
-from analysis.theory.entry import Server, demand_averaged_mu, onset_speed_law, predicted_curve
-from analysis.theory.entry import all_miss_onset
-from harness.workload.planfile import read_plan
-from analysis.theory.fluid import plan_fluid_from_plan
-import orjson
-from analysis.rules import load_rule
 from analysis.theory.predict import freeze_predictions
-from harness.config import load_test
+from harness.config import CellConfig, WorkloadConfig, load_config, load_test
+from harness.errors import UsageError
+from harness.workload.planfile import read_plan
 
 
 def _load(ref: str, folder: str, model: type) -> Any:
@@ -195,8 +193,13 @@ def _cmd_fluid(args: argparse.Namespace) -> int:
         "finished": int(np.isfinite(res.sessions["end"]).sum()),
     }
     out.with_suffix(".fluid.json").write_text(json.dumps(summary, indent=2))
-    plot_trajectory(tr, out.with_suffix(".fluid.png"), title=f"model F on {plan_path.name} ({cell.name})",
-                    lambda_ref=plan.lambda_ref, wave=summary["burst_median_completion"])
+    plot_trajectory(
+        tr,
+        out.with_suffix(".fluid.png"),
+        title=f"model F on {plan_path.name} ({cell.name})",
+        lambda_ref=plan.lambda_ref,
+        wave=summary["burst_median_completion"],
+    )
     for k, v in summary.items():
         print(f"{k:<24} {_fmt(v)}")
     print(f"wrote {out.with_suffix('.fluid.parquet')}, .png, .json")
@@ -209,8 +212,9 @@ def write_trajectory(tr: dict[str, np.ndarray], path: Path) -> None:
     pd.DataFrame(tr).to_parquet(path, index=False)
 
 
-def plot_trajectory(tr: dict[str, np.ndarray], path: Path, *, title: str, lambda_ref: float | None = None,
-                    wave: float | None = None) -> None:
+def plot_trajectory(
+    tr: dict[str, np.ndarray], path: Path, *, title: str, lambda_ref: float | None = None, wave: float | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -240,9 +244,12 @@ def plot_trajectory(tr: dict[str, np.ndarray], path: Path, *, title: str, lambda
 # registration
 # ---------------------------------------------------------------------------------------------
 def _add_actions(sub: Any) -> None:
-    mf = sub.add_parser("model-f", help="model F's asymptotic quantities at a load",
-                        description="Perron root, gap slope, backlog growth, completions, H and Gamma, "
-                        "tilted mix, near-threshold expansions, for a cell and workload at rate x lambda_ref.")
+    mf = sub.add_parser(
+        "model-f",
+        help="model F's asymptotic quantities at a load",
+        description="Perron root, gap slope, backlog growth, completions, H and Gamma, "
+        "tilted mix, near-threshold expansions, for a cell and workload at rate x lambda_ref.",
+    )
     mf.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
     mf.add_argument("--workload", default="standard", help="workload config (default: standard)")
     mf.add_argument("--rate", required=True, type=float, help="arrival rate as a multiple of lambda_ref")
@@ -250,16 +257,22 @@ def _add_actions(sub: Any) -> None:
     mf.add_argument("--json", action="store_true", help="print JSON")
     mf.set_defaults(func=_cmd_model_f)
 
-    cv = sub.add_parser("curve", help="first-principles mu(n), all-miss onset n_b, 0.5-hit crossing",
-                        description="The entry model's closed-population curve for a cell (App. E.9).")
+    cv = sub.add_parser(
+        "curve",
+        help="first-principles mu(n), all-miss onset n_b, 0.5-hit crossing",
+        description="The entry model's closed-population curve for a cell (App. E.9).",
+    )
     cv.add_argument("--cell", required=True)
     cv.add_argument("--workload", default="standard")
     cv.add_argument("--n-max", type=int, default=None, help="largest population in the table")
     cv.add_argument("--json", action="store_true")
     cv.set_defaults(func=_cmd_curve)
 
-    fl = sub.add_parser("fluid", help="model F driven by a frozen plan: per-seed trajectory (Parquet + PNG)",
-                        description="Run the plan-driven FIFO fluid and write <out>.fluid.parquet, .png, .json.")
+    fl = sub.add_parser(
+        "fluid",
+        help="model F driven by a frozen plan: per-seed trajectory (Parquet + PNG)",
+        description="Run the plan-driven FIFO fluid and write <out>.fluid.parquet, .png, .json.",
+    )
     fl.add_argument("--plan", required=True, help="frozen plan file (Parquet)")
     fl.add_argument("--cell", required=True, help="cell whose cost model sets the turn costs")
     fl.add_argument("--out", default=None, help="output stem (default: next to the plan)")
@@ -268,14 +281,19 @@ def _add_actions(sub: Any) -> None:
     fl.add_argument("--t-end", type=float, default=None, help="horizon (default: the protocol's duration)")
     fl.set_defaults(func=_cmd_fluid)
 
-    pr = sub.add_parser("predict", help="freeze model F's predictions for a test's plans (the file its rule reads)",
-                        description="Compute the per-run (plan-driven) and per-rate (asymptotic) model F values the test's "
-                        "rule compares with, for every run of the test, from the plans the runs will play; write them "
-                        "as a prediction file (JSON) to commit before the runs.")
+    pr = sub.add_parser(
+        "predict",
+        help="freeze model F's predictions for a test's plans (the file its rule reads)",
+        description="Compute the per-run (plan-driven) and per-rate (asymptotic) model F values the test's "
+        "rule compares with, for every run of the test, from the plans the runs will play; write them "
+        "as a prediction file (JSON) to commit before the runs.",
+    )
     pr.add_argument("test", help="test YAML")
     pr.add_argument("--out", required=True, help="prediction file to write (refused if it exists)")
     pr.add_argument("--rule", default=None, help="rule (default: the test's)")
-    pr.add_argument("--lambda-ref", type=float, default=None, help="override lambda_ref (default: the test's, else the cell's)")
+    pr.add_argument(
+        "--lambda-ref", type=float, default=None, help="override lambda_ref (default: the test's, else the cell's)"
+    )
     pr.set_defaults(func=_cmd_predict)
 
 
@@ -290,7 +308,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} exists: a frozen prediction file is never overwritten")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(content, option=orjson.OPT_INDENT_2))
-    print(f"{len(content['runs'])} runs and {len(content['rates'])} rates predicted for {bundle.test.name}; wrote {out}")
+    print(
+        f"{len(content['runs'])} runs and {len(content['rates'])} rates predicted for {bundle.test.name}; wrote {out}"
+    )
     return 0
 
 

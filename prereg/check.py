@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prereg.labels import GitFacts, Label, git_facts, label_now
-from prereg.registration import Registration, load_registration
 from prereg.fill import plan_hashes
+from prereg.labels import GitFacts, Label, git_facts, label_for, label_now
+from prereg.registration import Registration, load_registration
 from provenance.git import GitError, Repo
-from prereg.labels import label_for
 
 
 @dataclass
@@ -68,14 +67,22 @@ def check_plans(reg: Registration) -> dict[str, Any]:
     arms = {a: reg.arm_configs[a] for a in reg.arms if a in reg.arm_configs}
     missing = [a for a in reg.arms if a not in reg.arm_configs]
     if missing:
-        return {"checked": 0, "mismatches": [], "error": f"arm_configs lacks {missing}: the plans cannot be regenerated"}
-    now = plan_hashes(reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds), reg.top_rate)
+        return {
+            "checked": 0,
+            "mismatches": [],
+            "error": f"arm_configs lacks {missing}: the plans cannot be regenerated",
+        }
+    now = plan_hashes(
+        reg.workload, reg.protocol, arms, reg.multiples(), reg.references.lambda_ref, list(reg.seeds), reg.top_rate
+    )
     have = {(p.arm, p.rate, p.seed): p.sha256 for p in reg.plans}
     bad = []
     for p in now:
         want = have.get((p["arm"], p["rate"], p["seed"]))
         if want != p["sha256"]:
-            bad.append({"arm": p["arm"], "rate": p["rate"], "seed": p["seed"], "registered": want, "generated": p["sha256"]})
+            bad.append(
+                {"arm": p["arm"], "rate": p["rate"], "seed": p["seed"], "registered": want, "generated": p["sha256"]}
+            )
     return {"checked": len(now), "mismatches": bad}
 
 
@@ -93,7 +100,9 @@ def check_registration(
     reg = load_registration(p)
     refusals: list[str] = []
     if expect_sha256 is not None and reg.sha256 != expect_sha256.lower():
-        refusals.append(f"hash: the file's SHA-256 is {reg.sha256}; expected {expect_sha256.lower()} (not the registered file)")
+        refusals.append(
+            f"hash: the file's SHA-256 is {reg.sha256}; expected {expect_sha256.lower()} (not the registered file)"
+        )
     if reg.status != "FILLED" and not (allow_exploratory and reg.status == "EXPLORATORY"):
         why = f" ({'; '.join(reg.status_reasons)})" if reg.status_reasons else ""
         refusals.append(f"status: {reg.status}{why}; expected FILLED (only a FILLED registration binds a test)")
@@ -109,9 +118,13 @@ def check_registration(
         if facts.state == "untracked":
             refusals.append(f"commit: {facts.path} is not committed; commit it (and push) before submitting")
         elif facts.state == "modified":
-            refusals.append(f"commit: {facts.path} differs from its last commit {facts.commit}; commit the change or restore the file")
+            refusals.append(
+                f"commit: {facts.path} differs from its last commit {facts.commit}; commit the change or restore the file"
+            )
         if not facts.clean:
-            refusals.append("tree: the working tree has uncommitted changes to tracked files; jobs must run from a clean checkout")
+            refusals.append(
+                "tree: the working tree has uncommitted changes to tracked files; jobs must run from a clean checkout"
+            )
         # an unreachable remote is not a refusal: the label then cannot be pre-registered, and says so
 
     inputs: list[InputCheck] = []
@@ -126,16 +139,35 @@ def check_registration(
     if plans and reg.status in ("FILLED", "EXPLORATORY"):
         plan_report = {**check_plans(reg), "skipped": False}
         for m in plan_report["mismatches"]:
-            refusals.append(f"plan {m['arm']} x {m['rate']} seed {m['seed']}: registered SHA-256 {m['registered']}, the configs now generate {m['generated']}")
+            refusals.append(
+                f"plan {m['arm']} x {m['rate']} seed {m['seed']}: registered SHA-256 {m['registered']}, the configs now generate {m['generated']}"
+            )
         if plan_report.get("error"):
             refusals.append(f"plans: {plan_report['error']}")
 
     if facts is not None:
         lab, _ = label_now(p, reg.status, facts=facts)
     else:
-        lab = label_for(status=reg.status, committed=False, clean=False, commit_time=None, remote_confirmed_at=None, first_submit=None)
-    return CheckResult(str(p), reg.name, reg.sha256, reg.status, expect_sha256, facts.to_json() if facts else None,
-                       _label_json(lab), inputs, plan_report, refusals)  # fmt: skip
+        lab = label_for(
+            status=reg.status,
+            committed=False,
+            clean=False,
+            commit_time=None,
+            remote_confirmed_at=None,
+            first_submit=None,
+        )
+    return CheckResult(
+        str(p),
+        reg.name,
+        reg.sha256,
+        reg.status,
+        expect_sha256,
+        facts.to_json() if facts else None,
+        _label_json(lab),
+        inputs,
+        plan_report,
+        refusals,
+    )
 
 
 def _label_json(lab: Label) -> dict[str, Any]:
@@ -146,7 +178,9 @@ def _check_input(rel: str, want: str, repo: Any, commit: str | None) -> InputChe
     root = repo.path if repo is not None else Path.cwd()
     fp = Path(rel) if Path(rel).is_absolute() else root / rel
     if not fp.is_file():
-        return InputCheck(rel, want, False, None, None, False, "missing: the registered input copy is not in the checkout")
+        return InputCheck(
+            rel, want, False, None, None, False, "missing: the registered input copy is not in the checkout"
+        )
     cur = _sha(fp.read_bytes())
     committed = None
     if repo is not None and commit is not None:
@@ -155,11 +189,29 @@ def _check_input(rel: str, want: str, repo: Any, commit: str | None) -> InputChe
         except (GitError, ValueError):
             committed = None
     if cur != want:
-        return InputCheck(rel, want, True, cur, committed, False, f"changed since it was registered: SHA-256 {cur}, registered {want}")
+        return InputCheck(
+            rel, want, True, cur, committed, False, f"changed since it was registered: SHA-256 {cur}, registered {want}"
+        )
     if repo is not None and commit is not None and committed is None:
-        return InputCheck(rel, want, True, cur, None, False, f"not committed at the registration's commit {commit[:12]}: commit the inputs with the registration")
+        return InputCheck(
+            rel,
+            want,
+            True,
+            cur,
+            None,
+            False,
+            f"not committed at the registration's commit {commit[:12]}: commit the inputs with the registration",
+        )
     if committed is not None and committed != want:
-        return InputCheck(rel, want, True, cur, committed, False, f"the copy committed at {commit[:12] if commit else '?'} has SHA-256 {committed}, registered {want}")
+        return InputCheck(
+            rel,
+            want,
+            True,
+            cur,
+            committed,
+            False,
+            f"the copy committed at {commit[:12] if commit else '?'} has SHA-256 {committed}, registered {want}",
+        )
     return InputCheck(rel, want, True, cur, committed, True, None)
 
 
@@ -172,9 +224,11 @@ def format_check(res: CheckResult) -> str:
     ]
     g = res.git
     if g:
-        lines.append(f"  git      {g['state']} in {g['commit'] or '-'}; tree {'clean' if g['clean'] else 'DIRTY'}; "
-                     f"{g['remote'] or '?'}/{g['branch'] or '?'} {'contains it' if g['on_remote'] else 'does NOT contain it'}"
-                     + (f" (asked {g['checked_at']})" if g.get("checked_at") else ""))  # fmt: skip
+        lines.append(
+            f"  git      {g['state']} in {g['commit'] or '-'}; tree {'clean' if g['clean'] else 'DIRTY'}; "
+            f"{g['remote'] or '?'}/{g['branch'] or '?'} {'contains it' if g['on_remote'] else 'does NOT contain it'}"
+            + (f" (asked {g['checked_at']})" if g.get("checked_at") else "")
+        )
         if g.get("remote_error"):
             lines.append(f"  remote   could not be asked: {g['remote_error']}")
     for i in res.inputs:

@@ -25,11 +25,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig, config_ref, load_config
-from harness.errors import ConfigError
-from harness.config import DEFAULT_TOP_RATE, rate_above_top
-from prereg import formula as F
+import orjson
+
 from analysis.calibration_summaries import CalibrationInputs, InputError, e0a_values, load_inputs
+from analysis.rules import arm_expectation
+from harness.config import (
+    DEFAULT_START_LATENESS_P99,
+    DEFAULT_TOP_RATE,
+    ArmConfig,
+    CellConfig,
+    ProtocolConfig,
+    WorkloadConfig,
+    config_ref,
+    load_config,
+    rate_above_top,
+)
+from harness.errors import ConfigError
+from harness.workload.planfile import plan_bytes
+from harness.workload.plans import make_plan, plan_arm
+from prereg import formula as F
 from prereg.registration import (
     FORMAT,
     FORMAT_VERSION,
@@ -41,10 +55,6 @@ from prereg.registration import (
 )
 from prereg.template import FillParams, Template, load_template, resolve_rule
 from provenance.git import GitError, Repo
-import orjson
-from harness.workload.plans import make_plan, plan_arm
-from harness.workload.planfile import plan_bytes
-from analysis.rules import arm_expectation
 
 
 @dataclass(frozen=True)
@@ -108,8 +118,15 @@ def _arm_configs(names: list[str], base: Path, cap: int | None, source: str) -> 
     return out
 
 
-def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[str, ArmConfig], multiples: list[float],
-                lambda_ref: float, seeds: list[int], top_rate: float = DEFAULT_TOP_RATE) -> list[dict[str, Any]]:  # fmt: skip
+def plan_hashes(
+    workload: WorkloadConfig,
+    protocol: ProtocolConfig,
+    arms: dict[str, ArmConfig],
+    multiples: list[float],
+    lambda_ref: float,
+    seeds: list[int],
+    top_rate: float = DEFAULT_TOP_RATE,
+) -> list[dict[str, Any]]:
     """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it
     (from the base stream at the test's `top_rate`). Arms whose plan content is the same (BURST and
     CAPPED) share one generation."""
@@ -121,7 +138,9 @@ def plan_hashes(workload: WorkloadConfig, protocol: ProtocolConfig, arms: dict[s
             for s in seeds:
                 k = (key_arm, m, s)
                 if k not in cache:
-                    cache[k] = hashlib.sha256(plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s, top_rate))).hexdigest()
+                    cache[k] = hashlib.sha256(
+                        plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s, top_rate))
+                    ).hexdigest()
                 out.append({"arm": name, "rate": m, "seed": s, "sha256": cache[k]})
     return out
 
@@ -134,29 +153,57 @@ def _cell_dump(cell: CellConfig, lambda_ref: float, all_miss: float | None) -> d
     return d
 
 
-def _kill_conditions(arms: list[str], rule: dict[str, Any], fits: list[float], noise: dict[str, Any]) -> list[dict[str, Any]]:
+def _kill_conditions(
+    arms: list[str], rule: dict[str, Any], fits: list[float], noise: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The E2 registration's four kill conditions (App. E.11), as data for prereg.kill."""
     up = {a.upper() for a in arms} if isinstance(rule.get("arms"), dict) else set()
     out: list[dict[str, Any]] = []
     if "NOBURST" in up:
-        out.append({"id": "K1", "kind": "arm_fails_fraction",
-                    "description": "NOBURST not good in at least one third of the seeds at a registered rate",
-                    "params": {"arm": "NOBURST", "fraction": [1, 3], "quantifier": "any"}, "frozen": None})  # fmt: skip
+        out.append(
+            {
+                "id": "K1",
+                "kind": "arm_fails_fraction",
+                "description": "NOBURST not good in at least one third of the seeds at a registered rate",
+                "params": {"arm": "NOBURST", "fraction": [1, 3], "quantifier": "any"},
+                "frozen": None,
+            }
+        )
     if "BURST" in up:
-        out.append({"id": "K2", "kind": "arm_fails_fraction",
-                    "description": "BURST not trapped in two thirds of the seeds at every registered rate",
-                    "params": {"arm": "BURST", "fraction": [2, 3], "quantifier": "every"}, "frozen": None})  # fmt: skip
+        out.append(
+            {
+                "id": "K2",
+                "kind": "arm_fails_fraction",
+                "description": "BURST not trapped in two thirds of the seeds at every registered rate",
+                "params": {"arm": "BURST", "fraction": [2, 3], "quantifier": "every"},
+                "frozen": None,
+            }
+        )
     if "CAPPED" in up and "BURST" in up:
-        out.append({"id": "K3", "kind": "capped_not_recovered",
-                    "description": "CAPPED fails to recover in a seed whose BURST run is trapped, at a rate whose drain fits",
-                    "params": {"burst_arm": "BURST", "capped_arm": "CAPPED", "rates": fits}, "frozen": None})  # fmt: skip
-    out.append({"id": "K4", "kind": "window_noise",
-                "description": "the window is empty or narrower than the noise (noise_factor x relative s.e. of lambda_ref)",
-                "params": {}, "frozen": noise})  # fmt: skip
+        out.append(
+            {
+                "id": "K3",
+                "kind": "capped_not_recovered",
+                "description": "CAPPED fails to recover in a seed whose BURST run is trapped, at a rate whose drain fits",
+                "params": {"burst_arm": "BURST", "capped_arm": "CAPPED", "rates": fits},
+                "frozen": None,
+            }
+        )
+    out.append(
+        {
+            "id": "K4",
+            "kind": "window_noise",
+            "description": "the window is empty or narrower than the noise (noise_factor x relative s.e. of lambda_ref)",
+            "params": {},
+            "frozen": noise,
+        }
+    )
     return out
 
 
-def _predictions(arms: list[str], rule: dict[str, Any], multiples: list[float], drains: dict[float, F.Drain], gated: set[str]) -> list[dict[str, Any]]:
+def _predictions(
+    arms: list[str], rule: dict[str, Any], multiples: list[float], drains: dict[float, F.Drain], gated: set[str]
+) -> list[dict[str, Any]]:
     if not isinstance(rule.get("arms"), dict):
         return []  # a rule without per-arm states (a staged rule) carries its outcomes in its spec
     out = []
@@ -175,8 +222,9 @@ def _predictions(arms: list[str], rule: dict[str, Any], multiples: list[float], 
     return out
 
 
-def fill_registration(inputs_dir: str | Path | None, template_path: str | Path, *, repo_root: Path | None = None,
-                      name: str | None = None) -> FillResult:  # fmt: skip
+def fill_registration(
+    inputs_dir: str | Path | None, template_path: str | Path, *, repo_root: Path | None = None, name: str | None = None
+) -> FillResult:
     """The registration the formula gives for these inputs and this template (not written).
     `name` replaces the template's registration name (one template, several cells' inputs)."""
     tpath = Path(template_path)
@@ -202,7 +250,9 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
     workload = load_config(config_ref(tmpl.workload or "", "workloads"), WorkloadConfig, base)
     protocol = load_config(config_ref(tmpl.protocol or "", "protocols"), ProtocolConfig, base)
     if inputs.stage_c.cell != cell.name:
-        raise InputError(f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}")
+        raise InputError(
+            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}"
+        )
     rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
 
     # 1. references
@@ -223,15 +273,23 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
 
     # 2. curve and edge
     curve = inputs.stage_c.curve()
-    cap = F.cap_rule(curve, fraction=P.cap_fraction, ambiguity=P.cap_ambiguity, ambiguity_fraction=P.cap_ambiguity_fraction)
+    cap = F.cap_rule(
+        curve, fraction=P.cap_fraction, ambiguity=P.cap_ambiguity, ambiguity_fraction=P.cap_ambiguity_fraction
+    )
     runs = {(p.multiple, p.seed): p.stable for p in inputs.e0b.points}
     edge = F.e0b_edge(inputs.e0b.grid, inputs.e0b.seeds, runs, P.e0b_edge)
 
     # 3.-4. window and rates
     w = F.window(cap.mu_star, lam_ref, edge.edge, low=P.window_low, upper=P.upper_edge)
     fractions = [(int(a), int(b)) for a, b in P.fractions]
-    placed = F.place_rates(w, fractions=fractions, step=P.rate_step, rounding=P.rounding,
-                           band_low_factor=P.band_low_factor, band_high_factor=P.band_high_factor)  # fmt: skip
+    placed = F.place_rates(
+        w,
+        fractions=fractions,
+        step=P.rate_step,
+        rounding=P.rounding,
+        band_low_factor=P.band_low_factor,
+        band_high_factor=P.band_high_factor,
+    )
     formula_status = "FILLED" if placed.ok else "INCOMPLETE"
     reasons = list(placed.reasons) + reasons
     multiples = [float(r.multiple) for r in placed.rates]
@@ -242,7 +300,12 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             reasons.append(f"{above} (the template's top_rate {top_rate:g})")
 
     # 5.-6. cap and drain
-    budget = F.drain_budget(protocol.duration, protocol.burst.time, float(rule["params"].get("recovered_span", protocol.recovered_span)), P.drain_fraction)
+    budget = F.drain_budget(
+        protocol.duration,
+        protocol.burst.time,
+        float(rule["params"].get("recovered_span", protocol.recovered_span)),
+        P.drain_fraction,
+    )
     b = protocol.burst.size
     drains = {m: F.drain(cap.mu_cap, cap.cap, m, lam_ref, b, budget, curve, P.drain_formula) for m in multiples}
     lam_max = F.largest_fitting_multiple(cap.mu_cap, lam_ref, b, budget)
@@ -256,29 +319,63 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
     n_max, mu_nmax = curve[-1]
     warnings: list[dict[str, Any]] = []
     if lam_miss:
-        warnings.append({"id": "mu_nmax_vs_lambda_miss", "value": abs(mu_nmax / lam_miss - 1),
-                         "text": f"|mu({n_max}) / lambda_miss - 1| at the largest grid n (a check only, no threshold)"})  # fmt: skip
+        warnings.append(
+            {
+                "id": "mu_nmax_vs_lambda_miss",
+                "value": abs(mu_nmax / lam_miss - 1),
+                "text": f"|mu({n_max}) / lambda_miss - 1| at the largest grid n (a check only, no threshold)",
+            }
+        )
     if cap.ambiguous:
         others = [n for n in cap.at_threshold if n != cap.cap]
-        warnings.append({"id": "cap_ambiguous", "value": None,
-                         "text": f"cap {cap.cap} is ambiguous ({cap.reading}): argmax {cap.argmax}; n at the threshold {list(cap.at_threshold)}"
-                         + (f", other n {others}" if others else "")})  # fmt: skip
+        warnings.append(
+            {
+                "id": "cap_ambiguous",
+                "value": None,
+                "text": f"cap {cap.cap} is ambiguous ({cap.reading}): argmax {cap.argmax}; n at the threshold {list(cap.at_threshold)}"
+                + (f", other n {others}" if others else ""),
+            }
+        )
     for m, d in drains.items():
         if not d.fits and gated:
-            warnings.append({"id": f"drain_does_not_fit_{m}", "value": _finite(d.drain_s),
-                             "text": f"at {m} x lambda_ref the CAPPED drain does not fit {budget:.0f} s: its prediction lapses and kill condition K3 does not apply there"})  # fmt: skip
+            warnings.append(
+                {
+                    "id": f"drain_does_not_fit_{m}",
+                    "value": _finite(d.drain_s),
+                    "text": f"at {m} x lambda_ref the CAPPED drain does not fit {budget:.0f} s: its prediction lapses and kill condition K3 does not apply there",
+                }
+            )
     if not edge.monotone:
-        warnings.append({"id": "e0b_not_monotone", "value": None, "text": f"a run above the first unstable multiple {edge.first_unstable} was stable"})
+        warnings.append(
+            {
+                "id": "e0b_not_monotone",
+                "value": None,
+                "text": f"a run above the first unstable multiple {edge.first_unstable} was stable",
+            }
+        )
     if not edge.complete:
-        warnings.append({"id": "e0b_partial", "value": None,
-                         "text": f"E0b runs missing above the first unstable multiple (cannot change the edge): {[list(x) for x in edge.missing]}"})  # fmt: skip
+        warnings.append(
+            {
+                "id": "e0b_partial",
+                "value": None,
+                "text": f"E0b runs missing above the first unstable multiple (cannot change the edge): {[list(x) for x in edge.missing]}",
+            }
+        )
     if noise["triggered"]:
-        warnings.append({"id": "window_noise", "value": width, "text": "kill condition K4 holds at filling: the window is empty or narrower than the noise"})
+        warnings.append(
+            {
+                "id": "window_noise",
+                "value": width,
+                "text": "kill condition K4 holds at filling: the window is empty or narrower than the noise",
+            }
+        )
     fits = [m for m, d in drains.items() if d.fits]
 
     status = "FILLED" if not reasons else "INCOMPLETE"
     bound = status == "FILLED"
-    plans = plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), top_rate) if bound else []
+    plans = (
+        plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), top_rate) if bound else []
+    )
     all_miss = ev.all_miss_token_rate
     references = {
         "lambda_ref": lam_ref,
@@ -299,26 +396,61 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "n_star": cap.argmax,
             "mu_star_over_lambda_ref": cap.mu_star / lam_ref,
             "e0a_computed": list(ev.computed),
-            "e0b": {"grid": list(inputs.e0b.grid), "seeds": list(inputs.e0b.seeds), "edge": edge.edge,
-                    "first_unstable": edge.first_unstable, "monotone": edge.monotone, "complete": edge.complete,
-                    "reading": edge.reading, "stability_rule": inputs.e0b.protocol.as_data()},  # fmt: skip
+            "e0b": {
+                "grid": list(inputs.e0b.grid),
+                "seeds": list(inputs.e0b.seeds),
+                "edge": edge.edge,
+                "first_unstable": edge.first_unstable,
+                "monotone": edge.monotone,
+                "complete": edge.complete,
+                "reading": edge.reading,
+                "stability_rule": inputs.e0b.protocol.as_data(),
+            },
         },
         "window": {
-            "low": float(w.low), "high": _f(w.high), "binding": w.binding,
+            "low": float(w.low),
+            "high": _f(w.high),
+            "binding": w.binding,
             "low_sessions_per_s": float(w.low) * lam_ref,
             "high_sessions_per_s": None if w.high is None else float(w.high) * lam_ref,
-            "mu_star_over_lambda_ref": w.mu_star_ratio, "e0b_edge": w.e0b_edge,
-        },  # fmt: skip
-        "band": None if placed.band is None else {"low": float(placed.band[0]), "high": float(placed.band[1]), "strict": True},
-        "rates": [{"fraction": list(r.fraction), "raw": float(r.raw), "rounded": float(r.multiple), "inside_band": r.inside} for r in placed.rates],
-        "cap": {"cap": cap.cap, "rule": f"smallest grid n with mu(n) >= {P.cap_fraction} mu*", "threshold": cap.threshold,
-                "argmax": cap.argmax, "mu_cap": cap.mu_cap, "at_threshold": list(cap.at_threshold),
-                "ambiguous": cap.ambiguous, "ambiguity_reading": cap.reading},  # fmt: skip
+            "mu_star_over_lambda_ref": w.mu_star_ratio,
+            "e0b_edge": w.e0b_edge,
+        },
+        "band": None
+        if placed.band is None
+        else {"low": float(placed.band[0]), "high": float(placed.band[1]), "strict": True},
+        "rates": [
+            {"fraction": list(r.fraction), "raw": float(r.raw), "rounded": float(r.multiple), "inside_band": r.inside}
+            for r in placed.rates
+        ],
+        "cap": {
+            "cap": cap.cap,
+            "rule": f"smallest grid n with mu(n) >= {P.cap_fraction} mu*",
+            "threshold": cap.threshold,
+            "argmax": cap.argmax,
+            "mu_cap": cap.mu_cap,
+            "at_threshold": list(cap.at_threshold),
+            "ambiguous": cap.ambiguous,
+            "ambiguity_reading": cap.reading,
+        },
         "drain": {
-            "burst": b, "budget_s": budget, "formula": P.drain_formula, "largest_fitting_multiple": lam_max,
-            "per_rate": [{"rate": m, "lambda": d.lam, "crude_s": _finite(d.crude_s), "refined_s": _finite(d.refined_s),
-                          "n1": d.n1, "drain_s": _finite(d.drain_s), "fits": d.fits} for m, d in drains.items()],
-        },  # fmt: skip
+            "burst": b,
+            "budget_s": budget,
+            "formula": P.drain_formula,
+            "largest_fitting_multiple": lam_max,
+            "per_rate": [
+                {
+                    "rate": m,
+                    "lambda": d.lam,
+                    "crude_s": _finite(d.crude_s),
+                    "refined_s": _finite(d.refined_s),
+                    "n1": d.n1,
+                    "drain_s": _finite(d.drain_s),
+                    "fits": d.fits,
+                }
+                for m, d in drains.items()
+            ],
+        },
         "boundaries": {
             "recovery_threshold_sessions_per_s": lam_ref,
             "recovery_threshold_note": "lambda_ref, not mu at the largest grid n, which the synchronized start of Stage C biases upward",
@@ -345,7 +477,9 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "seeds": list(tmpl.seeds or []),
         "cap": cap.cap if gated else None,
         "top_rate": top_rate,
-        "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else DEFAULT_START_LATENESS_P99,
+        "start_lateness_p99": tmpl.start_lateness_p99
+        if tmpl.start_lateness_p99 is not None
+        else DEFAULT_START_LATENESS_P99,
         "references": references,
         "rule": rule,
         "kill_conditions": _kill_conditions(arms, rule, fits, noise),
@@ -368,30 +502,52 @@ def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     try:
         cell = CellConfig.model_validate(cell_d, strict=True)
     except Exception as exc:
-        raise RegistrationError(f"{src}: cell_overrides: the parent's cell with these changes is not a valid cell: {exc}") from None
+        raise RegistrationError(
+            f"{src}: cell_overrides: the parent's cell with these changes is not a valid cell: {exc}"
+        ) from None
     arms = list(tmpl.arms) if tmpl.arms is not None else list(parent.arms)
     seeds = list(tmpl.seeds) if tmpl.seeds is not None else list(parent.seeds)
     arm_cfgs = {a: parent.arm_configs[a] for a in arms if a in parent.arm_configs}
     arm_cfgs.update(_arm_configs([a for a in arms if a not in arm_cfgs], base, parent.cap, src))
-    rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src) if (tmpl.rule != "e2" or tmpl.rule_overrides) else parent.rule
+    rule = (
+        resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
+        if (tmpl.rule != "e2" or tmpl.rule_overrides)
+        else parent.rule
+    )
     lam_ref = parent.references.lambda_ref
     mults = parent.multiples()
     top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
     data = parent.model_dump(mode="json")
-    data.update({
-        "name": tmpl.name, "description": tmpl.description.strip(), "status": "EXPLORATORY", "status_reasons": [],
-        "parent": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
-        "test": tmpl.test, "cell": _cell_dump(cell, lam_ref, parent.references.all_miss_token_rate),
-        "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()}, "seeds": seeds, "rule": rule,
-        "allowances": tmpl.allowances.model_dump(mode="json"),
-        "kill_conditions": [], "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
-        "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
-        "top_rate": top_rate, "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else parent.start_lateness_p99,
-        "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds, top_rate),
-        "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
-                 "derived_from": parent.name, "cell_overrides": dict(tmpl.cell_overrides),
-                 "note": "EXPLORATORY: derived from a FILLED parent; never decisive"},
-    })  # fmt: skip
+    data.update(
+        {
+            "name": tmpl.name,
+            "description": tmpl.description.strip(),
+            "status": "EXPLORATORY",
+            "status_reasons": [],
+            "parent": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
+            "test": tmpl.test,
+            "cell": _cell_dump(cell, lam_ref, parent.references.all_miss_token_rate),
+            "arms": arms,
+            "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
+            "seeds": seeds,
+            "rule": rule,
+            "allowances": tmpl.allowances.model_dump(mode="json"),
+            "kill_conditions": [],
+            "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
+            "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
+            "top_rate": top_rate,
+            "start_lateness_p99": tmpl.start_lateness_p99
+            if tmpl.start_lateness_p99 is not None
+            else parent.start_lateness_p99,
+            "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds, top_rate),
+            "fill": {
+                "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
+                "derived_from": parent.name,
+                "cell_overrides": dict(tmpl.cell_overrides),
+                "note": "EXPLORATORY: derived from a FILLED parent; never decisive",
+            },
+        }
+    )
     return FillResult(registration_from_data(data, f"{src} (derived)"), data)
 
 
@@ -417,8 +573,12 @@ def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     bad = [r for r in rates if not any(abs(r - m) < 1e-9 for m in parent.multiples())]
     if bad:
         raise RegistrationError(f"{src}: rates: got {bad}; expected rates registered by {ppath} ({parent.multiples()})")
-    workload = load_config(config_ref(tmpl.workload, "workloads"), WorkloadConfig, base) if tmpl.workload else parent.workload
-    protocol = load_config(config_ref(tmpl.protocol, "protocols"), ProtocolConfig, base) if tmpl.protocol else parent.protocol
+    workload = (
+        load_config(config_ref(tmpl.workload, "workloads"), WorkloadConfig, base) if tmpl.workload else parent.workload
+    )
+    protocol = (
+        load_config(config_ref(tmpl.protocol, "protocols"), ProtocolConfig, base) if tmpl.protocol else parent.protocol
+    )
     rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
     arms = list(tmpl.arms or [])
     arm_cfgs = _arm_configs(arms, base, parent.cap, src)
@@ -426,27 +586,52 @@ def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
     seeds = list(tmpl.seeds or [])
     top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
     data = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "name": tmpl.name, "description": tmpl.description.strip(),
-        "status": "FILLED", "status_reasons": [], "parent": None, "test": tmpl.test,
-        "cell": parent.cell.model_dump(mode="json"), "workload": workload.model_dump(mode="json"), "protocol": protocol.model_dump(mode="json"),
-        "arms": arms, "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
-        "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates], "seeds": seeds,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": tmpl.name,
+        "description": tmpl.description.strip(),
+        "status": "FILLED",
+        "status_reasons": [],
+        "parent": None,
+        "test": tmpl.test,
+        "cell": parent.cell.model_dump(mode="json"),
+        "workload": workload.model_dump(mode="json"),
+        "protocol": protocol.model_dump(mode="json"),
+        "arms": arms,
+        "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
+        "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates],
+        "seeds": seeds,
         "cap": parent.cap if any(c.gate is not None for c in arm_cfgs.values()) else None,
-        "top_rate": top_rate, "start_lateness_p99": tmpl.start_lateness_p99 if tmpl.start_lateness_p99 is not None else parent.start_lateness_p99,
-        "references": parent.references.model_dump(mode="json"), "rule": rule, "kill_conditions": [], "warnings": [],
+        "top_rate": top_rate,
+        "start_lateness_p99": tmpl.start_lateness_p99
+        if tmpl.start_lateness_p99 is not None
+        else parent.start_lateness_p99,
+        "references": parent.references.model_dump(mode="json"),
+        "rule": rule,
+        "kill_conditions": [],
+        "warnings": [],
         "allowances": tmpl.allowances.model_dump(mode="json"),
-        "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}] + [i.model_dump(mode="json") for i in parent.inputs],
+        "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}]
+        + [i.model_dump(mode="json") for i in parent.inputs],
         "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds, top_rate),
-        "fill": {"template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
-                 "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
-                 "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "
-                         "the test's outcomes and refutation are its rule spec's"},
-    }  # fmt: skip
+        "fill": {
+            "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
+            "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
+            "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "
+            "the test's outcomes and refutation are its rule spec's",
+        },
+    }
     return FillResult(registration_from_data(data, f"{src} (based on {ppath.name})"), data)
 
 
-def fill_to_file(inputs_dir: str | Path | None, template_path: str | Path, out: str | Path, *, repo_root: Path | None = None,
-                 name: str | None = None) -> tuple[str, FillResult]:  # fmt: skip
+def fill_to_file(
+    inputs_dir: str | Path | None,
+    template_path: str | Path,
+    out: str | Path,
+    *,
+    repo_root: Path | None = None,
+    name: str | None = None,
+) -> tuple[str, FillResult]:
     """Fill and write; returns the SHA-256 of the bytes written."""
     res = fill_registration(inputs_dir, template_path, repo_root=repo_root, name=name)
     sha = write_registration(res.registration, out)

@@ -16,9 +16,10 @@ as it did for the paper's H200 300k cell. Every reading the paper leaves open is
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, getcontext
-from typing import Literal, Sequence
+from typing import Literal
 
 getcontext().prec = 40
 
@@ -55,7 +56,9 @@ class Edge:
     reading: str
 
 
-def e0b_edge(grid: Sequence[float], seeds: Sequence[int], runs: dict[tuple[float, int], bool], reading: EdgeReading = "prefix") -> Edge:
+def e0b_edge(
+    grid: Sequence[float], seeds: Sequence[int], runs: dict[tuple[float, int], bool], reading: EdgeReading = "prefix"
+) -> Edge:
     """The from-empty edge from per-(multiple, seed) stability (Decision 2).
 
     prefix: the largest m such that every run at every grid multiple <= m was stable.
@@ -160,7 +163,9 @@ def place_rates(
         inside = band[0] < m < band[1]
         out.append(PlacedRate((num, den), raw, m, inside))
         if not inside:
-            reasons.append(f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, {_s(band[1])})")
+            reasons.append(
+                f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, {_s(band[1])})"
+            )
     if band[0] >= band[1]:
         reasons.insert(0, f"the band ({_s(band[0])}, {_s(band[1])}) is empty")
     ms = [r.multiple for r in out]
@@ -188,8 +193,13 @@ class Cap:
     mu_cap: float
 
 
-def cap_rule(curve: Sequence[tuple[int, float]], *, fraction: float = 0.95, ambiguity: CapAmbiguity = "another_at_threshold",
-             ambiguity_fraction: float = 0.05) -> Cap:  # fmt: skip
+def cap_rule(
+    curve: Sequence[tuple[int, float]],
+    *,
+    fraction: float = 0.95,
+    ambiguity: CapAmbiguity = "another_at_threshold",
+    ambiguity_fraction: float = 0.05,
+) -> Cap:
     """n_cap = smallest grid n with mu(n) >= fraction x mu*; argmax n* (the smallest n at the max).
 
     ambiguous (Decision 3, default another_at_threshold): another grid n also reaches the threshold;
@@ -254,8 +264,16 @@ class Drain:
     fits: bool
 
 
-def drain(mu_cap: float, cap: int, multiple: float, lambda_ref: float, burst: int, budget_s: float,
-          curve: Sequence[tuple[int, float]], formula: str = "crude") -> Drain:  # fmt: skip
+def drain(
+    mu_cap: float,
+    cap: int,
+    multiple: float,
+    lambda_ref: float,
+    burst: int,
+    budget_s: float,
+    curve: Sequence[tuple[int, float]],
+    formula: str = "crude",
+) -> Drain:
     """Predicted time for the CAPPED gate to empty after the burst (App. E.4; Decision 1)."""
     lam = multiple * lambda_ref
     gap = mu_cap - lam
@@ -278,13 +296,21 @@ def drain_budget(duration: float, burst_time: float, recovered_span: float, frac
     return fraction * (duration - burst_time - recovered_span)
 
 
-def window_noise(width: float, lambda_ref: float, lambda_ref_se: float | None, factor: float = 2.0) -> dict[str, object]:
+def window_noise(
+    width: float, lambda_ref: float, lambda_ref_se: float | None, factor: float = 2.0
+) -> dict[str, object]:
     """Kill condition 4 at fill time: the window is empty, or narrower than factor x the relative
     standard error of lambda_ref (Decision 15)."""
     rel = None if lambda_ref_se is None else lambda_ref_se / lambda_ref
     noise = None if rel is None else factor * rel
     empty = not (width > 0)
     narrow = bool(noise is not None and width < noise)
-    return {"width": width, "relative_se": rel, "noise": noise, "empty": empty, "narrower_than_noise": narrow,
-            "evaluable": rel is not None, "triggered": empty or narrow}  # fmt: skip
-
+    return {
+        "width": width,
+        "relative_se": rel,
+        "noise": noise,
+        "empty": empty,
+        "narrower_than_noise": narrow,
+        "evaluable": rel is not None,
+        "triggered": empty or narrow,
+    }

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import orjson
 import yaml
@@ -45,7 +46,7 @@ class FreezeError(ConfigError):
 
 def utc_precise() -> str:
     """UTC now with microseconds: confirmation times are compared with run and job times."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def tag_message(tag: str, files: Sequence[tuple[str, str]]) -> str:
@@ -110,12 +111,22 @@ def _prediction_meta(data: bytes, path: str) -> dict[str, Any]:
     except yaml.YAMLError:
         return {"kind": "file"}
     if isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT:
-        return {"kind": "model-values", "name": doc.get("name"), "test": doc.get("test"), "n_runs": len(doc.get("runs") or [])}
+        return {
+            "kind": "model-values",
+            "name": doc.get("name"),
+            "test": doc.get("test"),
+            "n_runs": len(doc.get("runs") or []),
+        }
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         return {"kind": "file"}
     pf = parse_predictions(data, path)
-    return {"kind": "predictions", "name": pf.name, "test": pf.test,
-            "registration_sha256": (pf.registration or {}).get("sha256"), "n_predictions": len(pf.predictions)}  # fmt: skip
+    return {
+        "kind": "predictions",
+        "name": pf.name,
+        "test": pf.test,
+        "registration_sha256": (pf.registration or {}).get("sha256"),
+        "n_predictions": len(pf.predictions),
+    }
 
 
 def _status_path(line: str) -> str:
@@ -147,8 +158,11 @@ def freeze(
         if Repo.containing(p).path.resolve() != repo.path.resolve():
             raise FreezeError(f"{p}: not in the same repository as {paths[0]}")
     metas = {r: _prediction_meta(p.read_bytes(), str(p)) for p, r in zip(paths, rels)}
-    dirty = [line for line in repo.git("status", "--porcelain", "--untracked-files=no").splitlines()
-             if line and _status_path(line) not in rels]  # fmt: skip
+    dirty = [
+        line
+        for line in repo.git("status", "--porcelain", "--untracked-files=no").splitlines()
+        if line and _status_path(line) not in rels
+    ]
     if dirty:
         raise FreezeError(
             f"{repo.path}: the tree has uncommitted changes besides the files to freeze ({'; '.join(dirty)}); "
@@ -158,11 +172,13 @@ def freeze(
     remote, branch = remote or d_remote, branch or d_branch
     if tag is None:
         name = next((m["name"] for m in metas.values() if m.get("name")), Path(rels[0]).stem)
-        tag = f"pred-{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+        tag = f"pred-{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     if not repo.ok("check-ref-format", f"refs/tags/{tag}"):
         raise FreezeError(f"tag {tag!r}: not a valid git tag name")
     if repo.local_tag(tag) is not None:
-        raise FreezeError(f"tag {tag!r} already exists; a freeze never moves a tag (choose another name; errata are new commits)")
+        raise FreezeError(
+            f"tag {tag!r} already exists; a freeze never moves a tag (choose another name; errata are new commits)"
+        )
     if repo.remote_tag(tag, remote) is not None:
         raise FreezeError(f"tag {tag!r} already exists on remote {remote!r}; a freeze never moves a tag")
 
@@ -176,7 +192,9 @@ def freeze(
     for p, r in zip(paths, rels):
         blob = repo.blob_at(commit, r)
         if blob != p.read_bytes():
-            raise FreezeError(f"{p}: the committed bytes differ from the file (a git filter or attribute changes it); not frozen")
+            raise FreezeError(
+                f"{p}: the committed bytes differ from the file (a git filter or attribute changes it); not frozen"
+            )
         shas.append((r, sha256_bytes(blob)))
     repo.git("tag", "-a", tag, "-m", tag_message(tag, shas), commit)
     tag_obj = repo.local_tag(tag)
@@ -201,8 +219,14 @@ def freeze(
         "files": [{"path": r, "sha256": s, "blob": repo.blob_id(commit, r), **metas[r]} for r, s in shas],
         "committed_at": repo.commit_time(commit),
         "tagged_at": repo.tag_time(tag),
-        "remote": {"name": remote, "url": chk.url, "branch": branch, "remote_head": chk.remote_head,
-                   "contains_commit": chk.contains, "tag_object_on_remote": remote_tag},  # fmt: skip
+        "remote": {
+            "name": remote,
+            "url": chk.url,
+            "branch": branch,
+            "remote_head": chk.remote_head,
+            "contains_commit": chk.contains,
+            "tag_object_on_remote": remote_tag,
+        },
         "confirmed_at": confirmed_at,
         "command": list(sys.argv),
     }
@@ -284,9 +308,13 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
     problems: list[str] = []
     if record is not None:
         if record.commit != commit:
-            problems.append(f"tag {tag} points to {commit[:12]}, but the freeze record says {record.commit[:12]} (the tag was moved)")
+            problems.append(
+                f"tag {tag} points to {commit[:12]}, but the freeze record says {record.commit[:12]} (the tag was moved)"
+            )
         if record.data.get("tag_object") and record.data["tag_object"] != repo.local_tag(tag):
-            problems.append(f"tag object {repo.local_tag(tag)} differs from the freeze record's {record.data['tag_object']} (the tag was re-made)")
+            problems.append(
+                f"tag object {repo.local_tag(tag)} differs from the freeze record's {record.data['tag_object']} (the tag was re-made)"
+            )
     listed = parse_tag_message(repo.tag_message(tag))
     if not listed:
         problems.append(f"tag {tag}: its message lists no `sha256 <hex>  <path>` lines; not a freeze tag")
@@ -296,10 +324,14 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
         try:
             data = repo.blob_at(commit, path)
         except Exception:
-            files.append(FrozenFile(path, sha, b"", None, None, [f"{path}: listed in tag {tag} but not in its commit"], []))
+            files.append(
+                FrozenFile(path, sha, b"", None, None, [f"{path}: listed in tag {tag} but not in its commit"], [])
+            )
             continue
         if sha256_bytes(data) != sha:
-            fp.append(f"{path}: the tagged commit's bytes hash to {sha256_bytes(data)[:12]}, the tag message says {sha[:12]}")
+            fp.append(
+                f"{path}: the tagged commit's bytes hash to {sha256_bytes(data)[:12]}, the tag message says {sha[:12]}"
+            )
         wt = repo.path / path
         wsha = sha256_bytes(wt.read_bytes()) if wt.is_file() else None
         pf = None

@@ -22,11 +22,11 @@ Commit time is the committer's own clock (weak evidence, and the paper's only ev
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from provenance.git import GitError, Repo
-from provenance.git import utc_now
+
+from provenance.git import GitError, Repo, utc_now
 
 PRE_REGISTERED = "pre-registered"
 REGISTERED = "registered"
@@ -48,10 +48,12 @@ def to_utc(t: Time) -> datetime | None:
         try:
             t = datetime.fromisoformat(s)
         except ValueError:
-            raise ValueError(f"time {t!r}: expected ISO-8601 with a UTC offset, e.g. 2026-10-24T20:09:54+00:00") from None
+            raise ValueError(
+                f"time {t!r}: expected ISO-8601 with a UTC offset, e.g. 2026-10-24T20:09:54+00:00"
+            ) from None
     if t.tzinfo is None:
         raise ValueError(f"time {t.isoformat()}: expected a time zone (UTC offset); naive times cannot be ordered")
-    return t.astimezone(timezone.utc)
+    return t.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,18 @@ def label_for(
     if ct > fs:
         return out(EXPLORATORY, f"committed at {ct.isoformat()}, after the first submission at {fs.isoformat()}")
     if rc is not None and rc <= fs:
-        return out(PRE_REGISTERED, f"on the remote by {rc.isoformat()}, at or before the first submission at {fs.isoformat()}")
+        return out(
+            PRE_REGISTERED, f"on the remote by {rc.isoformat()}, at or before the first submission at {fs.isoformat()}"
+        )
     if rc is None:
-        return out(REGISTERED, f"committed at {ct.isoformat()}, before the first submission at {fs.isoformat()}, but not confirmed on the remote")
-    return out(REGISTERED, f"committed before the first submission ({fs.isoformat()}) but confirmed on the remote only at {rc.isoformat()}")
+        return out(
+            REGISTERED,
+            f"committed at {ct.isoformat()}, before the first submission at {fs.isoformat()}, but not confirmed on the remote",
+        )
+    return out(
+        REGISTERED,
+        f"committed before the first submission ({fs.isoformat()}) but confirmed on the remote only at {rc.isoformat()}",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,14 +163,26 @@ def git_facts(path: str | Path, remote: str | None = None, branch: str | None = 
     if commit is not None:
         try:
             rc = repo.remote_contains(commit, remote, branch)
-            on_remote, r_head, r_name, r_branch, url, checked = rc.contains, rc.remote_head, rc.remote, rc.branch, rc.url, rc.checked_at
+            on_remote, r_head, r_name, r_branch, url, checked = (
+                rc.contains,
+                rc.remote_head,
+                rc.remote,
+                rc.branch,
+                rc.url,
+                rc.checked_at,
+            )
         except GitError as exc:
             err = str(exc)
     return GitFacts(rel, state, clean, commit, ctime, head, r_name, r_branch, url, r_head, on_remote, checked, err)
 
 
-def label_now(path: str | Path, status: str | None, remote: str | None = None, branch: str | None = None,
-              facts: GitFacts | None = None) -> tuple[Label, GitFacts]:  # fmt: skip
+def label_now(
+    path: str | Path,
+    status: str | None,
+    remote: str | None = None,
+    branch: str | None = None,
+    facts: GitFacts | None = None,
+) -> tuple[Label, GitFacts]:
     """The label jobs submitted now would get: the submission is 'now', after the check."""
     f = facts or git_facts(path, remote, branch)
     now = utc_now()

@@ -28,22 +28,32 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import orjson
 import yaml
 
-from harness.errors import ConfigError
-from prereg.predictions import About, PredictionFile, _parse_about
-from prereg.scoring import Outcomes
-from analysis.metrics import completed_turns, interval_bin_means, interval_count_at, ls_slope, present_sessions, system_intervals
-from harness.recording.record import load_run
+from analysis.metrics import (
+    completed_turns,
+    interval_bin_means,
+    interval_count_at,
+    ls_slope,
+    present_sessions,
+    system_intervals,
+)
 from analysis.report import analyze_run
 from analysis.rules import judge_test, load_rule
+from harness.errors import ConfigError
+from harness.recording.record import load_run
+from prereg.predictions import About, PredictionFile, _parse_about
+from prereg.scoring import Outcomes
 
 OUTCOMES_FORMAT = "agentload-outcomes"
-_INTERVAL = re.compile(r"^(slope|completions|mean_prompt)_(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?)$|^backlog_at_(\d+(?:\.\d+)?)$|^wave$")
+_INTERVAL = re.compile(
+    r"^(slope|completions|mean_prompt)_(\d+(?:\.\d+)?)_(\d+(?:\.\d+)?)$|^backlog_at_(\d+(?:\.\d+)?)$|^wave$"
+)
 
 
 def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float = 10.0) -> dict[str, float]:
@@ -78,7 +88,11 @@ def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float = 10.
                 ct = completed_turns(run.turns)
                 t = ct["done_time"].to_numpy(dtype=float, na_value=math.nan)
                 sel = (t >= a) & (t < b)
-                out[name] = float(ct["prompt_tokens"].to_numpy(dtype=float, na_value=math.nan)[sel].mean()) if sel.any() else math.nan
+                out[name] = (
+                    float(ct["prompt_tokens"].to_numpy(dtype=float, na_value=math.nan)[sel].mean())
+                    if sel.any()
+                    else math.nan
+                )
     return out
 
 
@@ -145,7 +159,9 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
             continue
         bound = ((meta.get("registration") or {}) if isinstance(meta.get("registration"), dict) else {}).get("sha256")
         if reg_sha and bound != reg_sha:
-            out.notes.append(f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' {reg_sha[:12]}; not scored")
+            out.notes.append(
+                f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' {reg_sha[:12]}; not scored"
+            )
             continue
         a = analyze_run(d, spec, series=False).verdict
         if a.state == "MISSING":

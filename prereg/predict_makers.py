@@ -24,42 +24,43 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
-
-from harness.errors import ConfigError
-from harness.config import TestBundle, load_test
-from prereg.outcomes import _INTERVAL, interval_quantities
-from prereg.predictions import About, Prediction, PredictionFile, make_file
-from prereg.freeze import utc_precise
-from provenance.meta import git_state, sha256_bytes, sha256_file
 import yaml
-from prereg.registration import load_registration
-from analysis.rules import load_rule
-from runs.arms import find_arm
-from runs.arms import execute_run
-from runs.arms import run_name
+
 from analysis.report import analyze_run
-from prereg.scoring import at_least_probability
-from analysis.rules import arm_expectation
-from analysis.theory.entry import Server, all_miss_onset
+from analysis.rules import arm_expectation, load_rule
+from analysis.theory.entry import Server, all_miss_onset, predicted_curve
 from analysis.theory.fluid import plan_fluid_from_plan
 from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
-from runs.arms import references
-from harness.workload.plans import make_plan
+from harness.config import CellConfig, TestBundle, WorkloadConfig, load_config, load_test
+from harness.errors import ConfigError
 from harness.workload.planfile import plan_bytes
-from analysis.theory.entry import predicted_curve
-from harness.config import CellConfig, WorkloadConfig, load_config
+from harness.workload.plans import make_plan
+from prereg.freeze import utc_precise
+from prereg.outcomes import _INTERVAL, interval_quantities
+from prereg.predictions import About, Prediction, PredictionFile, make_file
+from prereg.registration import load_registration
+from prereg.scoring import at_least_probability
+from provenance.meta import git_state, sha256_bytes, sha256_file
+from runs.arms import execute_run, find_arm, references, run_name
 
 DEFAULT_VALUE_QUANTITIES = ("hit", "followup_hit", "slope", "token_ratio")
 # Floors under the seed-spread tolerance, per quantity (units of the quantity).
-DEFAULT_TOLERANCE_FLOOR = {"hit": 0.01, "followup_hit": 0.01, "slope": 0.002, "token_ratio": 0.03,
-                           "completions_ref": 0.05, "backlog_end": 5.0}  # fmt: skip
+DEFAULT_TOLERANCE_FLOOR = {
+    "hit": 0.01,
+    "followup_hit": 0.01,
+    "slope": 0.002,
+    "token_ratio": 0.03,
+    "completions_ref": 0.05,
+    "backlog_end": 5.0,
+}
 
 
 def is_registration_file(path: str | Path) -> bool:
@@ -101,12 +102,22 @@ def registration_ref(path: str | Path | None) -> dict[str, Any] | None:
         raise ConfigError(f"{p}: registration file not found")
 
     doc = yaml.safe_load(p.read_bytes()) or {}
-    return {"name": doc.get("name", p.stem) if isinstance(doc, dict) else p.stem, "path": str(path), "sha256": sha256_file(p)}
+    return {
+        "name": doc.get("name", p.stem) if isinstance(doc, dict) else p.stem,
+        "path": str(path),
+        "sha256": sha256_file(p),
+    }
 
 
 def _predictor(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     g = git_state()
-    return {"kind": kind, "code_commit": g["commit"], "dirty": g["dirty"], "command": list(sys.argv), "params": dict(params)}
+    return {
+        "kind": kind,
+        "code_commit": g["commit"],
+        "dirty": g["dirty"],
+        "command": list(sys.argv),
+        "params": dict(params),
+    }
 
 
 def _arms(bundle: TestBundle, arms: Sequence[str] | None) -> list[str]:
@@ -131,7 +142,9 @@ class _Cell:
     values: dict[str, list[float]]
 
 
-def _simulate(test_path: str, runs: list[tuple[str, float, int]], work: Path, jobs: int) -> dict[tuple[str, float, int], str]:
+def _simulate(
+    test_path: str, runs: list[tuple[str, float, int]], work: Path, jobs: int
+) -> dict[tuple[str, float, int], str]:
     dirs = {r: str(work / run_name(*r)) for r in runs}
     if jobs <= 1:
         return {r: _sim_one(test_path, *r, dirs[r]) for r in runs}
@@ -177,7 +190,9 @@ def simulator_predictions(
     if bad:
         raise ConfigError(f"layers {sorted(bad)}: expected 'fresh' and/or 'exact'")
     floors = {**DEFAULT_TOLERANCE_FLOOR, **(tolerance_floor or {})}
-    spec = _rule_of(test_path, bundle)  # the rule the test names (the built-in E2 rule by default), or the registration's
+    spec = _rule_of(
+        test_path, bundle
+    )  # the rule the test names (the built-in E2 rule by default), or the registration's
     tmp = None
     if work_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="agentload-sim-pred-")
@@ -198,8 +213,13 @@ def simulator_predictions(
         if tmp is not None:
             tmp.cleanup()
     commit = git_state()
-    src_base = {"kind": "simulator", "engine": "harness.refengine.model.EngineModel (virtual time)",
-                "engine_commit": commit["commit"], "dirty": commit["dirty"], "cell": bundle.cell.name}  # fmt: skip
+    src_base = {
+        "kind": "simulator",
+        "engine": "harness.refengine.model.EngineModel (virtual time)",
+        "engine_commit": commit["commit"],
+        "dirty": commit["dirty"],
+        "cell": bundle.cell.name,
+    }
     state_names = [s["name"] for s in spec["states"]]
     preds: list[Prediction] = []
     for r in rate_list:
@@ -208,49 +228,119 @@ def simulator_predictions(
             joint.append(all(verdicts[(a, r, s)].good for a in arm_keys))
         for a in arm_keys:
             vs = [verdicts[(a, r, s)] for s in fresh]
-            c = _Cell([v.state for v in vs], [bool(v.flags.get("stuck")) for v in vs], [v.good for v in vs],
-                      {q: [float(v.stats.get(q, math.nan)) for v in vs] for q in value_quantities})  # fmt: skip
-            src = {**src_base, "layer": "fresh seeds", "seeds": fresh, "n_seeds": n_seeds,
-                   "states": {k: c.states.count(k) for k in sorted(set(c.states))}}  # fmt: skip
+            c = _Cell(
+                [v.state for v in vs],
+                [bool(v.flags.get("stuck")) for v in vs],
+                [v.good for v in vs],
+                {q: [float(v.stats.get(q, math.nan)) for v in vs] for q in value_quantities},
+            )
+            src = {
+                **src_base,
+                "layer": "fresh seeds",
+                "seeds": fresh,
+                "n_seeds": n_seeds,
+                "states": {k: c.states.count(k) for k in sorted(set(c.states))},
+            }
             for seed in seeds:
                 about = About("run", a, r, seed)
                 tag = f"{a}-r{r:.2f}-s{seed}"
                 probs = {k: c.states.count(k) / n_seeds for k in state_names}
-                preds.append(Prediction(f"sim-{tag}-state", "state", about, "categorical", src, {"probabilities": probs}, "simulator fresh"))
-                preds.append(Prediction(f"sim-{tag}-stuck", "stuck", about, "probability", src,
-                                        {"event": {"equals": True}, "probability": sum(c.stuck) / n_seeds}, "simulator fresh"))  # fmt: skip
-                preds.append(Prediction(f"sim-{tag}-condition", "arm_condition", about, "probability", src,
-                                        {"event": {"equals": True}, "probability": sum(c.cond) / n_seeds}, "simulator fresh",
-                                        note=f"the {a} arm's registered condition ({', '.join(_expect(spec, a))})"))  # fmt: skip
+                preds.append(
+                    Prediction(
+                        f"sim-{tag}-state",
+                        "state",
+                        about,
+                        "categorical",
+                        src,
+                        {"probabilities": probs},
+                        "simulator fresh",
+                    )
+                )
+                preds.append(
+                    Prediction(
+                        f"sim-{tag}-stuck",
+                        "stuck",
+                        about,
+                        "probability",
+                        src,
+                        {"event": {"equals": True}, "probability": sum(c.stuck) / n_seeds},
+                        "simulator fresh",
+                    )
+                )
+                preds.append(
+                    Prediction(
+                        f"sim-{tag}-condition",
+                        "arm_condition",
+                        about,
+                        "probability",
+                        src,
+                        {"event": {"equals": True}, "probability": sum(c.cond) / n_seeds},
+                        "simulator fresh",
+                        note=f"the {a} arm's registered condition ({', '.join(_expect(spec, a))})",
+                    )
+                )
                 for q, xs in c.values.items():
                     arr = np.array([x for x in xs if math.isfinite(x)])
                     if arr.size == 0:
                         continue
                     sd = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
                     if band:
-                        tolerance, how = {"interval": [round(float(arr.min()), 6), round(float(arr.max()), 6)]}, f"the band of {arr.size} fresh seeds"
+                        tolerance, how = (
+                            {"interval": [round(float(arr.min()), 6), round(float(arr.max()), 6)]},
+                            f"the band of {arr.size} fresh seeds",
+                        )
                     else:
                         tol = max(tolerance_sd * sd, float(floors.get(q, 0.0)))
-                        tolerance, how = {"abs": round(tol, 6)}, f"max({tolerance_sd:g} sd, floor {floors.get(q, 0.0):g})"
-                    preds.append(Prediction(f"sim-{tag}-{q}", q, about, "value", {**src, "seed_values": [round(float(x), 6) for x in arr]},
-                                            {"value": round(float(arr.mean()), 6), "tolerance": tolerance}, "simulator fresh values",
-                                            note=f"mean of {arr.size} fresh seeds; tolerance {how}"))  # fmt: skip
+                        tolerance, how = (
+                            {"abs": round(tol, 6)},
+                            f"max({tolerance_sd:g} sd, floor {floors.get(q, 0.0):g})",
+                        )
+                    preds.append(
+                        Prediction(
+                            f"sim-{tag}-{q}",
+                            q,
+                            about,
+                            "value",
+                            {**src, "seed_values": [round(float(x), 6) for x in arr]},
+                            {"value": round(float(arr.mean()), 6), "tolerance": tolerance},
+                            "simulator fresh values",
+                            note=f"mean of {arr.size} fresh seeds; tolerance {how}",
+                        )
+                    )
         p_seed = sum(joint) / n_seeds
         leaves = []
         for seed in seeds:
             pid = f"sim-r{r:.2f}-s{seed}-seed-good"
             leaves.append(pid)
-            preds.append(Prediction(pid, "seed_good", About("seed", rate=r, seed=seed), "probability",
-                                    {**src_base, "layer": "fresh seeds", "seeds": fresh, "n_seeds": n_seeds, "joint": joint},
-                                    {"event": {"equals": True}, "probability": p_seed}, "simulator fresh",
-                                    note="every arm meets its condition in this seed (estimated jointly over fresh seeds)"))  # fmt: skip
+            preds.append(
+                Prediction(
+                    pid,
+                    "seed_good",
+                    About("seed", rate=r, seed=seed),
+                    "probability",
+                    {**src_base, "layer": "fresh seeds", "seeds": fresh, "n_seeds": n_seeds, "joint": joint},
+                    {"event": {"equals": True}, "probability": p_seed},
+                    "simulator fresh",
+                    note="every arm meets its condition in this seed (estimated jointly over fresh seeds)",
+                )
+            )
         need = int(spec["pass"]["min_good_seeds"])
 
-        preds.append(Prediction(f"sim-r{r:.2f}-pass", "verdict_pass", About("rate", rate=r), "rule_probability",
-                                {**src_base, "layer": "fresh seeds", "rule": spec["name"]},
-                                {"rule": {"at_least": need, "of": [{"prediction": x, "is": True} for x in leaves]},
-                                 "probability": round(at_least_probability([p_seed] * len(leaves), need), 6)}, "simulator rule",
-                                note=f"rate passes: >= {need} of {len(leaves)} seeds good (independent seeds)"))  # fmt: skip
+        preds.append(
+            Prediction(
+                f"sim-r{r:.2f}-pass",
+                "verdict_pass",
+                About("rate", rate=r),
+                "rule_probability",
+                {**src_base, "layer": "fresh seeds", "rule": spec["name"]},
+                {
+                    "rule": {"at_least": need, "of": [{"prediction": x, "is": True} for x in leaves]},
+                    "probability": round(at_least_probability([p_seed] * len(leaves), need), 6),
+                },
+                "simulator rule",
+                note=f"rate passes: >= {need} of {len(leaves)} seeds good (independent seeds)",
+            )
+        )
         if "exact" in layers:
             for a in arm_keys:
                 for seed in seeds:
@@ -258,20 +348,53 @@ def simulator_predictions(
                     about = About("run", a, r, seed)
                     tag = f"{a}-r{r:.2f}-s{seed}"
                     src = {**src_base, "layer": "exact plan", "seeds": [seed]}
-                    preds.append(Prediction(f"simx-{tag}-state", "state", about, "call", src, {"value": v.state}, "simulator exact plan"))
-                    preds.append(Prediction(f"simx-{tag}-stuck", "stuck", about, "call", src, {"value": bool(v.flags.get("stuck"))}, "simulator exact plan"))
-    see = [f"the test config {test_path} and the configs it names (cell {bundle.cell.name}, workload {bundle.workload.name})",
-           f"simulated runs on fresh seeds {fresh}, which the test does not use"]  # fmt: skip
+                    preds.append(
+                        Prediction(
+                            f"simx-{tag}-state", "state", about, "call", src, {"value": v.state}, "simulator exact plan"
+                        )
+                    )
+                    preds.append(
+                        Prediction(
+                            f"simx-{tag}-stuck",
+                            "stuck",
+                            about,
+                            "call",
+                            src,
+                            {"value": bool(v.flags.get("stuck"))},
+                            "simulator exact plan",
+                        )
+                    )
+    see = [
+        f"the test config {test_path} and the configs it names (cell {bundle.cell.name}, workload {bundle.workload.name})",
+        f"simulated runs on fresh seeds {fresh}, which the test does not use",
+    ]
     if "exact" in layers:
-        see.append(f"simulated runs on the registered seeds' own frozen plans (seeds {seeds}): the plans, not any engine run")
+        see.append(
+            f"simulated runs on the registered seeds' own frozen plans (seeds {seeds}): the plans, not any engine run"
+        )
     see.append("no run of this test on the engine under test")
-    params = {"n_seeds": n_seeds, "first_seed": first_seed, "layers": list(layers), "value_quantities": list(value_quantities),
-              "tolerance_sd": tolerance_sd, "tolerance_floor": floors, "band": band, "rule": spec["name"]}  # fmt: skip
-    return make_file(name or f"{bundle.test.name}-simulator", preds, test=bundle.test.name, registration=registration_ref(registration),
-                     predictor=_predictor("simulator", params), could_see=see, made_at=utc_precise(),
-                     description=f"Simulator predictions for test {bundle.test.name}: {n_seeds} fresh seeds per arm and rate",
-                     scoring_declaration="Probabilities call the side above one half; categorical predictions call their modal state; "
-                                         "values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds.")  # fmt: skip
+    params = {
+        "n_seeds": n_seeds,
+        "first_seed": first_seed,
+        "layers": list(layers),
+        "value_quantities": list(value_quantities),
+        "tolerance_sd": tolerance_sd,
+        "tolerance_floor": floors,
+        "band": band,
+        "rule": spec["name"],
+    }
+    return make_file(
+        name or f"{bundle.test.name}-simulator",
+        preds,
+        test=bundle.test.name,
+        registration=registration_ref(registration),
+        predictor=_predictor("simulator", params),
+        could_see=see,
+        made_at=utc_precise(),
+        description=f"Simulator predictions for test {bundle.test.name}: {n_seeds} fresh seeds per arm and rate",
+        scoring_declaration="Probabilities call the side above one half; categorical predictions call their modal state; "
+        "values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds.",
+    )
 
 
 def _expect(spec: Mapping[str, Any], arm: str) -> list[str]:
@@ -316,12 +439,19 @@ def model_f_predictions(
     w0, w1 = float(proto.window.start), float(proto.window.end)
     arm_keys = [a for a in _arms(bundle, arms) if bundle.arms[a].burst]
     if not arm_keys:
-        raise ConfigError(f"test {bundle.test.name}: model F predicts a trap entered at a burst; no burst arm among {list(bundle.arms)}")
+        raise ConfigError(
+            f"test {bundle.test.name}: model F predicts a trap entered at a burst; no burst arm among {list(bundle.arms)}"
+        )
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(cell.cost.model(), mom, cell.kv_pool_tokens, cell.batching)
     onset = all_miss_onset(Server(cell.cost.model(), mom, cell.batching), cell.kv_pool_tokens)
-    src_base = {"kind": "model_f", "model": "analysis.theory.fluid.plan_fluid (FIFO, every turn missing)",
-                "code_commit": git_state()["commit"], "lambda_miss_model": mf.lambda_miss, "onset_n_b": onset.n_b}  # fmt: skip
+    src_base = {
+        "kind": "model_f",
+        "model": "analysis.theory.fluid.plan_fluid (FIFO, every turn missing)",
+        "code_commit": git_state()["commit"],
+        "lambda_miss_model": mf.lambda_miss,
+        "onset_n_b": onset.n_b,
+    }
     preds: list[Prediction] = []
     for a in arm_keys:
         for r in [float(x) for x in (rates or bundle.test.rates)]:
@@ -343,49 +473,159 @@ def model_f_predictions(
                 src = {**src_base, "plan_sha256": psha, "seed": seed}
                 for a0, b0 in intervals:
                     q = f"{a0:g}_{b0:g}"
-                    preds.append(Prediction(f"mf-{tag}-slope-{q}", f"slope_{q}", about, "value", src,
-                                            {"value": round(res.backlog_slope(float(a0), float(b0), float(proto.backlog_bin)), 6),
-                                             "tolerance": {"abs": slope_tolerance}}, "model F intervals"))  # fmt: skip
-                    preds.append(Prediction(f"mf-{tag}-completions-{q}", f"completions_{q}", about, "value", src,
-                                            {"value": round(res.completion_rate(float(a0), float(b0)), 6), "tolerance": {"abs": completions_tolerance}},
-                                            "model F intervals"))  # fmt: skip
+                    preds.append(
+                        Prediction(
+                            f"mf-{tag}-slope-{q}",
+                            f"slope_{q}",
+                            about,
+                            "value",
+                            src,
+                            {
+                                "value": round(res.backlog_slope(float(a0), float(b0), float(proto.backlog_bin)), 6),
+                                "tolerance": {"abs": slope_tolerance},
+                            },
+                            "model F intervals",
+                        )
+                    )
+                    preds.append(
+                        Prediction(
+                            f"mf-{tag}-completions-{q}",
+                            f"completions_{q}",
+                            about,
+                            "value",
+                            src,
+                            {
+                                "value": round(res.completion_rate(float(a0), float(b0)), 6),
+                                "tolerance": {"abs": completions_tolerance},
+                            },
+                            "model F intervals",
+                        )
+                    )
                 if wave:
                     wv = res.burst_median_completion()
                     if math.isfinite(wv):
-                        preds.append(Prediction(f"mf-{tag}-wave", "wave", about, "value", src,
-                                                {"value": round(wv, 3), "tolerance": {"rel_of_offset": wave_tolerance, "origin": float(proto.burst.time)}},
-                                                "model F wave", note="median completion time of the burst cohort"))  # fmt: skip
+                        preds.append(
+                            Prediction(
+                                f"mf-{tag}-wave",
+                                "wave",
+                                about,
+                                "value",
+                                src,
+                                {
+                                    "value": round(wv, 3),
+                                    "tolerance": {"rel_of_offset": wave_tolerance, "origin": float(proto.burst.time)},
+                                },
+                                "model F wave",
+                                note="median completion time of the burst cohort",
+                            )
+                        )
                 if trap_state and mf.rho(r * lam_ref) > 1.0:
                     asy = mf.asymptotics(r * lam_ref)
                     w = f"{w0:g}_{w1:g}"
                     ts = {**src, "asymptotic": True, "rate": r}
                     preds += [
-                        Prediction(f"mf-{tag}-S1", f"mean_prompt_{w}", about, "value", ts, {"value": round(asy.tilted_prompt, 3), "tolerance": {"rel": 0.08}},
-                                   "model F trap state", note="S1: tilted-mix mean prompt of the turns completed in the window"),
-                        Prediction(f"mf-{tag}-S3", "sessions_completed_rate", about, "value", ts, {"value": round(asy.D, 6), "tolerance": {"rel": 0.15}},
-                                   "model F trap state", note="S3: completions D (the pooled tolerance, applied per run)"),
-                        Prediction(f"mf-{tag}-S4", "slope", about, "value", ts, {"value": round(asy.alpha, 6), "tolerance": {"rel": 0.35}},
-                                   "model F trap state", note="S4: backlog growth alpha (the pooled tolerance, applied per run)"),
-                    ]  # fmt: skip
+                        Prediction(
+                            f"mf-{tag}-S1",
+                            f"mean_prompt_{w}",
+                            about,
+                            "value",
+                            ts,
+                            {"value": round(asy.tilted_prompt, 3), "tolerance": {"rel": 0.08}},
+                            "model F trap state",
+                            note="S1: tilted-mix mean prompt of the turns completed in the window",
+                        ),
+                        Prediction(
+                            f"mf-{tag}-S3",
+                            "sessions_completed_rate",
+                            about,
+                            "value",
+                            ts,
+                            {"value": round(asy.D, 6), "tolerance": {"rel": 0.15}},
+                            "model F trap state",
+                            note="S3: completions D (the pooled tolerance, applied per run)",
+                        ),
+                        Prediction(
+                            f"mf-{tag}-S4",
+                            "slope",
+                            about,
+                            "value",
+                            ts,
+                            {"value": round(asy.alpha, 6), "tolerance": {"rel": 0.35}},
+                            "model F trap state",
+                            note="S4: backlog growth alpha (the pooled tolerance, applied per run)",
+                        ),
+                    ]
                 preds += [
-                    Prediction(f"mf-{tag}-slope", "slope", about, "value", src, {"value": round(slope, 6), "tolerance": {"abs": slope_tolerance}}, "model F"),
-                    Prediction(f"mf-{tag}-slope-vs-qs", "slope", about, "closest", src,
-                               {"value": round(slope, 6), "comparators": {"quasi_static": round(qs, 6)}}, "model F vs quasi-static",
-                               note="quasi-static comparator: the plan's window arrival rate minus lambda_miss (= lambda_ref)"),
-                    Prediction(f"mf-{tag}-completions", "sessions_completed_rate", about, "value", src,
-                               {"value": round(res.completion_rate(w0, w1), 6), "tolerance": {"abs": completions_tolerance}}, "model F"),
-                    Prediction(f"mf-{tag}-backlog-end", "backlog_end", about, "value", src,
-                               {"value": present_end, "tolerance": {"rel": backlog_tolerance_rel}}, "model F"),
-                    Prediction(f"mf-{tag}-stuck", "stuck", about, "call", src, {"value": stuck}, "model F",
-                               note=f"stuck iff the fluid backlog stays above the all-miss onset n_b = {onset.n_b:.1f} over the window"),
-                ]  # fmt: skip
-    params = {"slope_tolerance": slope_tolerance, "completions_tolerance": completions_tolerance, "backlog_tolerance_rel": backlog_tolerance_rel,
-              "intervals": [list(x) for x in intervals], "wave": wave, "wave_tolerance": wave_tolerance, "trap_state": trap_state}  # fmt: skip
-    return make_file(name or f"{bundle.test.name}-model-f", preds, test=bundle.test.name, registration=registration_ref(registration),
-                     predictor=_predictor("model_f", params), made_at=utc_precise(),
-                     could_see=[f"the test config and the frozen plans of seeds {list(bundle.test.seeds)} (generated from the configs)",
-                                f"the cell's cost model ({cell.cost_file}); no run of any kind"],
-                     description=f"Model F driven by each seed's exact plan for test {bundle.test.name}")  # fmt: skip
+                    Prediction(
+                        f"mf-{tag}-slope",
+                        "slope",
+                        about,
+                        "value",
+                        src,
+                        {"value": round(slope, 6), "tolerance": {"abs": slope_tolerance}},
+                        "model F",
+                    ),
+                    Prediction(
+                        f"mf-{tag}-slope-vs-qs",
+                        "slope",
+                        about,
+                        "closest",
+                        src,
+                        {"value": round(slope, 6), "comparators": {"quasi_static": round(qs, 6)}},
+                        "model F vs quasi-static",
+                        note="quasi-static comparator: the plan's window arrival rate minus lambda_miss (= lambda_ref)",
+                    ),
+                    Prediction(
+                        f"mf-{tag}-completions",
+                        "sessions_completed_rate",
+                        about,
+                        "value",
+                        src,
+                        {"value": round(res.completion_rate(w0, w1), 6), "tolerance": {"abs": completions_tolerance}},
+                        "model F",
+                    ),
+                    Prediction(
+                        f"mf-{tag}-backlog-end",
+                        "backlog_end",
+                        about,
+                        "value",
+                        src,
+                        {"value": present_end, "tolerance": {"rel": backlog_tolerance_rel}},
+                        "model F",
+                    ),
+                    Prediction(
+                        f"mf-{tag}-stuck",
+                        "stuck",
+                        about,
+                        "call",
+                        src,
+                        {"value": stuck},
+                        "model F",
+                        note=f"stuck iff the fluid backlog stays above the all-miss onset n_b = {onset.n_b:.1f} over the window",
+                    ),
+                ]
+    params = {
+        "slope_tolerance": slope_tolerance,
+        "completions_tolerance": completions_tolerance,
+        "backlog_tolerance_rel": backlog_tolerance_rel,
+        "intervals": [list(x) for x in intervals],
+        "wave": wave,
+        "wave_tolerance": wave_tolerance,
+        "trap_state": trap_state,
+    }
+    return make_file(
+        name or f"{bundle.test.name}-model-f",
+        preds,
+        test=bundle.test.name,
+        registration=registration_ref(registration),
+        predictor=_predictor("model_f", params),
+        made_at=utc_precise(),
+        could_see=[
+            f"the test config and the frozen plans of seeds {list(bundle.test.seeds)} (generated from the configs)",
+            f"the cell's cost model ({cell.cost_file}); no run of any kind",
+        ],
+        description=f"Model F driven by each seed's exact plan for test {bundle.test.name}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,32 +644,96 @@ def entry_predictions(
 ) -> PredictionFile:
     """The entry model's closed-population curve for a cell, to be scored against its Stage C."""
     cell = load_config(cell_ref if cell_ref.endswith((".yaml", ".yml")) else f"cells/{cell_ref}", CellConfig)
-    wl = load_config(workload_ref if workload_ref.endswith((".yaml", ".yml")) else f"workloads/{workload_ref}", WorkloadConfig)
+    wl = load_config(
+        workload_ref if workload_ref.endswith((".yaml", ".yml")) else f"workloads/{workload_ref}", WorkloadConfig
+    )
     mom = workload_moments(wl)
     curve = predicted_curve(Server(cell.cost.model(), mom, cell.batching), cell.kv_pool_tokens)
     target = f"stage-c:{cell.name}"
-    src = {"kind": "entry_model", "model": "analysis.theory.entry.predicted_curve (App. E.9)", "code_commit": git_state()["commit"],
-           "cell": cell.name, "workload": wl.name}  # fmt: skip
+    src = {
+        "kind": "entry_model",
+        "model": "analysis.theory.entry.predicted_curve (App. E.9)",
+        "code_commit": git_state()["commit"],
+        "cell": cell.name,
+        "workload": wl.name,
+    }
     lay = "entry model"
-    preds = [Prediction(f"entry-{cell.name}-mu-n{n}", "mu", About("measurement", target=f"{target}:n={n}"), "value", src,
-                        {"value": round(curve.mu_at(float(n)), 6), "tolerance": {"rel": mu_tolerance_rel}}, lay,
-                        note="completed sessions/s at closed population n")  # fmt: skip
-             for n in grid]
+    preds = [
+        Prediction(
+            f"entry-{cell.name}-mu-n{n}",
+            "mu",
+            About("measurement", target=f"{target}:n={n}"),
+            "value",
+            src,
+            {"value": round(curve.mu_at(float(n)), 6), "tolerance": {"rel": mu_tolerance_rel}},
+            lay,
+            note="completed sessions/s at closed population n",
+        )
+        for n in grid
+    ]
     about = About("measurement", target=target)
-    preds.append(Prediction(f"entry-{cell.name}-crossing", "crossing_0.5", about, "value", src,
-                            {"value": round(curve.crossing(0.5), 3), "tolerance": {"abs": crossing_tolerance}}, lay))
-    preds.append(Prediction(f"entry-{cell.name}-onset", "onset_n_b", about, "value", src,
-                            {"value": round(curve.onset.n_b, 3), "tolerance": {"abs": onset_tolerance}}, lay,
-                            note="all-miss onset: the population from which the follow-up hit fraction is zero"))
+    preds.append(
+        Prediction(
+            f"entry-{cell.name}-crossing",
+            "crossing_0.5",
+            about,
+            "value",
+            src,
+            {"value": round(curve.crossing(0.5), 3), "tolerance": {"abs": crossing_tolerance}},
+            lay,
+        )
+    )
+    preds.append(
+        Prediction(
+            f"entry-{cell.name}-onset",
+            "onset_n_b",
+            about,
+            "value",
+            src,
+            {"value": round(curve.onset.n_b, 3), "tolerance": {"abs": onset_tolerance}},
+            lay,
+            note="all-miss onset: the population from which the follow-up hit fraction is zero",
+        )
+    )
     if cell.lambda_ref:
-        preds.append(Prediction(f"entry-{cell.name}-peak-ratio", "peak_ratio", about, "value", src,
-                                {"value": round(curve.peak.mu / cell.lambda_ref, 4), "tolerance": {"rel": ratio_tolerance_rel}}, lay,
-                                note="mu*/lambda_ref: the window's upper end as the curve sets it (the registered edge is min(this, E0b edge))"))
-        preds.append(Prediction(f"entry-{cell.name}-all-miss-ratio", "all_miss_ratio", about, "value", src,
-                                {"value": round(curve.onset.mu_b / cell.lambda_ref, 4), "tolerance": {"rel": ratio_tolerance_rel}}, lay,
-                                note="mu_b/lambda_ref: the model's lambda_miss, the window's lower end"))
-    params = {"grid": list(grid), "mu_tolerance_rel": mu_tolerance_rel, "crossing_tolerance": crossing_tolerance,
-              "onset_tolerance": onset_tolerance, "ratio_tolerance_rel": ratio_tolerance_rel}  # fmt: skip
-    return make_file(name or f"{cell.name}-entry-model", preds, test=None, registration=None, predictor=_predictor("entry_model", params),
-                     made_at=utc_precise(), could_see=[f"the cell config {cell.name} and its cost model; the workload {wl.name}; no run"],
-                     description=f"First-principles entry model for cell {cell.name}")  # fmt: skip
+        preds.append(
+            Prediction(
+                f"entry-{cell.name}-peak-ratio",
+                "peak_ratio",
+                about,
+                "value",
+                src,
+                {"value": round(curve.peak.mu / cell.lambda_ref, 4), "tolerance": {"rel": ratio_tolerance_rel}},
+                lay,
+                note="mu*/lambda_ref: the window's upper end as the curve sets it (the registered edge is min(this, E0b edge))",
+            )
+        )
+        preds.append(
+            Prediction(
+                f"entry-{cell.name}-all-miss-ratio",
+                "all_miss_ratio",
+                about,
+                "value",
+                src,
+                {"value": round(curve.onset.mu_b / cell.lambda_ref, 4), "tolerance": {"rel": ratio_tolerance_rel}},
+                lay,
+                note="mu_b/lambda_ref: the model's lambda_miss, the window's lower end",
+            )
+        )
+    params = {
+        "grid": list(grid),
+        "mu_tolerance_rel": mu_tolerance_rel,
+        "crossing_tolerance": crossing_tolerance,
+        "onset_tolerance": onset_tolerance,
+        "ratio_tolerance_rel": ratio_tolerance_rel,
+    }
+    return make_file(
+        name or f"{cell.name}-entry-model",
+        preds,
+        test=None,
+        registration=None,
+        predictor=_predictor("entry_model", params),
+        made_at=utc_precise(),
+        could_see=[f"the cell config {cell.name} and its cost model; the workload {wl.name}; no run"],
+        description=f"First-principles entry model for cell {cell.name}",
+    )

@@ -18,9 +18,10 @@ what was expected.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -44,13 +45,36 @@ TOLERANCE_KEYS = ("abs", "rel", "rel_of_offset", "interval")
 DECLARABLE_BLINDNESS = ("blind by access only",)
 
 _TOP_KEYS = {
-    "format", "format_version", "name", "test", "registration", "description", "made_at", "predictor",
-    "could_see", "declared_blindness", "scoring_declaration", "predictions",
-}  # fmt: skip
+    "format",
+    "format_version",
+    "name",
+    "test",
+    "registration",
+    "description",
+    "made_at",
+    "predictor",
+    "could_see",
+    "declared_blindness",
+    "scoring_declaration",
+    "predictions",
+}
 _PRED_KEYS = {
-    "id", "quantity", "about", "kind", "layer", "source", "note", "event", "probability", "probabilities",
-    "value", "tolerance", "transform", "comparators", "rule",
-}  # fmt: skip
+    "id",
+    "quantity",
+    "about",
+    "kind",
+    "layer",
+    "source",
+    "note",
+    "event",
+    "probability",
+    "probabilities",
+    "value",
+    "tolerance",
+    "transform",
+    "comparators",
+    "rule",
+}
 _ABOUT_KEYS = {"scope", "arm", "rate", "seed", "target"}
 
 
@@ -108,7 +132,12 @@ class Prediction:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "quantity": self.quantity, "about": self.about.to_dict(), "kind": self.kind}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "quantity": self.quantity,
+            "about": self.about.to_dict(),
+            "kind": self.kind,
+        }
         if self.layer != "default":
             out["layer"] = self.layer
         out.update(self.payload)
@@ -196,8 +225,12 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
     blind = doc.get("declared_blindness")
     if blind is not None:
         if not isinstance(blind, dict) or blind.get("label") not in DECLARABLE_BLINDNESS or not blind.get("statement"):
-            raise _err(path, "declared_blindness", blind,
-                       f"null or {{label: one of {list(DECLARABLE_BLINDNESS)}, statement: who read what, when}}")  # fmt: skip
+            raise _err(
+                path,
+                "declared_blindness",
+                blind,
+                f"null or {{label: one of {list(DECLARABLE_BLINDNESS)}, statement: who read what, when}}",
+            )
     preds_raw = doc.get("predictions")
     if not isinstance(preds_raw, list) or not preds_raw:
         raise _err(path, "predictions", preds_raw, "a non-empty list")
@@ -249,9 +282,15 @@ def _parse_prediction(path: str, i: int, x: Any) -> Prediction:
     for key in KINDS[kind]:
         if key not in x:
             raise _err(path, f"{where}.{key}", None, f"present for a {kind} prediction")
-    payload = {k: x[k] for k in ("event", "probability", "probabilities", "value", "tolerance", "transform", "comparators", "rule") if k in x}
+    payload = {
+        k: x[k]
+        for k in ("event", "probability", "probabilities", "value", "tolerance", "transform", "comparators", "rule")
+        if k in x
+    }
     _check_payload(path, where, kind, payload)
-    return Prediction(pid, quantity, about, kind, dict(source), payload, str(x.get("layer") or "default"), str(x.get("note") or ""))
+    return Prediction(
+        pid, quantity, about, kind, dict(source), payload, str(x.get("layer") or "default"), str(x.get("note") or "")
+    )
 
 
 def _parse_about(path: str, where: str, a: Any) -> About:
@@ -263,7 +302,13 @@ def _parse_about(path: str, where: str, a: Any) -> About:
     scope = a.get("scope")
     if scope not in SCOPES:
         raise _err(path, f"{where}.about.scope", scope, f"one of {list(SCOPES)}")
-    need = {"run": ("arm", "rate", "seed"), "seed": ("rate", "seed"), "rate": ("rate",), "test": (), "measurement": ("target",)}[scope]
+    need = {
+        "run": ("arm", "rate", "seed"),
+        "seed": ("rate", "seed"),
+        "rate": ("rate",),
+        "test": (),
+        "measurement": ("target",),
+    }[scope]
     for k in need:
         if a.get(k) is None:
             raise _err(path, f"{where}.about.{k}", None, f"present for scope {scope}")
@@ -273,8 +318,13 @@ def _parse_about(path: str, where: str, a: Any) -> About:
     seed = a.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise _err(path, f"{where}.about.seed", seed, "an integer seed")
-    return About(scope, None if a.get("arm") is None else str(a["arm"]), None if rate is None else float(rate), seed,
-                 None if a.get("target") is None else str(a["target"]))  # fmt: skip
+    return About(
+        scope,
+        None if a.get("arm") is None else str(a["arm"]),
+        None if rate is None else float(rate),
+        seed,
+        None if a.get("target") is None else str(a["target"]),
+    )
 
 
 def _is_prob(v: Any) -> bool:
@@ -306,10 +356,16 @@ def _check_payload(path: str, where: str, kind: str, pl: dict[str, Any]) -> None
         else:
             c = pl["comparators"]
             if not isinstance(c, dict) or not c or not all(_is_num(v) for v in c.values()):
-                raise _err(path, f"{where}.comparators", c, "a mapping name -> finite number (the competing predictions)")
+                raise _err(
+                    path, f"{where}.comparators", c, "a mapping name -> finite number (the competing predictions)"
+                )
         tr = pl.get("transform")
-        if tr is not None and (not isinstance(tr, dict) or set(tr) != {"origin", "factor"} or not all(_is_num(v) for v in tr.values())):
-            raise _err(path, f"{where}.transform", tr, "{origin: x0, factor: k} (predicted value read as x0 + k (value - x0))")
+        if tr is not None and (
+            not isinstance(tr, dict) or set(tr) != {"origin", "factor"} or not all(_is_num(v) for v in tr.values())
+        ):
+            raise _err(
+                path, f"{where}.transform", tr, "{origin: x0, factor: k} (predicted value read as x0 + k (value - x0))"
+            )
     elif kind == "call":
         v = pl["value"]
         if not isinstance(v, (str, bool, int)):
@@ -324,7 +380,9 @@ def _check_tolerance(path: str, where: str, tol: Any) -> None:
     kinds = [k for k in tol if k in TOLERANCE_KEYS]
     extra = sorted(set(tol) - set(TOLERANCE_KEYS) - {"origin"})
     if len(kinds) != 1 or extra:
-        raise _err(path, f"{where}.tolerance", tol, f"exactly one of {list(TOLERANCE_KEYS)} (rel_of_offset with origin)")
+        raise _err(
+            path, f"{where}.tolerance", tol, f"exactly one of {list(TOLERANCE_KEYS)} (rel_of_offset with origin)"
+        )
     k = kinds[0]
     v = tol[k]
     if k == "interval":
@@ -342,7 +400,12 @@ def _check_rule(path: str, p: Prediction, by_id: Mapping[str, Prediction]) -> No
 
     def walk(c: Any, w: str) -> None:
         if not isinstance(c, dict):
-            raise _err(path, w, c, "a clause: {all: [...]}, {any: [...]}, {at_least: k, of: [...]} or {prediction: id, is: bool}")
+            raise _err(
+                path,
+                w,
+                c,
+                "a clause: {all: [...]}, {any: [...]}, {at_least: k, of: [...]} or {prediction: id, is: bool}",
+            )
         if "prediction" in c:
             if set(c) != {"prediction", "is"} or not isinstance(c["is"], bool):
                 raise _err(path, w, c, "{prediction: id, is: true | false}")
@@ -364,12 +427,19 @@ def _check_rule(path: str, p: Prediction, by_id: Mapping[str, Prediction]) -> No
             for j, s in enumerate(subs):
                 walk(s, f"{w}[{j}]")
         else:
-            raise _err(path, w, c, "a clause: {all: [...]}, {any: [...]}, {at_least: k, of: [...]} or {prediction: id, is: bool}")
+            raise _err(
+                path,
+                w,
+                c,
+                "a clause: {all: [...]}, {any: [...]}, {at_least: k, of: [...]} or {prediction: id, is: bool}",
+            )
 
     walk(p.payload["rule"], where)
     dup = sorted({x for x in leaves if leaves.count(x) > 1})
     if dup:
-        raise _err(path, where, dup, "each per-run prediction used once (the rule's probability assumes independent runs)")
+        raise _err(
+            path, where, dup, "each per-run prediction used once (the rule's probability assumes independent runs)"
+        )
     runs = [by_id[x].about.key() for x in leaves]
     if len(set(runs)) != len(runs):
         raise _err(path, where, [by_id[x].about.label() for x in leaves], "clauses about distinct runs (independence)")
@@ -388,7 +458,9 @@ class _NoAliasDumper(yaml.SafeDumper):
 def dump_predictions(pf: PredictionFile | Mapping[str, Any]) -> bytes:
     """The file's bytes: YAML in a fixed key order, so equal predictions give identical bytes."""
     doc = pf.to_dict() if isinstance(pf, PredictionFile) else dict(pf)
-    text = yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    text = yaml.dump(
+        doc, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100
+    )
     data = text.encode("utf-8")
     parse_predictions(data, "<generated predictions>")  # never write a file the loader would refuse
     return data
@@ -415,10 +487,17 @@ def make_file(
     declared_blindness: Mapping[str, Any] | None = None,
 ) -> PredictionFile:
     return PredictionFile(
-        name=name, test=test, registration=None if registration is None else dict(registration), made_at=made_at,
-        predictor=dict(predictor), could_see=list(could_see), predictions=list(predictions), description=description,
-        declared_blindness=None if declared_blindness is None else dict(declared_blindness), scoring_declaration=scoring_declaration,
-    )  # fmt: skip
+        name=name,
+        test=test,
+        registration=None if registration is None else dict(registration),
+        made_at=made_at,
+        predictor=dict(predictor),
+        could_see=list(could_see),
+        predictions=list(predictions),
+        description=description,
+        declared_blindness=None if declared_blindness is None else dict(declared_blindness),
+        scoring_declaration=scoring_declaration,
+    )
 
 
 def leaves_of(rule: Mapping[str, Any]) -> list[str]:
@@ -427,4 +506,3 @@ def leaves_of(rule: Mapping[str, Any]) -> list[str]:
         return [rule["prediction"]]
     subs = rule.get("of") or rule.get("all") or rule.get("any") or []
     return [x for s in subs for x in leaves_of(s)]
-

@@ -23,13 +23,22 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig, load_yaml, parse_config
-from harness.errors import ConfigError
-from harness.config import DEFAULT_TOP_RATE
-from harness.config import TestBundle, TestConfig
-from harness.config import rate_above_top
 from analysis.rules import RuleError, validate_rule
+from harness.config import (
+    DEFAULT_START_LATENESS_P99,
+    DEFAULT_TOP_RATE,
+    ArmConfig,
+    CellConfig,
+    ProtocolConfig,
+    TestBundle,
+    TestConfig,
+    WorkloadConfig,
+    load_yaml,
+    parse_config,
+    rate_above_top,
+)
 from harness.config.files import dump_yaml
+from harness.errors import ConfigError
 
 FORMAT = "agentload-registration"
 FORMAT_VERSION = 1
@@ -135,10 +144,14 @@ class Registration(_Strict):
     seeds: list[int]
     cap: int | None = Field(None, ge=1)
     top_rate: float = Field(
-        DEFAULT_TOP_RATE, gt=0, description="sessions/s of the CRN base stream the plans are thinned from (the test's top_rate)"
+        DEFAULT_TOP_RATE,
+        gt=0,
+        description="sessions/s of the CRN base stream the plans are thinned from (the test's top_rate)",
     )
     start_lateness_p99: float = Field(
-        DEFAULT_START_LATENESS_P99, gt=0, description="plan seconds: the open-loop bound on the p99 of session-start lateness"
+        DEFAULT_START_LATENESS_P99,
+        gt=0,
+        description="plan seconds: the open-loop bound on the p99 of session-start lateness",
     )
     references: References
     rule: dict[str, Any]
@@ -188,19 +201,42 @@ class Registration(_Strict):
         workload, protocol and arm configs), so a job plays exactly the registered plans."""
         missing = [a for a in self.arms if a not in self.arm_configs]
         if missing:
-            raise RegistrationError(f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm")
+            raise RegistrationError(
+                f"{self._path}: arm_configs: no config for arm(s) {missing}; expected one per registered arm"
+            )
         # the registration's own rule dict is authoritative; the test names it by its name
-        test = TestConfig(name=self.test, description=self.description, rule=str(self.rule.get("name", "e2")), cell=self.cell.name,
-                          workload=self.workload.name, protocol=self.protocol.name, arms=list(self.arms), rates=self.multiples(),
-                          seeds=list(self.seeds), cap=self.cap, registration=str(self._path) if self._path else self.name,
-                          top_rate=self.top_rate, start_lateness_p99=self.start_lateness_p99)  # fmt: skip
-        return TestBundle(test=test, cell=self.cell, workload=self.workload, protocol=self.protocol,
-                          arms=dict(self.arm_configs), path=self._path)  # fmt: skip
+        test = TestConfig(
+            name=self.test,
+            description=self.description,
+            rule=str(self.rule.get("name", "e2")),
+            cell=self.cell.name,
+            workload=self.workload.name,
+            protocol=self.protocol.name,
+            arms=list(self.arms),
+            rates=self.multiples(),
+            seeds=list(self.seeds),
+            cap=self.cap,
+            registration=str(self._path) if self._path else self.name,
+            top_rate=self.top_rate,
+            start_lateness_p99=self.start_lateness_p99,
+        )
+        return TestBundle(
+            test=test,
+            cell=self.cell,
+            workload=self.workload,
+            protocol=self.protocol,
+            arms=dict(self.arm_configs),
+            path=self._path,
+        )
 
     def binding(self, path: str | None = None, commit: str | None = None) -> dict[str, Any]:
         """The meta.json "registration" block of a run bound to this registration."""
-        return {"name": self.name, "path": path if path is not None else (self._path.as_posix() if self._path else None),
-                "sha256": self.sha256, "commit": commit}  # fmt: skip
+        return {
+            "name": self.name,
+            "path": path if path is not None else (self._path.as_posix() if self._path else None),
+            "sha256": self.sha256,
+            "commit": commit,
+        }
 
     def rule_refs(self, multiple: float) -> dict[str, float]:
         """The references the rule engine reads for a run at `multiple` x lambda_ref."""
@@ -232,7 +268,6 @@ class Registration(_Strict):
             problems.append(f"rates: expected distinct multiples, got {mults}")
         for i, r in enumerate(self.rates):
             if self.status != "INCOMPLETE":  # an INCOMPLETE one binds no plan, and may say why in its reasons
-
                 above = rate_above_top(r.multiple, self.references.lambda_ref, self.top_rate)
                 if above:
                     problems.append(f"rates[{i}].multiple: {above} (top_rate {self.top_rate:g})")
@@ -244,14 +279,18 @@ class Registration(_Strict):
                 )
         if self.status in ("FILLED", "EXPLORATORY"):
             if self.references.all_miss_token_rate is None:
-                problems.append(f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} registration (the TRAPPED rule needs it)")
+                problems.append(
+                    f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} registration (the TRAPPED rule needs it)"
+                )
             if not self.rates:
                 problems.append(f"rates: a {self.status} registration needs at least one rate")
             if not self.seeds:
                 problems.append(f"seeds: a {self.status} registration needs at least one seed")
             for i, r in enumerate(self.rates):
                 if r.sessions_per_s > self.top_rate:
-                    problems.append(f"rates[{i}]: {r.sessions_per_s:.4g} sessions/s exceeds top_rate {self.top_rate}; expected at most the plans' base rate")
+                    problems.append(
+                        f"rates[{i}]: {r.sessions_per_s:.4g} sessions/s exceeds top_rate {self.top_rate}; expected at most the plans' base rate"
+                    )
             want_plans = {(a.lower(), round(m, 9), s) for a in self.arms for m in mults for s in self.seeds}
             have = [(p.arm.lower(), round(p.rate, 9), p.seed) for p in self.plans]
             if len(set(have)) != len(have):
@@ -259,9 +298,13 @@ class Registration(_Strict):
             missing = sorted(want_plans - set(have))
             extra = sorted(set(have) - want_plans)
             if missing:
-                problems.append(f"plans: no plan hash for (arm, rate, seed) {missing[:4]}{' ...' if len(missing) > 4 else ''}; expected one per arm x rate x seed")
+                problems.append(
+                    f"plans: no plan hash for (arm, rate, seed) {missing[:4]}{' ...' if len(missing) > 4 else ''}; expected one per arm x rate x seed"
+                )
             if extra:
-                problems.append(f"plans: hashes for (arm, rate, seed) {extra[:4]} that are not registered arms x rates x seeds")
+                problems.append(
+                    f"plans: hashes for (arm, rate, seed) {extra[:4]} that are not registered arms x rates x seeds"
+                )
         for arm in self.arm_configs:
             if arm.lower() not in {a.lower() for a in self.arms}:
                 problems.append(f"arm_configs.{arm}: not one of the registered arms {self.arms}")
@@ -281,10 +324,14 @@ def registration_from_data(data: Any, source: Path | str = "<memory>", raw: byte
     if isinstance(data, dict):
         fmt = data.get("format")
         if fmt != FORMAT:
-            raise RegistrationError(f"{source}: format: got {fmt!r}; expected {FORMAT!r} (is this a registration file?)")
+            raise RegistrationError(
+                f"{source}: format: got {fmt!r}; expected {FORMAT!r} (is this a registration file?)"
+            )
         ver = data.get("format_version")
         if ver != FORMAT_VERSION:
-            raise RegistrationError(f"{source}: format_version: got {ver!r}; expected {FORMAT_VERSION} (this code reads version {FORMAT_VERSION})")
+            raise RegistrationError(
+                f"{source}: format_version: got {ver!r}; expected {FORMAT_VERSION} (this code reads version {FORMAT_VERSION})"
+            )
     try:
         reg = parse_config(data, Registration, source)
     except ConfigError as exc:
@@ -314,7 +361,9 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
         raise RegistrationError(f"{p}: cannot read the registration: {exc.strerror or exc}") from None
     sha = hashlib.sha256(raw).hexdigest()
     if expect_sha256 is not None and sha != expect_sha256.lower():
-        raise RegistrationError(f"{p}: SHA-256 is {sha}; expected {expect_sha256.lower()} (the file is not the registered one)")
+        raise RegistrationError(
+            f"{p}: SHA-256 is {sha}; expected {expect_sha256.lower()} (the file is not the registered one)"
+        )
     data = load_yaml(p)
     return registration_from_data(data, p, raw)
 
@@ -356,7 +405,9 @@ def write_registration(reg: Registration | dict[str, Any], path: str | Path) -> 
     # reading back must give the same object: a writer that loses information would freeze a lie
     back = registration_from_data(yaml.safe_load(data.decode("utf-8")), "<written>")
     if registration_dict(back) != registration_dict(reg):
-        raise RegistrationError(f"{path}: the written registration does not read back identically (a value does not round-trip)")
+        raise RegistrationError(
+            f"{path}: the written registration does not read back identically (a value does not round-trip)"
+        )
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data)

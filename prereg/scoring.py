@@ -15,8 +15,9 @@ from a data file transcribed from a paper); the scorer only looks values up by (
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from prereg.predictions import Prediction, PredictionFile, leaves_of
 
@@ -103,7 +104,7 @@ class Outcomes:
     def put_id(self, pid: str, value: Any) -> None:
         self._by_id[pid] = value
 
-    def merge(self, other: "Outcomes") -> None:
+    def merge(self, other: Outcomes) -> None:
         """Add another table's outcomes (the other's win where both have one)."""
         self._v.update(other._v)
         self._by_id.update(other._by_id)
@@ -222,8 +223,16 @@ def _score_one(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction
             return Scored(**base, predicted=pred, outcome=None, result="no outcome", probability=prob)
         happened = _event_happened(p, o)
         result = "no call" if prob == 0.5 else ("hit" if (prob > 0.5) == happened else "miss")
-        return Scored(**base, predicted=pred, outcome=o, result=result, probability=prob, brier=brier(prob, happened),
-                      log_score=log_score(prob, happened), detail="event happened" if happened else "event did not happen")  # fmt: skip
+        return Scored(
+            **base,
+            predicted=pred,
+            outcome=o,
+            result=result,
+            probability=prob,
+            brier=brier(prob, happened),
+            log_score=log_score(prob, happened),
+            detail="event happened" if happened else "event did not happen",
+        )
     if p.kind == "categorical":
         ps = {str(k): float(v) for k, v in p.payload["probabilities"].items()}
         top = max(ps.values())
@@ -233,24 +242,44 @@ def _score_one(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction
             return Scored(**base, predicted=pred, outcome=None, result="no outcome")
         oc = _norm(o)
         q = next((v for k, v in ps.items() if _norm(k) == oc), 0.0)
-        b = sum((v - (1.0 if _norm(k) == oc else 0.0)) ** 2 for k, v in ps.items()) + (0.0 if any(_norm(k) == oc for k in ps) else 1.0)
+        b = sum((v - (1.0 if _norm(k) == oc else 0.0)) ** 2 for k, v in ps.items()) + (
+            0.0 if any(_norm(k) == oc for k in ps) else 1.0
+        )
         result = "no call" if len(modal) > 1 else ("hit" if _norm(modal[0]) == oc else "miss")
-        return Scored(**base, predicted=pred, outcome=o, result=result, probability=q, brier=b,
-                      log_score=math.log(q) if q > 0 else -math.inf, detail=f"modal call {'/'.join(modal)}")  # fmt: skip
+        return Scored(
+            **base,
+            predicted=pred,
+            outcome=o,
+            result=result,
+            probability=q,
+            brier=b,
+            log_score=math.log(q) if q > 0 else -math.inf,
+            detail=f"modal call {'/'.join(modal)}",
+        )
     if p.kind == "call":
         pred = f"{p.quantity} = {_fmt(p.payload['value'])}"
         if o is MISSING:
             return Scored(**base, predicted=pred, outcome=None, result="no outcome")
-        return Scored(**base, predicted=pred, outcome=o, result="hit" if _norm(o) == _norm(p.payload["value"]) else "miss")
+        return Scored(
+            **base, predicted=pred, outcome=o, result="hit" if _norm(o) == _norm(p.payload["value"]) else "miss"
+        )
     if p.kind == "value":
         v = _predicted_value(p)
         lo, hi, text = _tolerance(p, v)
-        pred = f"{_fmt(v)} {text}" + (f" (from {_fmt(p.payload['value'])} transformed)" if p.payload.get("transform") else "")
+        pred = f"{_fmt(v)} {text}" + (
+            f" (from {_fmt(p.payload['value'])} transformed)" if p.payload.get("transform") else ""
+        )
         if o is MISSING or o is None or (isinstance(o, float) and math.isnan(o)):
             return Scored(**base, predicted=pred, outcome=None, result="no outcome")
         x = float(o)
-        return Scored(**base, predicted=pred, outcome=x, result="hit" if lo <= x <= hi else "miss", error=x - v,
-                      detail=f"accepted [{_fmt(lo)}, {_fmt(hi)}]")  # fmt: skip
+        return Scored(
+            **base,
+            predicted=pred,
+            outcome=x,
+            result="hit" if lo <= x <= hi else "miss",
+            error=x - v,
+            detail=f"accepted [{_fmt(lo)}, {_fmt(hi)}]",
+        )
     # closest
     v = float(p.payload["value"])
     comps = {str(k): float(c) for k, c in p.payload["comparators"].items()}
@@ -261,8 +290,14 @@ def _score_one(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction
     d_pred = abs(x - v)
     nearest = min(comps, key=lambda k: abs(x - comps[k]))
     ok = d_pred < abs(x - comps[nearest])
-    return Scored(**base, predicted=pred, outcome=x, result="hit" if ok else "miss", error=x - v,
-                  detail=f"|err| {_fmt(d_pred)} vs nearest comparator {nearest} {_fmt(abs(x - comps[nearest]))}")  # fmt: skip
+    return Scored(
+        **base,
+        predicted=pred,
+        outcome=x,
+        result="hit" if ok else "miss",
+        error=x - v,
+        detail=f"|err| {_fmt(d_pred)} vs nearest comparator {nearest} {_fmt(abs(x - comps[nearest]))}",
+    )
 
 
 def _score_rule(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction], base: dict[str, Any]) -> Scored:
@@ -279,10 +314,21 @@ def _score_rule(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Predictio
     held = clause_outcome(rule, leaf_o) if held is MISSING else bool(held)
     pred = f"P(rule holds) = {prob:.3g}" + (f" (stated {stated:.3g})" if stated is not None else "")
     if held is None:
-        return Scored(**base, predicted=pred, outcome=None, result="no outcome", probability=prob, stated_probability=stated)
+        return Scored(
+            **base, predicted=pred, outcome=None, result="no outcome", probability=prob, stated_probability=stated
+        )
     result = "no call" if prob == 0.5 else ("hit" if (prob > 0.5) == held else "miss")
-    return Scored(**base, predicted=pred, outcome=held, result=result, probability=prob, stated_probability=stated,
-                  brier=brier(prob, held), log_score=log_score(prob, held), detail="rule held" if held else "rule did not hold")  # fmt: skip
+    return Scored(
+        **base,
+        predicted=pred,
+        outcome=held,
+        result=result,
+        probability=prob,
+        stated_probability=stated,
+        brier=brier(prob, held),
+        log_score=log_score(prob, held),
+        detail="rule held" if held else "rule did not hold",
+    )
 
 
 def summarize(scored: Iterable[Scored]) -> dict[str, dict[str, Any]]:

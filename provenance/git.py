@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.errors import GitError
 
 __all__ = ["GitError", "RemoteCheck", "Repo"]
+
 
 @dataclass(frozen=True)
 class RemoteCheck:
@@ -36,7 +37,7 @@ class RemoteCheck:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class Repo:
@@ -116,7 +117,7 @@ class Repo:
     def commit_time(self, rev: str) -> str:
         """Committer time of `rev` in UTC ISO-8601 (a claim recorded by the committer's clock)."""
         ts = int(self.git("show", "-s", "--format=%ct", rev))
-        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
     def is_ancestor(self, ancestor: str, rev: str) -> bool:
         return self.ok("merge-base", "--is-ancestor", ancestor, rev)
@@ -210,7 +211,7 @@ class Repo:
     def tag_time(self, tag: str) -> str:
         """Tagger time in UTC ISO-8601 (like a commit time, a claim of the tagger's clock)."""
         ts = self.git("for-each-ref", "--format=%(taggerdate:unix)", f"refs/tags/{tag}")
-        return datetime.fromtimestamp(int(ts), timezone.utc).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(int(ts), UTC).isoformat(timespec="seconds")
 
     def commits_touching(self, path: str, after: str, rev: str = "HEAD") -> list[tuple[str, str]]:
         """[(commit, UTC committer time)] of commits in after..rev that changed `path`, oldest first."""
@@ -218,7 +219,7 @@ class Repo:
         rows = []
         for line in out.splitlines():
             oid, ts = line.split()
-            rows.append((oid, datetime.fromtimestamp(int(ts), timezone.utc).isoformat(timespec="seconds")))
+            rows.append((oid, datetime.fromtimestamp(int(ts), UTC).isoformat(timespec="seconds")))
         return rows
 
     def push(self, remote: str, *refspecs: str) -> None:

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,9 @@ def gpu_info() -> list[dict[str, str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,uuid", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -97,7 +99,7 @@ def slurm_info() -> dict[str, str | None]:
 def capture(include_gpu: bool = True) -> dict[str, Any]:
     """The provenance block for a run's meta.json."""
     return {
-        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "captured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "git": git_state(),
         "host": socket.gethostname(),
         "platform": platform.platform(),

@@ -18,13 +18,13 @@ or SHA-256), and every link is checked. Any altered byte breaks the chain at tha
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-import argparse
 
 FORMAT = "agentload-proof"
 _HASHES = {"sha1": (hashlib.sha1, 20), "sha256": (hashlib.sha256, 32)}
@@ -101,7 +101,9 @@ def tag_message_hashes(msg: str) -> dict[str, str]:
     return out
 
 
-def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_dirs: list[str | Path] | None = None) -> ProofResult:
+def verify_proof(
+    folder: str | Path, file_copy: str | Path | None = None, run_dirs: list[str | Path] | None = None
+) -> ProofResult:
     """Check a proof folder (see the module doc). `file_copy`: a copy to check byte identity of
     (e.g. the file in a public repository); `run_dirs`: runs whose meta.json must carry the hash."""
     d = Path(folder)
@@ -125,7 +127,9 @@ def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_di
             res.add(f"{kind} {oid[:12]} stored", False, f"objects/{oid} missing")
             continue
         got = object_id(kind, content, fmt)
-        res.add(f"{kind} {oid[:12]} id recomputed ({fmt})", got == oid, "" if got == oid else f"stored bytes hash to {got}")
+        res.add(
+            f"{kind} {oid[:12]} id recomputed ({fmt})", got == oid, "" if got == oid else f"stored bytes hash to {got}"
+        )
         objects[oid] = (kind, content)
     blob = objects.get(man["blob"], ("", b""))[1]
     fsha = hashlib.sha256(blob).hexdigest()
@@ -134,8 +138,11 @@ def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_di
     ckind, ccontent = objects.get(man["commit"], ("", b""))
     chdr, _ = _headers(ccontent)
     trees = man["trees"]
-    res.add("commit names the root tree", ckind == "commit" and chdr.get("tree") == trees[0]["id"],
-            f"commit tree {chdr.get('tree')} vs {trees[0]['id']}")  # fmt: skip
+    res.add(
+        "commit names the root tree",
+        ckind == "commit" and chdr.get("tree") == trees[0]["id"],
+        f"commit tree {chdr.get('tree')} vs {trees[0]['id']}",
+    )
     # trees along the path -> blob
     parts = man["path"].split("/")
     for i, part in enumerate(parts):
@@ -149,18 +156,26 @@ def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_di
         last = i == len(parts) - 1
         want = man["blob"] if last else trees[i + 1]["id"]
         mode_ok = ent is not None and ((ent[0] in _BLOB_MODES) if last else ent[0] == b"40000")
-        res.add(f"tree {trees[i]['path'] or '/'} holds {part!r}", ent is not None and ent[1] == want and mode_ok,
-                f"entry {ent[0].decode() + ' ' + ent[1] if ent else 'absent'}, expected {want}")  # fmt: skip
+        res.add(
+            f"tree {trees[i]['path'] or '/'} holds {part!r}",
+            ent is not None and ent[1] == want and mode_ok,
+            f"entry {ent[0].decode() + ' ' + ent[1] if ent else 'absent'}, expected {want}",
+        )
     # tag -> commit, and the tag message's hash for the path
     tag = man.get("tag")
     if tag:
         tkind, tcontent = objects.get(tag["id"], ("", b""))
         thdr, tmsg = _headers(tcontent)
-        res.add("tag points to the commit", tkind == "tag" and thdr.get("object") == man["commit"] and thdr.get("type") == "commit",
-                f"tag object line {thdr.get('object')} ({thdr.get('type')})")  # fmt: skip
+        res.add(
+            "tag points to the commit",
+            tkind == "tag" and thdr.get("object") == man["commit"] and thdr.get("type") == "commit",
+            f"tag object line {thdr.get('object')} ({thdr.get('type')})",
+        )
         res.add("tag name", thdr.get("tag") == tag["name"], f"{thdr.get('tag')!r} vs {tag['name']!r}")
         listed = tag_message_hashes(tmsg).get(man["path"])
-        res.add("tag message states the file's SHA-256", listed == fsha, f"tag says {listed}, the blob hashes to {fsha}")
+        res.add(
+            "tag message states the file's SHA-256", listed == fsha, f"tag says {listed}, the blob hashes to {fsha}"
+        )
     if file_copy is not None:
         try:
             csha = hashlib.sha256(Path(file_copy).read_bytes()).hexdigest()
@@ -174,8 +189,11 @@ def verify_proof(folder: str | Path, file_copy: str | Path | None = None, run_di
             res.add(f"run {Path(rd).name} meta.json", False, str(exc))
             continue
         reg = meta.get("registration") if isinstance(meta.get("registration"), dict) else {}
-        res.add(f"run {Path(rd).name} meta.json carries the file's SHA-256", reg.get("sha256") == fsha,
-                f"meta.json registration sha256 {reg.get('sha256')}")  # fmt: skip
+        res.add(
+            f"run {Path(rd).name} meta.json carries the file's SHA-256",
+            reg.get("sha256") == fsha,
+            f"meta.json registration sha256 {reg.get('sha256')}",
+        )
     return res
 
 

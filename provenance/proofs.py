@@ -19,8 +19,9 @@ Layout of a proof folder:
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
@@ -29,7 +30,7 @@ from provenance.git import Repo, utc_now
 from provenance.meta import sha256_bytes
 from provenance.proofcheck import FORMAT, ProofResult, object_id, verify_proof
 
-__all__ = ["prove", "verify_proof", "ProofResult", "ProofError"]
+__all__ = ["ProofError", "ProofResult", "prove", "verify_proof"]
 
 
 class ProofError(ConfigError):
@@ -59,7 +60,9 @@ def prove(
         if tag_obj is None:
             raise ProofError(f"tag {tag!r} not found in {repo.path}")
         if repo.object_type(tag_obj) != "tag":
-            raise ProofError(f"tag {tag!r} is lightweight; a proof needs an annotated tag (it names the commit and the file hashes)")
+            raise ProofError(
+                f"tag {tag!r} is lightweight; a proof needs an annotated tag (it names the commit and the file hashes)"
+            )
         commit = repo.tag_target(tag)
     elif commit is None:
         commit = repo.last_commit_of(rel)

@@ -33,15 +33,16 @@ Registration (prereg/registrations/<name>.yaml), read through prereg.registratio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 import yaml
 
-from harness.errors import ConfigError, RecordError
+from harness.errors import RecordError
 from prereg.registration import RegistrationError, registration_from_data
 
 MANIFEST = "submission.json"
@@ -53,7 +54,7 @@ def parse_utc(value: Any, where: str = "time") -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
     s = str(value).strip()
     if s in ("", "Unknown", "None", "N/A", "null"):
         return None
@@ -63,11 +64,11 @@ def parse_utc(value: Any, where: str = "time") -> datetime | None:
         t = datetime.fromisoformat(s)
     except ValueError:
         raise RecordError(f"{where}: got {value!r}; expected an ISO-8601 time (UTC)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def iso(t: datetime | None) -> str | None:
-    return None if t is None else t.astimezone(timezone.utc).isoformat(timespec="microseconds" if t.microsecond else "seconds")
+    return None if t is None else t.astimezone(UTC).isoformat(timespec="microseconds" if t.microsecond else "seconds")
 
 
 def _load_json(path: Path) -> Any:
@@ -139,13 +140,27 @@ def read_manifest(testdir: str | Path) -> Manifest | None:
     rc = doc.get("remote_check") or doc.get("remote")
     remote = None
     if rc is not None:
-        remote = RemoteConfirmation(rc.get("remote"), rc.get("branch"), rc.get("url"), rc.get("remote_head"), bool(rc.get("contains")),
-                                    parse_utc(rc.get("checked_at"), f"{w}: remote_check.checked_at"))  # fmt: skip
+        remote = RemoteConfirmation(
+            rc.get("remote"),
+            rc.get("branch"),
+            rc.get("url"),
+            rc.get("remote_head"),
+            bool(rc.get("contains")),
+            parse_utc(rc.get("checked_at"), f"{w}: remote_check.checked_at"),
+        )
     jobs = []
     for i, j in enumerate(doc.get("jobs") or []):
         jid = _need(j, "job_id", f"{w}: jobs[{i}]")
-        jobs.append(ManifestJob(str(jid), j.get("arm"), None if j.get("rate") is None else float(j["rate"]),
-                                None if j.get("seed") is None else int(j["seed"]), j.get("plan_sha256"), j.get("run_dir")))  # fmt: skip
+        jobs.append(
+            ManifestJob(
+                str(jid),
+                j.get("arm"),
+                None if j.get("rate") is None else float(j["rate"]),
+                None if j.get("seed") is None else int(j["seed"]),
+                j.get("plan_sha256"),
+                j.get("run_dir"),
+            )
+        )
     return Manifest(p, doc.get("test"), reg, remote, doc.get("label"), jobs, doc)
 
 
@@ -165,10 +180,28 @@ class Job:
     comment: str | None
 
 
-_SACCT = {"id": "JobID", "name": "JobName", "submit": "Submit", "start": "Start", "end": "End", "state": "State",
-          "exit": "ExitCode", "nodes": "NodeList", "comment": "Comment"}  # fmt: skip
-_SNAKE = {"id": "job_id", "name": "job_name", "submit": "submit_utc", "start": "start_utc", "end": "end_utc", "state": "state",
-          "exit": "exit_code", "nodes": "node_list", "comment": "comment"}  # fmt: skip
+_SACCT = {
+    "id": "JobID",
+    "name": "JobName",
+    "submit": "Submit",
+    "start": "Start",
+    "end": "End",
+    "state": "State",
+    "exit": "ExitCode",
+    "nodes": "NodeList",
+    "comment": "Comment",
+}
+_SNAKE = {
+    "id": "job_id",
+    "name": "job_name",
+    "submit": "submit_utc",
+    "start": "start_utc",
+    "end": "end_utc",
+    "state": "state",
+    "exit": "exit_code",
+    "nodes": "node_list",
+    "comment": "comment",
+}
 
 
 def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
@@ -190,8 +223,17 @@ def read_accounting(testdir: str | Path) -> dict[str, Job] | None:
             continue
         t = {n: parse_utc(r.get(names[n]), f"{w}.{names[n]}") for n in ("submit", "start", "end")}
         code = r.get(names["exit"])
-        out[jid] = Job(jid, r.get(names["name"]), t["submit"], t["start"], t["end"], r.get(names["state"]),
-                       None if code is None else str(code), r.get(names["nodes"]), r.get(names["comment"]))  # fmt: skip
+        out[jid] = Job(
+            jid,
+            r.get(names["name"]),
+            t["submit"],
+            t["start"],
+            t["end"],
+            r.get(names["state"]),
+            None if code is None else str(code),
+            r.get(names["nodes"]),
+            r.get(names["comment"]),
+        )
     return out
 
 
@@ -222,7 +264,10 @@ def job_id_of(meta: Mapping[str, Any]) -> str | None:
     """The scheduler job id of a run from its meta.json (array jobs as <array job>_<task>)."""
     slurm = ((meta.get("provenance") or {}).get("slurm") or {}) if isinstance(meta.get("provenance"), dict) else {}
     top = meta.get("slurm") if isinstance(meta.get("slurm"), dict) else {}
-    arr, task = slurm.get("slurm_array_job_id") or top.get("array_job_id"), slurm.get("slurm_array_task_id") or top.get("array_task_id")
+    arr, task = (
+        slurm.get("slurm_array_job_id") or top.get("array_job_id"),
+        slurm.get("slurm_array_task_id") or top.get("array_task_id"),
+    )
     if arr and task is not None:
         return f"{arr}_{task}"
     jid = slurm.get("slurm_job_id") or top.get("job_id")
@@ -290,5 +335,14 @@ def registration_view(data: bytes, where: str) -> RegistrationView:
     except RegistrationError as exc:
         raise RecordError(str(exc)) from None
     plans = {(p.arm.upper(), round(p.rate, 6), p.seed): p.sha256 for p in reg.plans}
-    return RegistrationView(reg.name, reg.status, reg.test, reg.cell.model_dump(mode="json"), list(reg.arms), reg.multiples(),
-                            list(reg.seeds), plans, doc)  # fmt: skip
+    return RegistrationView(
+        reg.name,
+        reg.status,
+        reg.test,
+        reg.cell.model_dump(mode="json"),
+        list(reg.arms),
+        reg.multiples(),
+        list(reg.seeds),
+        plans,
+        doc,
+    )

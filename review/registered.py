@@ -35,30 +35,28 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import orjson
 import yaml
-from harness.errors import UsageError
-from analysis.rules import is_staged
-from analysis.predictions import Predictions
-from analysis.staged_analysis import analyze_staged
-from analysis.report import analyze
+
 from analysis.kill import evaluate_kill_conditions
+from analysis.predictions import Predictions
+from analysis.report import analyze, markdown_table, runs_table, write_report
+from analysis.reports import module_for, write_staged_report
+from analysis.rules import is_staged
+from analysis.staged_analysis import analyze_staged
+from harness.errors import UsageError
 from prereg.labels import git_facts
-from prereg.registration import load_registration
+from prereg.registration import RegistrationError, load_registration
+from provenance.codepaths import CODE_DIRS, is_code_path
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
-from analysis.reports import module_for
-from analysis.report import markdown_table
-from analysis.report import runs_table
-from analysis.reports import write_staged_report
-from analysis.report import write_report
 from slurm.manifest import RUNS
-from provenance.codepaths import CODE_DIRS, is_code_path
-from prereg.registration import RegistrationError
+
 
 class RegisteredAnalysisError(UsageError):
     """The registered analysis cannot be run as asked (the message says what to change)."""
@@ -74,7 +72,14 @@ class Binding:
     seed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_dir": self.run_dir, "bound": self.bound, "reasons": self.reasons, "arm": self.arm, "rate": self.rate, "seed": self.seed}
+        return {
+            "run_dir": self.run_dir,
+            "bound": self.bound,
+            "reasons": self.reasons,
+            "arm": self.arm,
+            "rate": self.rate,
+            "seed": self.seed,
+        }
 
 
 def _meta(d: Path) -> dict[str, Any] | None:
@@ -84,8 +89,15 @@ def _meta(d: Path) -> dict[str, Any] | None:
         return None
 
 
-def bind_run(run_dir: str | Path, reg: Any, repo: Any = None, reg_commit: str | None = None, *, pool_tolerance_tokens: int = 0,
-             check_code: bool = True) -> Binding:  # fmt: skip
+def bind_run(
+    run_dir: str | Path,
+    reg: Any,
+    repo: Any = None,
+    reg_commit: str | None = None,
+    *,
+    pool_tolerance_tokens: int = 0,
+    check_code: bool = True,
+) -> Binding:
     """Is this run bound to the registration? Every failed condition is a reason."""
     d = Path(run_dir)
     m = _meta(d)
@@ -97,7 +109,11 @@ def bind_run(run_dir: str | Path, reg: Any, repo: Any = None, reg_commit: str | 
     if not isinstance(rb, dict) or rb.get("sha256") != reg.sha256:
         got = rb.get("sha256") if isinstance(rb, dict) else rb
         reasons.append(f"registration SHA-256 {got!r} is not this registration's {reg.sha256}")
-    want_plan = reg.plan_sha256(str(arm), float(rate), int(seed)) if arm is not None and rate is not None and seed is not None else None
+    want_plan = (
+        reg.plan_sha256(str(arm), float(rate), int(seed))
+        if arm is not None and rate is not None and seed is not None
+        else None
+    )
     got_plan = (m.get("plan") or {}).get("sha256")
     if want_plan is None:
         reasons.append(f"({arm}, {rate}, {seed}) is not a registered arm x rate x seed")
@@ -106,13 +122,20 @@ def bind_run(run_dir: str | Path, reg: Any, repo: Any = None, reg_commit: str | 
     cell = m.get("cell") or {}
     rc = reg.cell
     eng = cell.get("engine") or {}
-    for label, got, want in (("engine", eng.get("name"), rc.engine.name), ("engine version", eng.get("version"), rc.engine.version),
-                             ("model", cell.get("model"), rc.model), ("GPU", cell.get("gpu"), rc.gpu), ("cell", cell.get("name"), rc.name)):  # fmt: skip
+    for label, got, want in (
+        ("engine", eng.get("name"), rc.engine.name),
+        ("engine version", eng.get("version"), rc.engine.version),
+        ("model", cell.get("model"), rc.model),
+        ("GPU", cell.get("gpu"), rc.gpu),
+        ("cell", cell.get("name"), rc.name),
+    ):
         if got != want:
             reasons.append(f"{label} {got!r} is not the registered {want!r}")
     pool = cell.get("kv_pool_tokens")
     if not isinstance(pool, int) or abs(pool - rc.kv_pool_tokens) > pool_tolerance_tokens:
-        reasons.append(f"KV pool {pool!r} tokens is not the registered {rc.kv_pool_tokens} (tolerance {pool_tolerance_tokens})")
+        reasons.append(
+            f"KV pool {pool!r} tokens is not the registered {rc.kv_pool_tokens} (tolerance {pool_tolerance_tokens})"
+        )
     if check_code:
         g = ((m.get("provenance") or {}).get("git")) or {}
         commit = g.get("commit")
@@ -126,11 +149,15 @@ def bind_run(run_dir: str | Path, reg: Any, repo: Any = None, reg_commit: str | 
             if not repo.ok("cat-file", "-e", f"{commit}^{{commit}}"):
                 reasons.append(f"code commit {commit[:12]} is not in this repository")
             elif not repo.is_ancestor(reg_commit, commit):
-                reasons.append(f"code commit {commit[:12]} does not descend from the registration's commit {reg_commit[:12]}")
+                reasons.append(
+                    f"code commit {commit[:12]} does not descend from the registration's commit {reg_commit[:12]}"
+                )
             else:
                 changed = [p for p in repo.changed_paths(reg_commit, commit) if is_code_path(p)]
                 if changed:
-                    reasons.append(f"code commit {commit[:12]} changes code since the registration's commit: {changed[:3]}")
+                    reasons.append(
+                        f"code commit {commit[:12]} changes code since the registration's commit: {changed[:3]}"
+                    )
     status = m.get("status")
     if status not in ("COMPLETED",):
         reasons.append(f"status {status!r}: only a completed run counts")
@@ -196,11 +223,28 @@ def _judge_here(reg: Any, dirs: list[Path], predictions: Path | None = None) -> 
     refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
     if is_family(reg):
         preds = Predictions.load(predictions) if predictions is not None else None
-        return analyze_staged(dirs, reg.rule, arms=arm_names(reg), rates=reg.multiples(), seeds=list(reg.seeds), refs_override=refs,
-                              predictions=preds, test_name=reg.test, expect_cell=reg.cell.name,
-                              expect_registration={"sha256": reg.sha256})  # fmt: skip
+        return analyze_staged(
+            dirs,
+            reg.rule,
+            arms=arm_names(reg),
+            rates=reg.multiples(),
+            seeds=list(reg.seeds),
+            refs_override=refs,
+            predictions=preds,
+            test_name=reg.test,
+            expect_cell=reg.cell.name,
+            expect_registration={"sha256": reg.sha256},
+        )
 
-    return analyze(dirs, rule=reg.rule, arms=list(reg.arms), rates=reg.multiples(), seeds=list(reg.seeds), refs_override=refs, test_name=reg.test)
+    return analyze(
+        dirs,
+        rule=reg.rule,
+        arms=list(reg.arms),
+        rates=reg.multiples(),
+        seeds=list(reg.seeds),
+        refs_override=refs,
+        test_name=reg.test,
+    )
 
 
 def _entry_module(tree: Path) -> str:
@@ -208,7 +252,9 @@ def _entry_module(tree: Path) -> str:
     return "cli.main" if (tree / "cli" / "main.py").is_file() else "harness.cli"
 
 
-def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: Path, predictions: Path | None = None) -> dict[str, Any]:
+def _judge_in_worktree(
+    repo: Any, commit: str, reg: Any, dirs: list[Path], out: Path, predictions: Path | None = None
+) -> dict[str, Any]:
     """Run `analyze` of the registration's commit on the bound runs, in a temporary worktree."""
     tmp = Path(tempfile.mkdtemp(prefix="agentload-judge-"))
     wt = tmp / "tree"
@@ -218,13 +264,31 @@ def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: 
     repo.git("worktree", "add", "--detach", "--quiet", str(wt), commit)
     try:
         env = {**os.environ, "PYTHONPATH": str(wt)}
-        cmd = [sys.executable, "-m", _entry_module(wt), "analyze", *[str(d.resolve()) for d in dirs], "--rule", str(files / "rule.yaml"),
-               "--lambda-ref", repr(reg.references.lambda_ref), "--all-miss-rate", repr(reg.references.all_miss_token_rate),
-               "--out", str(out.resolve())]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            _entry_module(wt),
+            "analyze",
+            *[str(d.resolve()) for d in dirs],
+            "--rule",
+            str(files / "rule.yaml"),
+            "--lambda-ref",
+            repr(reg.references.lambda_ref),
+            "--all-miss-rate",
+            repr(reg.references.all_miss_token_rate),
+            "--out",
+            str(out.resolve()),
+        ]
         if predictions is not None:
             cmd += ["--predictions", str(predictions.resolve())]
-        probe = subprocess.run([sys.executable, "-c", "import analysis, sys; sys.stdout.write(analysis.__file__)"], cwd=wt, env=env,
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        probe = subprocess.run(
+            [sys.executable, "-c", "import analysis, sys; sys.stdout.write(analysis.__file__)"],
+            cwd=wt,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         module = probe.stdout.strip()
         if probe.returncode != 0 or not Path(module).resolve().is_relative_to(wt.resolve()):
             raise RegisteredAnalysisError(
@@ -232,7 +296,9 @@ def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: 
                 f"resolved to {module or probe.stderr.strip()[-300:]!r}, not to the checkout of that commit)"
             )
         test_file = _frozen_test(reg, files)
-        proc = subprocess.run([*cmd, "--test", str(test_file)], cwd=wt, env=env, capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run(
+            [*cmd, "--test", str(test_file)], cwd=wt, env=env, capture_output=True, text=True, timeout=3600
+        )
         registered_grid = proc.returncode in (0, 1)
         if not registered_grid:  # that commit's configs cannot read the registered test: judge what the runs name
             proc = subprocess.run(cmd, cwd=wt, env=env, capture_output=True, text=True, timeout=3600)
@@ -244,7 +310,12 @@ def _judge_in_worktree(repo: Any, commit: str, reg: Any, dirs: list[Path], out: 
                 f"the analysis code of commit {commit[:12]} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
             )
         verdict = json.loads(vpath.read_text())
-        verdict["_judge"] = {"command": cmd[2:], "module": module, "registered_grid": registered_grid, "stdout_tail": proc.stdout[-4000:]}
+        verdict["_judge"] = {
+            "command": cmd[2:],
+            "module": module,
+            "registered_grid": registered_grid,
+            "stdout_tail": proc.stdout[-4000:],
+        }
         return verdict
     finally:
         repo.git("worktree", "remove", "--force", str(wt), check=False)
@@ -266,17 +337,37 @@ def _frozen_test(reg: Any, folder: Path) -> Path:
     prot = dump("protocol.yaml", reg.protocol.model_dump(mode="json"))
     for a in reg.arms:  # bare arm names resolve to arms/<name>.yaml beside the test file
         dump(f"arms/{a}.yaml", reg.arm_configs[a].model_dump(mode="json"))
-    rule = str(reg.rule.get("name") or "e2") if is_family(reg) else "e2"  # the --rule file judges; the name reads in that commit's configs
-    test = {"kind": "test", "name": reg.test, "rule": rule, "cell": cell, "workload": wl, "protocol": prot, "arms": list(reg.arms),
-            "rates": reg.multiples(), "seeds": list(reg.seeds), "cap": reg.cap}  # fmt: skip
-    if is_family(reg) and reg.path is not None:  # a staged rule counts only runs bound to the registration the test names
+    rule = (
+        str(reg.rule.get("name") or "e2") if is_family(reg) else "e2"
+    )  # the --rule file judges; the name reads in that commit's configs
+    test = {
+        "kind": "test",
+        "name": reg.test,
+        "rule": rule,
+        "cell": cell,
+        "workload": wl,
+        "protocol": prot,
+        "arms": list(reg.arms),
+        "rates": reg.multiples(),
+        "seeds": list(reg.seeds),
+        "cap": reg.cap,
+    }
+    if (
+        is_family(reg) and reg.path is not None
+    ):  # a staged rule counts only runs bound to the registration the test names
         test["registration"] = str(Path(reg.path).resolve())
     return Path(dump("test.yaml", test))
 
 
-def registered_analysis(registration: str | Path, runs: Sequence[str | Path], out_dir: str | Path | None = None, *,
-                        pool_tolerance_tokens: int = 0, force_worktree: bool = False,
-                        predictions: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+def registered_analysis(
+    registration: str | Path,
+    runs: Sequence[str | Path],
+    out_dir: str | Path | None = None,
+    *,
+    pool_tolerance_tokens: int = 0,
+    force_worktree: bool = False,
+    predictions: str | Path | None = None,
+) -> dict[str, Any]:
     """The registered verdict of `runs` under `registration`; writes verdict.json and report.md.
 
     `predictions`: the frozen prediction file a family rule that compares with a model reads
@@ -284,9 +375,13 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     reg_path = Path(registration)
     reg = load_registration(reg_path)
     if reg.status == "INCOMPLETE":
-        raise RegisteredAnalysisError(f"{reg_path}: status INCOMPLETE ({'; '.join(reg.status_reasons)}): it binds no test")
+        raise RegisteredAnalysisError(
+            f"{reg_path}: status INCOMPLETE ({'; '.join(reg.status_reasons)}): it binds no test"
+        )
     if abs(reg.references.lambda_miss - reg.references.lambda_ref) > 1e-12 * reg.references.lambda_ref:
-        raise RegisteredAnalysisError(f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = lambda_ref")
+        raise RegisteredAnalysisError(
+            f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = lambda_ref"
+        )
     repo = None
     reg_commit = None
     state = "outside a git repository"
@@ -301,7 +396,15 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
     bindings = [bind_run(d, reg, repo, reg_commit, pool_tolerance_tokens=pool_tolerance_tokens) for d in dirs]
     bound = [Path(b.run_dir) for b in bindings if b.bound]
     pred_path = find_predictions(reg, dirs, predictions)
-    out = Path(out_dir) if out_dir is not None else (Path(os.path.commonpath([str(d) for d in dirs])) / "registered-analysis" if dirs else Path("registered-analysis"))
+    out = (
+        Path(out_dir)
+        if out_dir is not None
+        else (
+            Path(os.path.commonpath([str(d) for d in dirs])) / "registered-analysis"
+            if dirs
+            else Path("registered-analysis")
+        )
+    )
     out.mkdir(parents=True, exist_ok=True)
 
     moved: list[str] = []
@@ -309,24 +412,42 @@ def registered_analysis(registration: str | Path, runs: Sequence[str | Path], ou
         moved = _code_moved(repo, reg_commit)
     if repo is not None and reg_commit is not None and (moved or force_worktree):
         verdict = _judge_in_worktree(repo, reg_commit, reg, bound, out / "judged", pred_path)
-        judge = {"commit": reg_commit, "mode": "worktree", "moved_paths": moved[:20],
-                 "reason": "the checkout's code differs from the registration's commit, so that commit's analysis judged",
-                 **verdict.pop("_judge")}  # fmt: skip
+        judge = {
+            "commit": reg_commit,
+            "mode": "worktree",
+            "moved_paths": moved[:20],
+            "reason": "the checkout's code differs from the registration's commit, so that commit's analysis judged",
+            **verdict.pop("_judge"),
+        }
         analyzed = None
     else:
         verdict, analyzed = _judge_here(reg, bound, pred_path)
         head = repo.head() if repo is not None else None
-        judge = {"commit": head, "mode": "in-process",
-                 "reason": ("the checkout's code is the registration's commit's" if reg_commit else
-                            f"the registration is not committed ({state}): the checkout's code judged, and nothing is decisive")}  # fmt: skip
+        judge = {
+            "commit": head,
+            "mode": "in-process",
+            "reason": (
+                "the checkout's code is the registration's commit's"
+                if reg_commit
+                else f"the registration is not committed ({state}): the checkout's code judged, and nothing is decisive"
+            ),
+        }
 
     preds_block = {"path": str(pred_path), "sha256": sha256_file(pred_path)} if pred_path is not None else None
-    kills = evaluate_kill_conditions([k.model_dump() for k in reg.kill_conditions], verdict, reg.rule, reg.multiples(), list(reg.seeds))
+    kills = evaluate_kill_conditions(
+        [k.model_dump() for k in reg.kill_conditions], verdict, reg.rule, reg.multiples(), list(reg.seeds)
+    )
     result = {
         **verdict,
         "registered": {
-            "registration": {"name": reg.name, "path": str(reg_path), "sha256": reg.sha256, "status": reg.status, "commit": reg_commit,
-                             "git_state": state},  # fmt: skip
+            "registration": {
+                "name": reg.name,
+                "path": str(reg_path),
+                "sha256": reg.sha256,
+                "status": reg.status,
+                "commit": reg_commit,
+                "git_state": state,
+            },
             "decisive": reg.status == "FILLED" and reg_commit is not None,
             "judged_by": judge,
             "rule": reg.rule.get("name"),
@@ -352,7 +473,9 @@ def verdict_markdown(result: dict[str, Any]) -> str:
 
 
 def _write(result: dict[str, Any], analyzed: Any, out: Path) -> None:
-    (out / "registered-verdict.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    (out / "registered-verdict.json").write_bytes(
+        orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    )
     (out / "registered-report.md").write_text(registered_markdown(result))
     if result["registered"]["family"]:
         plain = {k: v for k, v in result.items() if k != "registered"}
@@ -385,7 +508,15 @@ def registered_markdown(result: dict[str, Any]) -> str:
         lines.insert(-1, f"- frozen predictions `{r['predictions']['path']}`, SHA-256 `{r['predictions']['sha256']}`")
     for x in r["runs_excluded"]:
         lines.append(f"  - `{x['run_dir']}`: {'; '.join(x['reasons'])}")
-    lines += ["", verdict_markdown(result), "", "### Kill conditions", "", "| id | condition | triggered |", "| --- | --- | --- |"]
+    lines += [
+        "",
+        verdict_markdown(result),
+        "",
+        "### Kill conditions",
+        "",
+        "| id | condition | triggered |",
+        "| --- | --- | --- |",
+    ]
     for k in r["kill_conditions"]:
         t = {True: "**TRIGGERED**", False: "no", None: "undetermined"}[k["triggered"]]
         lines.append(f"| {k['id']} | {k['description']} | {t} |")
@@ -394,9 +525,20 @@ def registered_markdown(result: dict[str, Any]) -> str:
 
 def cmd(args: Any) -> int:
     """`analyze --registration REG RUNS...`; overrides are refused, not ignored."""
-    given = [o for o, v in (("--rule", args.rule), ("--lambda-ref", args.lambda_ref), ("--all-miss-rate", args.all_miss_rate), ("--test", args.test)) if v]
+    given = [
+        o
+        for o, v in (
+            ("--rule", args.rule),
+            ("--lambda-ref", args.lambda_ref),
+            ("--all-miss-rate", args.all_miss_rate),
+            ("--test", args.test),
+        )
+        if v
+    ]
     if given:
-        raise RegisteredAnalysisError(f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references and test are the registered ones)")
+        raise RegisteredAnalysisError(
+            f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references and test are the registered ones)"
+        )
     res = registered_analysis(args.registration, args.runs, args.out, predictions=getattr(args, "predictions", None))
     print(registered_markdown(res))
     if res["registered"]["family"]:  # a family's outcomes are findings either way (as a plain analyze)
@@ -416,7 +558,14 @@ def collection_verdict(doc: dict[str, Any], base: Path, say: Callable[[str], Non
         return {"ran": False, "reason": str(exc)}
     say(registered_markdown(res))
     r = res["registered"]
-    return {"ran": True, "out": str(base / "analysis"), "verdict": res.get("verdict"),
-            "rates": [{"rate": x["rate"], "verdict": x["verdict"], "seeds": x.get("seeds")} for x in res.get("rates", [])],
-            "runs_counted": len(r["runs_counted"]), "runs_excluded": r["runs_excluded"], "decisive": r["decisive"],
-            "judged_by": {k: r["judged_by"].get(k) for k in ("commit", "mode", "reason")}, "any_kill_triggered": r["any_kill_triggered"]}  # fmt: skip
+    return {
+        "ran": True,
+        "out": str(base / "analysis"),
+        "verdict": res.get("verdict"),
+        "rates": [{"rate": x["rate"], "verdict": x["verdict"], "seeds": x.get("seeds")} for x in res.get("rates", [])],
+        "runs_counted": len(r["runs_counted"]),
+        "runs_excluded": r["runs_excluded"],
+        "decisive": r["decisive"],
+        "judged_by": {k: r["judged_by"].get(k) for k in ("commit", "mode", "reason")},
+        "any_kill_triggered": r["any_kill_triggered"],
+    }

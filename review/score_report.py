@@ -11,9 +11,10 @@ both what was frozen and what changed after.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import orjson
 
@@ -43,13 +44,24 @@ class ScoreReport:
             "commit": fz.commit,
             "confirmed_at": fz.confirmed_at,
             "freezes": [{"tag": fz.tag, "blindness": self.facts.overall.text(), "reason": self.facts.overall.reason}],
-            "files": [{"path": f.path, "sha256": f.sha256, "worktree_sha256": f.worktree_sha256, "edited_since_freeze": f.edited_since,
-                       "errata": f.errata, "problems": f.problems} for f in fz.files],
+            "files": [
+                {
+                    "path": f.path,
+                    "sha256": f.sha256,
+                    "worktree_sha256": f.worktree_sha256,
+                    "edited_since_freeze": f.edited_since,
+                    "errata": f.errata,
+                    "problems": f.problems,
+                }
+                for f in fz.files
+            ],
             "problems": self.problems,
-            "scores": [{"file": path, "name": sc.name, "summary": sc.summary,
-                        "scored": [s.to_json() for s in sc.scored]} for path, sc in self.scores],
+            "scores": [
+                {"file": path, "name": sc.name, "summary": sc.summary, "scored": [s.to_json() for s in sc.scored]}
+                for path, sc in self.scores
+            ],
             "notes": self.notes,
-        }  # fmt: skip
+        }
 
 
 def _is_testdir(p: Path) -> bool:
@@ -86,7 +98,9 @@ def score_frozen(
     else:
         facts = freeze_facts(fz, run_times([read_run(d) for d in dirs], None, None))
         if dirs:
-            notes.append("run directories given without their test directory: each run's meta.json created_at stands for its submit and start")
+            notes.append(
+                "run directories given without their test directory: each run's meta.json created_at stands for its submit and start"
+            )
     data_outcomes = [load_outcome_file(p) for p in outcome_files]
     scores = []
     for f in fz.files:
@@ -117,36 +131,61 @@ def _fmt(v: Any) -> str:
 def _table(rows: list[Any]) -> list[str]:
     out = ["| id | about | predicted | outcome | result | error / score | blindness |", "|---|---|---|---|---|---|---|"]
     for s in rows:
-        extra = f"err {_fmt(s.error)}" if s.error is not None else (f"Brier {_fmt(s.brier)}, log {_fmt(s.log_score)}" if s.brier is not None else s.detail)
-        out.append(f"| {s.id} | {s.quantity} @ {s.about} | {s.predicted} | {_fmt(s.outcome)} | **{s.result.upper()}** | {extra} | {s.blindness or '—'} |")
+        extra = (
+            f"err {_fmt(s.error)}"
+            if s.error is not None
+            else (f"Brier {_fmt(s.brier)}, log {_fmt(s.log_score)}" if s.brier is not None else s.detail)
+        )
+        out.append(
+            f"| {s.id} | {s.quantity} @ {s.about} | {s.predicted} | {_fmt(s.outcome)} | **{s.result.upper()}** | {extra} | {s.blindness or '—'} |"
+        )
     return out
 
 
 def markdown(rep: ScoreReport) -> str:
     fz = rep.frozen
     L = [f"# Frozen predictions {fz.tag}, scored", ""]
-    L.append(f"Scored from the bytes tag `{fz.tag}` holds (commit `{fz.commit[:12]}`), never from the work tree. "
-             f"Confirmed on the remote: {fz.confirmed_at or 'no record'}.")  # fmt: skip
-    L.append(f"Blindness of the freeze for the runs scored: **{rep.facts.overall.text()}** ({rep.facts.overall.reason}).")
+    L.append(
+        f"Scored from the bytes tag `{fz.tag}` holds (commit `{fz.commit[:12]}`), never from the work tree. "
+        f"Confirmed on the remote: {fz.confirmed_at or 'no record'}."
+    )
+    L.append(
+        f"Blindness of the freeze for the runs scored: **{rep.facts.overall.text()}** ({rep.facts.overall.reason})."
+    )
     L.append("")
     L.append("## Frozen files")
     for f in fz.files:
-        L.append(f"- `{f.path}` SHA-256 `{f.sha256}`" + (" — **EDITED AFTER THE FREEZE** in the work tree "
-                 f"(now `{f.worktree_sha256}`); the edit is ignored: scored from the tag" if f.edited_since else ""))  # fmt: skip
+        L.append(
+            f"- `{f.path}` SHA-256 `{f.sha256}`"
+            + (
+                " — **EDITED AFTER THE FREEZE** in the work tree "
+                f"(now `{f.worktree_sha256}`); the edit is ignored: scored from the tag"
+                if f.edited_since
+                else ""
+            )
+        )
         for e in f.errata:
-            L.append(f"  - **erratum** commit `{e['commit'][:12]}` at {e['committed_at']} changed it after the freeze (the tag still names the frozen bytes)")
+            L.append(
+                f"  - **erratum** commit `{e['commit'][:12]}` at {e['committed_at']} changed it after the freeze (the tag still names the frozen bytes)"
+            )
     for p in rep.problems:
         L.append(f"- **PROBLEM**: {p}")
     for path, sc in rep.scores:
         hits, misses = sc.hits, sc.misses
         other = [s for s in sc.scored if s.result not in ("hit", "miss")]
-        L += ["", f"## {sc.name} (`{path}`): {len(hits)} hits, {len(misses)} misses, {len(other)} without a call or an outcome", ""]
+        L += [
+            "",
+            f"## {sc.name} (`{path}`): {len(hits)} hits, {len(misses)} misses, {len(other)} without a call or an outcome",
+            "",
+        ]
         L.append("| layer | n | hits | misses | no call | no outcome | Brier | log score |")
         L.append("|---|---|---|---|---|---|---|---|")
         for layer, d in sc.summary.items():
             br = ", ".join(f"{k} {_fmt(v)}" for k, v in d["brier"].items()) or "—"
             lg = ", ".join(f"{k} {_fmt(v)}" for k, v in d["log_score"].items()) or "—"
-            L.append(f"| {layer} | {d['n']} | {d['hit']} | {d['miss']} | {d['no call']} | {d['no outcome']} | {br} | {lg} |")
+            L.append(
+                f"| {layer} | {d['n']} | {d['hit']} | {d['miss']} | {d['no call']} | {d['no outcome']} | {br} | {lg} |"
+            )
         L += ["", f"### Misses ({len(misses)})", ""]
         L += _table(misses) if misses else ["none"]
         L += ["", f"### Hits ({len(hits)})", ""]
@@ -172,7 +211,9 @@ def summary_lines(rep: ScoreReport) -> list[str]:
     out = [f"{rep.frozen.tag}: {rep.facts.overall.text()}"]
     for f in rep.frozen.files:
         if f.edited_since:
-            out.append(f"  {f.path}: EDITED AFTER THE FREEZE (work tree {f.worktree_sha256[:12] if f.worktree_sha256 else '?'} != frozen {f.sha256[:12]}); scored from the tag")
+            out.append(
+                f"  {f.path}: EDITED AFTER THE FREEZE (work tree {f.worktree_sha256[:12] if f.worktree_sha256 else '?'} != frozen {f.sha256[:12]}); scored from the tag"
+            )
         for e in f.errata:
             out.append(f"  {f.path}: erratum {e['commit'][:12]} at {e['committed_at']}")
     for p in rep.problems:
@@ -181,6 +222,8 @@ def summary_lines(rep: ScoreReport) -> list[str]:
         out.append(f"  {sc.name}: {len(sc.hits)} hits, {len(sc.misses)} misses")
         for layer, d in sc.summary.items():
             br = ", ".join(f"Brier({k}) {v:.3f}" for k, v in d["brier"].items())
-            out.append(f"    {layer}: {d['hit']} hit / {d['miss']} miss / {d['no call']} no call / {d['no outcome']} no outcome" + (f"; {br}" if br else ""))
+            out.append(
+                f"    {layer}: {d['hit']} hit / {d['miss']} miss / {d['no call']} no call / {d['no outcome']} no outcome"
+                + (f"; {br}" if br else "")
+            )
     return out
-

@@ -26,9 +26,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from review.testdir import PRESENT, TestDir
 from prereg.labels import label_now
 from review.registered import bind_run
+from review.testdir import PRESENT, TestDir
 from slurm.scheduler import SchedulerError, job_states
 
 PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
@@ -63,7 +63,7 @@ def _scheduler_states(ids: list[str], runner: Any = None) -> tuple[dict[str, str
 
 def jobs_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) -> dict[str, Any]:
     """Each job of the submission manifest with its state and category, and the counts."""
-    counts = {c: 0 for c in CATEGORIES}
+    counts = dict.fromkeys(CATEGORIES, 0)
     if not td.manifest.ok:
         return {"state": td.manifest.state, "note": td.manifest.note, "source": None, "counts": counts, "jobs": []}
     man = td.manifest.value
@@ -91,11 +91,21 @@ def jobs_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) 
         if raw.get("refused") or str(raw.get("status", "")).upper() == "REFUSED":
             run_status = "REFUSED"
         tasks = {k: v for k, v in states.items() if k.startswith(j.job_id + "_")} if j.job_id not in states else {}
-        for jid, st in ([(j.job_id, states.get(j.job_id))] if not tasks else sorted(tasks.items())):
+        for jid, st in [(j.job_id, states.get(j.job_id))] if not tasks else sorted(tasks.items()):
             cat = job_category(st, run_status)
             counts[cat] += 1
-            jobs.append({"job_id": jid, "arm": j.arm, "rate": j.rate, "seed": j.seed, "run_dir": j.run_dir, "state": st,
-                         "run_status": run_status, "category": cat})  # fmt: skip
+            jobs.append(
+                {
+                    "job_id": jid,
+                    "arm": j.arm,
+                    "rate": j.rate,
+                    "seed": j.seed,
+                    "run_dir": j.run_dir,
+                    "state": st,
+                    "run_status": run_status,
+                    "category": cat,
+                }
+            )
     return {"state": PRESENT, "note": "; ".join(notes), "source": source, "counts": counts, "jobs": jobs}
 
 
@@ -107,27 +117,63 @@ def registration_status(td: TestDir) -> dict[str, Any]:
     out: dict[str, Any] = {"state": piece.state, "note": piece.note, "ref": ref, "path": piece.path}
     if piece.ok:
         reg = piece.value
-        out.update({"name": reg.name, "status": reg.status, "sha256": reg.sha256, "test": reg.test,
-                    "status_reasons": list(reg.status_reasons)})  # fmt: skip
+        out.update(
+            {
+                "name": reg.name,
+                "status": reg.status,
+                "sha256": reg.sha256,
+                "test": reg.test,
+                "status_reasons": list(reg.status_reasons),
+            }
+        )
         if ref and ref.get("sha256") and ref["sha256"] != reg.sha256:
             out["mismatch"] = f"the file now hashes to {reg.sha256}, but the {ref['source']} binds {ref['sha256']}"
         hint = td.registration_hint
-        if hint is not None and ref and ref["source"] != "command line (--registration)" and Path(piece.path or "").resolve() != hint:
+        if (
+            hint is not None
+            and ref
+            and ref["source"] != "command line (--registration)"
+            and Path(piece.path or "").resolve() != hint
+        ):
             out["mismatch"] = f"--registration {hint} is not the registration the {ref['source']} names ({ref['path']})"
     tl = td.timeline
     submitted = td.manifest.ok or any(r.meta for r in td.runs)
     if tl.ok and submitted:
-        out.update({"label": tl.value.label, "label_reason": tl.value.label_reason, "label_basis": "the record (provenance.timeline)"})
+        out.update(
+            {
+                "label": tl.value.label,
+                "label_reason": tl.value.label_reason,
+                "label_basis": "the record (provenance.timeline)",
+            }
+        )
     elif piece.ok:
         try:
             lab, facts = label_now(piece.path, piece.value.status)
-            out.update({"label": lab.label, "label_reason": lab.reason, "label_basis": "jobs submitted now (prereg.labels.label_now)",
-                        "git": {"state": facts.state, "commit": facts.commit, "on_remote": facts.on_remote, "clean": facts.clean}})  # fmt: skip
+            out.update(
+                {
+                    "label": lab.label,
+                    "label_reason": lab.reason,
+                    "label_basis": "jobs submitted now (prereg.labels.label_now)",
+                    "git": {
+                        "state": facts.state,
+                        "commit": facts.commit,
+                        "on_remote": facts.on_remote,
+                        "clean": facts.clean,
+                    },
+                }
+            )
         except Exception as exc:  # outside a repository, or no git: the label cannot be computed
             out.update({"label": None, "label_reason": f"no label: {exc}", "label_basis": None})
     else:
-        out.update({"label": "exploratory" if ref is None else None, "label_basis": None,
-                    "label_reason": "no registration binds the runs" if ref is None else f"the registration cannot be read: {piece.note}"})  # fmt: skip
+        out.update(
+            {
+                "label": "exploratory" if ref is None else None,
+                "label_basis": None,
+                "label_reason": "no registration binds the runs"
+                if ref is None
+                else f"the registration cannot be read: {piece.note}",
+            }
+        )
     return out
 
 
@@ -137,10 +183,20 @@ def predictions_status(td: TestDir) -> dict[str, Any]:
     tl = td.timeline
     if tl.ok:
         for f in tl.value.freezes:
-            freezes.append({"tag": f.tag, "confirmed_at": _iso(f.confirmed_at), "blindness": f.overall.text(), "reason": f.overall.reason,
-                            "errata": len(f.errata)})  # fmt: skip
+            freezes.append(
+                {
+                    "tag": f.tag,
+                    "confirmed_at": _iso(f.confirmed_at),
+                    "blindness": f.overall.text(),
+                    "reason": f.overall.reason,
+                    "errata": len(f.errata),
+                }
+            )
     elif td.freeze_records:
-        freezes = [{"tag": p.stem, "confirmed_at": None, "blindness": None, "reason": f"timeline unavailable: {tl.note}"} for p in td.freeze_records]
+        freezes = [
+            {"tag": p.stem, "confirmed_at": None, "blindness": None, "reason": f"timeline unavailable: {tl.note}"}
+            for p in td.freeze_records
+        ]
     scored = []
     for s in td.scores:
         if not s.ok:
@@ -151,10 +207,23 @@ def predictions_status(td: TestDir) -> dict[str, Any]:
         for f in rep.get("scores") or []:
             for x in f.get("scored") or []:
                 n[x.get("result") if x.get("result") in ("hit", "miss") else "other"] += 1
-        scored.append({"path": s.path, "tag": rep.get("tag"), "hits": n["hit"], "misses": n["miss"], "other": n["other"],
-                       "blindness": [f.get("blindness") for f in rep.get("freezes") or []], "problems": rep.get("problems") or []})  # fmt: skip
+        scored.append(
+            {
+                "path": s.path,
+                "tag": rep.get("tag"),
+                "hits": n["hit"],
+                "misses": n["miss"],
+                "other": n["other"],
+                "blindness": [f.get("blindness") for f in rep.get("freezes") or []],
+                "problems": rep.get("problems") or [],
+            }
+        )
     frozen = bool(freezes)
-    note = "" if frozen else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's prereg/freezes/)"
+    note = (
+        ""
+        if frozen
+        else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's prereg/freezes/)"
+    )
     return {"frozen": frozen, "freezes": freezes, "scored": scored, "note": note}
 
 
@@ -164,8 +233,15 @@ def runs_status(td: TestDir) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     for r in td.runs:
         by_status[r.status] = by_status.get(r.status, 0) + 1
-    out: dict[str, Any] = {"found": len(td.runs), "by_status": by_status, "bound": None, "registered": None, "unbound": [], "missing": [],
-                           "unreadable": [{"run_dir": str(r.path), "error": r.error} for r in td.runs if r.error]}  # fmt: skip
+    out: dict[str, Any] = {
+        "found": len(td.runs),
+        "by_status": by_status,
+        "bound": None,
+        "registered": None,
+        "unbound": [],
+        "missing": [],
+        "unreadable": [{"run_dir": str(r.path), "error": r.error} for r in td.runs if r.error],
+    }
     if not td.registration.ok:
         out["note"] = "binding not checked: " + (td.registration.note or "no registration")
         return out
@@ -181,7 +257,13 @@ def runs_status(td: TestDir) -> dict[str, Any]:
         else:
             out["unbound"].append({"run_dir": str(r.path), "reasons": b.reasons})
     grid = [(a.upper(), round(m, 6), s) for a in reg.arms for m in reg.multiples() for s in reg.seeds]
-    out.update({"bound": n, "registered": len(grid), "missing": [f"{a} r{m:g} s{s}" for a, m, s in grid if (a, m, s) not in bound_keys]})
+    out.update(
+        {
+            "bound": n,
+            "registered": len(grid),
+            "missing": [f"{a} r{m:g} s{s}" for a, m, s in grid if (a, m, s) not in bound_keys],
+        }
+    )
     return out
 
 
@@ -199,9 +281,17 @@ def verdict_status(td: TestDir) -> dict[str, Any]:
         "registered": bool(reg),
         "decisive": reg.get("decisive") if reg else False,
         "judged_by": (reg.get("judged_by") or {}).get("commit") if reg else None,
-        "kill_triggered": [k["id"] for k in reg.get("kill_conditions", []) if k.get("triggered") is True] if reg else [],
-        "rates": [{"rate": r.get("rate"), "verdict": r.get("verdict"), "reason": r.get("reason")} for r in d.get("rates") or []],
-        "groups": [{"group": g.get("group"), "outcome": g.get("outcome"), "reason": g.get("reason")} for g in d.get("groups") or []],
+        "kill_triggered": [k["id"] for k in reg.get("kill_conditions", []) if k.get("triggered") is True]
+        if reg
+        else [],
+        "rates": [
+            {"rate": r.get("rate"), "verdict": r.get("verdict"), "reason": r.get("reason")}
+            for r in d.get("rates") or []
+        ],
+        "groups": [
+            {"group": g.get("group"), "outcome": g.get("outcome"), "reason": g.get("reason")}
+            for g in d.get("groups") or []
+        ],
         "runs_judged": len(d.get("runs") or []),
         "others": [str(p) for p in td.verdicts[1:]],
     }
@@ -216,8 +306,14 @@ def provenance_status(td: TestDir) -> dict[str, Any]:
     if not v.ok:
         return {"state": v.state, "note": v.note, "ok": None, "breaks": [], "skipped": []}
     ver = v.value
-    return {"state": PRESENT, "ok": ver.ok, "checks": len(ver.checks), "breaks": [{"area": c.area, "name": c.name, "detail": c.detail} for c in ver.breaks],
-            "skipped": list(ver.skipped), "notes": list(ver.timeline.notes) if ver.timeline else []}  # fmt: skip
+    return {
+        "state": PRESENT,
+        "ok": ver.ok,
+        "checks": len(ver.checks),
+        "breaks": [{"area": c.area, "name": c.name, "detail": c.detail} for c in ver.breaks],
+        "skipped": list(ver.skipped),
+        "notes": list(ver.timeline.notes) if ver.timeline else [],
+    }
 
 
 def collect_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) -> dict[str, Any]:
@@ -262,20 +358,35 @@ def format_status(st: dict[str, Any]) -> str:
     p = st["predictions"]
     if p["frozen"]:
         for f in p["freezes"]:
-            L.append(f"predictions   frozen {f['tag']}, on the remote {f['confirmed_at'] or 'not recorded'}: {f['blindness'] or '?'}")
+            L.append(
+                f"predictions   frozen {f['tag']}, on the remote {f['confirmed_at'] or 'not recorded'}: {f['blindness'] or '?'}"
+            )
     else:
         L.append(f"predictions   not frozen: {p['note']}")
     for s in p["scored"]:
-        L.append(f"              scored {s.get('tag') or s['path']}: " + (s["error"] if "error" in s else f"{s['hits']} hits, {s['misses']} misses, {s['other']} without a call or outcome"))
+        L.append(
+            f"              scored {s.get('tag') or s['path']}: "
+            + (
+                s["error"]
+                if "error" in s
+                else f"{s['hits']} hits, {s['misses']} misses, {s['other']} without a call or outcome"
+            )
+        )
     j = st["jobs"]
     if j["state"] == PRESENT:
         c = j["counts"]
-        L.append(f"jobs          {sum(c.values())}: " + ", ".join(f"{c[k]} {k}" for k in CATEGORIES if c[k] or k != "unknown") + f" [from {j['source']}]")
+        L.append(
+            f"jobs          {sum(c.values())}: "
+            + ", ".join(f"{c[k]} {k}" for k in CATEGORIES if c[k] or k != "unknown")
+            + f" [from {j['source']}]"
+        )
         if j.get("note"):
             L.append(f"              {j['note']}")
         for x in j["jobs"]:
             if x["category"] in ("failed", "refused", "unknown"):
-                L.append(f"              job {x['job_id']} {x['arm']} r{_rate(x['rate'])} s{x['seed']}: {x['category']} (state {x['state']}, run {x['run_status']})")
+                L.append(
+                    f"              job {x['job_id']} {x['arm']} r{_rate(x['rate'])} s{x['seed']}: {x['category']} (state {x['state']}, run {x['run_status']})"
+                )
     else:
         L.append(f"jobs          none: {j['note']}")
     ru = st["runs"]
@@ -290,7 +401,11 @@ def format_status(st: dict[str, Any]) -> str:
         L.append(f"runs          {ru['found']} found ({by}); {ru.get('note', '')}")
     v = st["verdict"]
     if v["state"] == PRESENT:
-        kind = ("registered, decisive" if v["decisive"] else "registered, not decisive") if v["registered"] else "not registered"
+        kind = (
+            ("registered, decisive" if v["decisive"] else "registered, not decisive")
+            if v["registered"]
+            else "not registered"
+        )
         L.append(f"verdict       {v['verdict']} ({kind}; rule {v['rule']}; {v['runs_judged']} runs judged) {v['path']}")
         for x in v["rates"]:
             L.append(f"              {_rate(x['rate'])} x lambda_ref: {x['verdict']} ({x['reason']})")
@@ -304,7 +419,10 @@ def format_status(st: dict[str, Any]) -> str:
         L.append(f"verdict       {v['note']}")
     pv = st["provenance"]
     if pv["state"] == PRESENT:
-        L.append(f"provenance    {'holds' if pv['ok'] else str(len(pv['breaks'])) + ' break(s)'} ({pv['checks']} checks" + (f", {len(pv['skipped'])} skipped)" if pv["skipped"] else ")"))
+        L.append(
+            f"provenance    {'holds' if pv['ok'] else str(len(pv['breaks'])) + ' break(s)'} ({pv['checks']} checks"
+            + (f", {len(pv['skipped'])} skipped)" if pv["skipped"] else ")")
+        )
         for b in pv["breaks"]:
             L.append(f"              BREAK [{b['area']}] {b['name']}" + (f": {b['detail']}" if b["detail"] else ""))
     else:

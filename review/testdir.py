@@ -27,10 +27,11 @@ The layout (docs/report.md) is the one the parts agree on:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -160,16 +161,24 @@ class TestDir:
     @cached_property
     def manifest(self) -> Piece:
         p = self.path / "submission.json"
-        return _read("submission manifest", p, lambda: read_manifest(self.path),
-                     "no submission manifest: the test was not submitted to the scheduler (or ran locally)")  # fmt: skip
+        return _read(
+            "submission manifest",
+            p,
+            lambda: read_manifest(self.path),
+            "no submission manifest: the test was not submitted to the scheduler (or ran locally)",
+        )
 
     @cached_property
     def accounting(self) -> Piece:
         """The scheduler's accounting export, read by the reader of its writer
         (slurm.scheduler.read_accounting_export): {job id: AccountingRow}."""
         p = self.path / "provenance" / "accounting.json"
-        return _read("accounting export", p, lambda: {r.job_id: r for r in read_accounting_export(p)},
-                     "no scheduler accounting export yet (written once the jobs have ended)")  # fmt: skip
+        return _read(
+            "accounting export",
+            p,
+            lambda: {r.job_id: r for r in read_accounting_export(p)},
+            "no scheduler accounting export yet (written once the jobs have ended)",
+        )
 
     @cached_property
     def runs(self) -> list[RunEntry]:
@@ -193,13 +202,25 @@ class TestDir:
         """{name, path, sha256, commit} of the registration: the manifest's, else a run's binding."""
         if self.manifest.ok:
             r = self.manifest.value.registration
-            return {"name": r.name, "path": r.path, "sha256": r.sha256, "commit": r.commit, "source": "submission manifest"}
+            return {
+                "name": r.name,
+                "path": r.path,
+                "sha256": r.sha256,
+                "commit": r.commit,
+                "source": "submission manifest",
+            }
         for r in self.runs:
             b = (r.meta or {}).get("registration")
             if isinstance(b, dict) and b.get("path"):
                 return {**{k: b.get(k) for k in ("name", "path", "sha256", "commit")}, "source": f"{r.name}/meta.json"}
         if self.registration_hint is not None:
-            return {"name": None, "path": str(self.registration_hint), "sha256": None, "commit": None, "source": "command line (--registration)"}
+            return {
+                "name": None,
+                "path": str(self.registration_hint),
+                "sha256": None,
+                "commit": None,
+                "source": "command line (--registration)",
+            }
         return None
 
     def _registration_file(self, rel: str) -> Path:
@@ -216,10 +237,19 @@ class TestDir:
     def registration(self) -> Piece:
         ref = self.registration_ref
         if ref is None:
-            return Piece("registration", ABSENT, None, note="no registration binds this test: neither a submission manifest nor any run's meta.json names one")
+            return Piece(
+                "registration",
+                ABSENT,
+                None,
+                note="no registration binds this test: neither a submission manifest nor any run's meta.json names one",
+            )
         path = self._registration_file(str(ref["path"]))
-        return _read("registration", path, lambda: load_registration(path),
-                     f"the registration file {ref['path']} named by the {ref['source']} is not in this checkout")  # fmt: skip
+        return _read(
+            "registration",
+            path,
+            lambda: load_registration(path),
+            f"the registration file {ref['path']} named by the {ref['source']} is not in this checkout",
+        )
 
     @cached_property
     def verdicts(self) -> list[Path]:
@@ -229,7 +259,12 @@ class TestDir:
     def verdict(self) -> Piece:
         found = self.verdicts
         if not found:
-            return Piece("verdict", ABSENT, None, note="not scored yet: no verdict.json or registered-verdict.json in the test directory")
+            return Piece(
+                "verdict",
+                ABSENT,
+                None,
+                note="not scored yet: no verdict.json or registered-verdict.json in the test directory",
+            )
         p = found[0]
         try:
             v = _load_json(p)
@@ -259,8 +294,9 @@ class TestDir:
         """review.verify's checks of the whole test (its timeline included)."""
         if not self.runs and not self.manifest.ok:
             return Piece("provenance verification", ABSENT, None, note="nothing to verify: no run and no submission")
-        return _read("provenance verification", None, lambda: verify_test(self.path, repo=self.repo),
-                     "nothing to verify")  # fmt: skip
+        return _read(
+            "provenance verification", None, lambda: verify_test(self.path, repo=self.repo), "nothing to verify"
+        )
 
     @cached_property
     def timeline(self) -> Piece:
@@ -269,8 +305,9 @@ class TestDir:
             return Piece("provenance timeline", PRESENT, None, v.value.timeline)
         if not self.runs and not self.manifest.ok and not self.freeze_records:
             return Piece("provenance timeline", ABSENT, None, note="no record to order: no run, submission or freeze")
-        return _read("provenance timeline", None, lambda: build_timeline(self.path, repo=self.repo),
-                     "no record to order")  # fmt: skip
+        return _read(
+            "provenance timeline", None, lambda: build_timeline(self.path, repo=self.repo), "no record to order"
+        )
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -297,5 +334,7 @@ def open_testdir(path: str | Path, *, repo: Any = None, registration: str | Path
     runs' bindings, once they exist, name it themselves)."""
     p = Path(path)
     if not p.is_dir():
-        raise ConfigError(f"{p}: not a test directory (no such folder); expected the folder a test's runs, manifest and verdict are under")
+        raise ConfigError(
+            f"{p}: not a test directory (no such folder); expected the folder a test's runs, manifest and verdict are under"
+        )
     return TestDir(p.resolve(), repo, Path(registration).resolve() if registration is not None else None)

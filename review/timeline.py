@@ -31,12 +31,14 @@ it), the conservative reading for the stronger claim; the label follows prereg.l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from prereg.freeze import Frozen, FreezeError, FreezeRecord, load_record, read_frozen
+from prereg.freeze import FreezeError, FreezeRecord, Frozen, load_record, read_frozen
+from prereg.labels import label_for
 from prereg.predictions import About, Prediction
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
@@ -56,7 +58,6 @@ from review.records import (
     registration_ref,
     registration_view,
 )
-from prereg.labels import label_for
 
 BLIND = "blind in time"
 BLIND_START = "blind in time (start criterion)"
@@ -137,21 +138,42 @@ class Timeline:
             "testdir": str(self.testdir),
             "label": self.label,
             "label_reason": self.label_reason,
-            "registration": None if r.ref is None else {
-                "path": r.ref.path, "sha256": r.ref.sha256, "commit": r.ref.commit, "committed_at": iso(r.committed_at),
-                "remote_confirmed_at": iso(r.remote.checked_at) if r.remote and r.remote.contains else None, "source": r.source,
-                "status": r.view.status if r.view else None, "problems": r.problems},
-            "events": [{"at": iso(e.at), "kind": e.kind, "subject": e.subject, "source": e.source} for e in self.events],
-            "predictions": [{"tag": f.tag, "confirmed_at": iso(f.confirmed_at), "blindness": f.overall.text(), "reason": f.overall.reason,
-                             "by_prediction": {k: b.text() for k, b in f.by_prediction.items()}, "errata": f.errata} for f in self.freezes],
+            "registration": None
+            if r.ref is None
+            else {
+                "path": r.ref.path,
+                "sha256": r.ref.sha256,
+                "commit": r.ref.commit,
+                "committed_at": iso(r.committed_at),
+                "remote_confirmed_at": iso(r.remote.checked_at) if r.remote and r.remote.contains else None,
+                "source": r.source,
+                "status": r.view.status if r.view else None,
+                "problems": r.problems,
+            },
+            "events": [
+                {"at": iso(e.at), "kind": e.kind, "subject": e.subject, "source": e.source} for e in self.events
+            ],
+            "predictions": [
+                {
+                    "tag": f.tag,
+                    "confirmed_at": iso(f.confirmed_at),
+                    "blindness": f.overall.text(),
+                    "reason": f.overall.reason,
+                    "by_prediction": {k: b.text() for k, b in f.by_prediction.items()},
+                    "errata": f.errata,
+                }
+                for f in self.freezes
+            ],
             "notes": self.notes,
-        }  # fmt: skip
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # pieces
 # ---------------------------------------------------------------------------------------------
-def run_times(runs: Sequence[RunRecord], manifest: Manifest | None, accounting: dict[str, Job] | None) -> list[RunTimes]:
+def run_times(
+    runs: Sequence[RunRecord], manifest: Manifest | None, accounting: dict[str, Job] | None
+) -> list[RunTimes]:
     """Each run with its job's submit / start / end (scheduler), or its own meta.json times."""
     by_dir: dict[str, str] = {}
     if manifest is not None:
@@ -191,7 +213,9 @@ def registration_facts(manifest: Manifest | None, runs: Sequence[RunRecord], rep
             ref, source = registration_ref(bound[0], f"{runs[0].path}/meta.json: registration"), "runs' meta.json"
     facts = RegistrationFacts(ref, None, remote, None, None, None, [], source)
     if manifest is not None and ("dirty" in manifest.raw or "clean" in manifest.raw):
-        facts.manifest_dirty = bool(manifest.raw["dirty"]) if "dirty" in manifest.raw else not bool(manifest.raw["clean"])
+        facts.manifest_dirty = (
+            bool(manifest.raw["dirty"]) if "dirty" in manifest.raw else not bool(manifest.raw["clean"])
+        )
     if ref is None:
         facts.problems.append("no registration: neither a submission manifest nor any run's meta.json names one")
         return facts
@@ -227,17 +251,27 @@ def counted_runs(times: Sequence[RunTimes], facts: RegistrationFacts) -> list[Ru
     if facts.ref is None:
         return list(times)
     reg = set(facts.view.registered_runs()) if facts.view and facts.view.arms else None
-    return [t for t in times
-            if (t.run.registration or {}).get("sha256") == facts.ref.sha256 and (reg is None or t.run.key in reg)]  # fmt: skip
+    return [
+        t
+        for t in times
+        if (t.run.registration or {}).get("sha256") == facts.ref.sha256 and (reg is None or t.run.key in reg)
+    ]
 
 
 def registration_label(facts: RegistrationFacts, counted: Sequence[RunTimes]) -> tuple[str, str]:
     """(label, why): the facts of the record handed to prereg.labels.label_for, the project's one rule."""
     if facts.ref is not None and facts.committed_sha256 is not None and facts.committed_sha256 != facts.ref.sha256:
-        return EXPL, f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound {facts.ref.sha256[:12]}"
+        return (
+            EXPL,
+            f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound {facts.ref.sha256[:12]}",
+        )
     submits = [t.submit for t in counted if t.submit is not None]
     first = min(submits) if submits else None
-    src = "scheduler submit" if any(t.times_from == "scheduler" for t in counted) else "run start in meta.json (no scheduler record)"
+    src = (
+        "scheduler submit"
+        if any(t.times_from == "scheduler" for t in counted)
+        else "run start in meta.json (no scheduler record)"
+    )
     rc = facts.remote
     lab = label_for(
         status=(facts.view.status if facts.view else None) if facts.ref is not None else None,
@@ -278,14 +312,26 @@ def blindness(confirmed_at: datetime | None, runs: Sequence[RunTimes], declared:
     starts = [t.start for t in runs if t.start is not None]
     s, st = (min(subs) if subs else None), (min(starts) if starts else None)
     if not runs:
-        return Blindness(NOT_BLIND if confirmed_at is None else "no runs to compare", "no run of the test is among those predicted", declared)
+        return Blindness(
+            NOT_BLIND if confirmed_at is None else "no runs to compare",
+            "no run of the test is among those predicted",
+            declared,
+        )
     if confirmed_at is None:
         return Blindness(NOT_BLIND, "no record that the freeze reached the remote", declared, s, st)
     if s is not None and confirmed_at < s:
         return Blindness(BLIND, f"on the remote {iso(confirmed_at)}, before the earliest submit {iso(s)}", None, s, st)
     if st is not None and confirmed_at < st:
-        return Blindness(BLIND_START, f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start {iso(st)}", None, s, st)
-    return Blindness(NOT_BLIND, f"on the remote {iso(confirmed_at)}, not before the earliest start {iso(st)}", declared, s, st)
+        return Blindness(
+            BLIND_START,
+            f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start {iso(st)}",
+            None,
+            s,
+            st,
+        )
+    return Blindness(
+        NOT_BLIND, f"on the remote {iso(confirmed_at)}, not before the earliest start {iso(st)}", declared, s, st
+    )
 
 
 _ORDER = {BLIND: 0, BLIND_START: 1, "no runs to compare": 0, NOT_BLIND: 2}
@@ -300,9 +346,19 @@ def freeze_facts(fz: Frozen, times: Sequence[RunTimes]) -> FreezeFacts:
         pf = f.predictions
         if f.model_value_runs is not None:  # a rule's model-value file: blind for the runs it lists
             for arm, rate, seed in f.model_value_runs:
-                p = Prediction(f"{f.path}:{arm}-r{rate:g}-s{seed}", "model values", About("run", None if arm == "*" else arm, rate, seed),
-                               "value", {"kind": "model_f"}, {})
-                rs = runs_about(p, times) if arm != "*" else [t for t in times if round(t.run.rate, 6) == round(rate, 6) and t.run.seed == seed]
+                p = Prediction(
+                    f"{f.path}:{arm}-r{rate:g}-s{seed}",
+                    "model values",
+                    About("run", None if arm == "*" else arm, rate, seed),
+                    "value",
+                    {"kind": "model_f"},
+                    {},
+                )
+                rs = (
+                    runs_about(p, times)
+                    if arm != "*"
+                    else [t for t in times if round(t.run.rate, 6) == round(rate, 6) and t.run.seed == seed]
+                )
                 by[p.id] = blindness(conf, rs, None)
                 for t in rs:
                     all_runs[t.run.path] = t
@@ -340,7 +396,9 @@ def discover_freezes(testdir: Path, repo: Repo | None, test: str | None) -> list
     return list(seen.values())
 
 
-def build_timeline(testdir: str | Path, *, repo: Repo | None = None, freezes: Sequence[str | Path] | None = None) -> Timeline:
+def build_timeline(
+    testdir: str | Path, *, repo: Repo | None = None, freezes: Sequence[str | Path] | None = None
+) -> Timeline:
     """Everything the labels rest on, for one test directory."""
     td = Path(testdir)
     repo = _repo_for(td, repo)
@@ -354,7 +412,11 @@ def build_timeline(testdir: str | Path, *, repo: Repo | None = None, freezes: Se
     notes: list[str] = list(facts.problems)
     if accounting is None:
         notes.append("no scheduler accounting export: each run's meta.json created_at stands for its submit and start")
-    test = manifest.test if manifest else (facts.view.test if facts.view else next((r.meta.get("test") for r in runs), None))
+    test = (
+        manifest.test
+        if manifest
+        else (facts.view.test if facts.view else next((r.meta.get("test") for r in runs), None))
+    )
     recs: list[Any] = list(freezes) if freezes is not None else discover_freezes(td, repo, test)
     ffs = []
     for rec in recs:
@@ -372,20 +434,41 @@ def _events(facts: RegistrationFacts, times: Sequence[RunTimes], ffs: Sequence[F
     ev: list[Event] = []
     if facts.ref is not None:
         c = str(facts.ref.commit)[:12]
-        ev.append(Event(facts.committed_at, "registration committed", f"{facts.ref.path} @ {c}", "git (committer clock)"))
+        ev.append(
+            Event(facts.committed_at, "registration committed", f"{facts.ref.path} @ {c}", "git (committer clock)")
+        )
         rc = facts.remote
         if rc is not None:
-            ev.append(Event(rc.checked_at, "registration on remote" if rc.contains else "registration NOT on remote",
-                            f"{rc.remote}/{rc.branch} head {str(rc.remote_head)[:12]}", "submission manifest"))  # fmt: skip
+            ev.append(
+                Event(
+                    rc.checked_at,
+                    "registration on remote" if rc.contains else "registration NOT on remote",
+                    f"{rc.remote}/{rc.branch} head {str(rc.remote_head)[:12]}",
+                    "submission manifest",
+                )
+            )
         for oid, t in facts.later_commits:
             ev.append(Event(parse_utc(t), "registration changed", f"{facts.ref.path} @ {oid[:12]}", "git"))
     for f in ffs:
         rec = f.frozen.record
         if rec is not None:
-            ev.append(Event(parse_utc(rec.data.get("committed_at")), "prediction commit", f"{f.tag} @ {f.frozen.commit[:12]}", "git (committer clock)"))
-        ev.append(Event(f.confirmed_at, "prediction freeze on remote", f.tag, "freeze record" if rec else "no freeze record"))
+            ev.append(
+                Event(
+                    parse_utc(rec.data.get("committed_at")),
+                    "prediction commit",
+                    f"{f.tag} @ {f.frozen.commit[:12]}",
+                    "git (committer clock)",
+                )
+            )
+        ev.append(
+            Event(f.confirmed_at, "prediction freeze on remote", f.tag, "freeze record" if rec else "no freeze record")
+        )
         for e in f.errata:
-            ev.append(Event(parse_utc(e["committed_at"]), "erratum", f"{e['path']} @ {e['commit'][:12]} (after {f.tag})", "git"))
+            ev.append(
+                Event(
+                    parse_utc(e["committed_at"]), "erratum", f"{e['path']} @ {e['commit'][:12]} (after {f.tag})", "git"
+                )
+            )
     for t in times:
         name = t.run.path.name
         if t.times_from == "scheduler":

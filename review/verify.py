@@ -26,19 +26,19 @@ timeline      the label claimed in the manifest is the label the record gives (a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
+from provenance.codepaths import is_code_path
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
 from provenance.proofcheck import verify_proof
 from review.records import iso
 from review.timeline import Timeline, build_timeline
-from provenance.codepaths import is_code_path
-
 
 
 @dataclass
@@ -74,7 +74,9 @@ class Verification:
             if not cs:
                 continue
             lines.append(f"\n{area}:")
-            lines += [f"  [{'holds' if c.ok else 'BREAK'}] {c.name}" + (f": {c.detail}" if c.detail else "") for c in cs]
+            lines += [
+                f"  [{'holds' if c.ok else 'BREAK'}] {c.name}" + (f": {c.detail}" if c.detail else "") for c in cs
+            ]
         if self.skipped:
             lines.append("\nnot checked:")
             lines += [f"  [skipped] {x}" for x in self.skipped]
@@ -83,8 +85,13 @@ class Verification:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"testdir": str(self.testdir), "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "skipped": self.skipped,
-                "label": self.timeline.label if self.timeline else None}  # fmt: skip
+        return {
+            "testdir": str(self.testdir),
+            "ok": self.ok,
+            "checks": [c.__dict__ for c in self.checks],
+            "skipped": self.skipped,
+            "label": self.timeline.label if self.timeline else None,
+        }
 
 
 def _cell_diff(run_cell: Mapping[str, Any], reg_cell: Mapping[str, Any], pool_tol: float) -> list[str]:
@@ -125,14 +132,28 @@ def verify_test(
     if ref is None:
         v.add("registration", "a registration binds the test", False, "; ".join(facts.problems))
     else:
-        v.add("registration", f"{ref.path} at {str(ref.commit)[:12]} hashes to the bound SHA-256",
-              facts.committed_sha256 == ref.sha256,
-              f"committed bytes {str(facts.committed_sha256)[:16]}, bound {ref.sha256[:16]}" + ("; " + "; ".join(facts.problems) if facts.problems else ""))  # fmt: skip
+        v.add(
+            "registration",
+            f"{ref.path} at {str(ref.commit)[:12]} hashes to the bound SHA-256",
+            facts.committed_sha256 == ref.sha256,
+            f"committed bytes {str(facts.committed_sha256)[:16]}, bound {ref.sha256[:16]}"
+            + ("; " + "; ".join(facts.problems) if facts.problems else ""),
+        )
         if facts.worktree_sha256 is not None:
-            v.add("registration", "work-tree copy unchanged since registration", facts.worktree_sha256 == ref.sha256,
-                  "" if facts.worktree_sha256 == ref.sha256 else f"the file now hashes to {facts.worktree_sha256[:16]}: edited after it bound runs")  # fmt: skip
-        v.add("registration", "no later commit changed it", not facts.later_commits,
-              ", ".join(f"{c[:12]} at {t}" for c, t in facts.later_commits))
+            v.add(
+                "registration",
+                "work-tree copy unchanged since registration",
+                facts.worktree_sha256 == ref.sha256,
+                ""
+                if facts.worktree_sha256 == ref.sha256
+                else f"the file now hashes to {facts.worktree_sha256[:16]}: edited after it bound runs",
+            )
+        v.add(
+            "registration",
+            "no later commit changed it",
+            not facts.later_commits,
+            ", ".join(f"{c[:12]} at {t}" for c, t in facts.later_commits),
+        )
         st = facts.view.status if facts.view else None
         v.add("registration", "status FILLED", st == "FILLED", f"status {st!r}")
     # -- runs -------------------------------------------------------------------------------
@@ -140,32 +161,62 @@ def verify_test(
     present = {t.run.key: t for t in tl.runs}
     if view is not None and view.arms:
         missing = [k for k in view.registered_runs() if k not in present]
-        v.add("runs", f"every registered run present ({len(view.registered_runs())})", not missing,
-              ", ".join(f"{a} r{r} s{s}" for a, r, s in missing))  # fmt: skip
+        v.add(
+            "runs",
+            f"every registered run present ({len(view.registered_runs())})",
+            not missing,
+            ", ".join(f"{a} r{r} s{s}" for a, r, s in missing),
+        )
     for t in tl.runs:
         r = t.run
         name = r.path.name
         bound = (r.registration or {}).get("sha256")
         if ref is not None:
-            v.add("runs", f"{name} bound to the registration", bound == ref.sha256,
-                  "" if bound == ref.sha256 else f"its meta.json names registration {str(bound)[:16]} ({(r.registration or {}).get('path')})")  # fmt: skip
+            v.add(
+                "runs",
+                f"{name} bound to the registration",
+                bound == ref.sha256,
+                ""
+                if bound == ref.sha256
+                else f"its meta.json names registration {str(bound)[:16]} ({(r.registration or {}).get('path')})",
+            )
         if view is not None and view.arms:
-            v.add("runs", f"{name} is a registered arm x rate x seed", r.key in set(view.registered_runs()), f"{r.arm} r{r.rate} s{r.seed}")
+            v.add(
+                "runs",
+                f"{name} is a registered arm x rate x seed",
+                r.key in set(view.registered_runs()),
+                f"{r.arm} r{r.rate} s{r.seed}",
+            )
         if view is not None and view.plans:
             want = view.plans.get(r.key)
-            v.add("runs", f"{name} plan hash is the registered one", want is not None and r.plan_sha256 == want,
-                  f"meta.json plan {str(r.plan_sha256)[:16]}, registered {str(want)[:16]}")  # fmt: skip
+            v.add(
+                "runs",
+                f"{name} plan hash is the registered one",
+                want is not None and r.plan_sha256 == want,
+                f"meta.json plan {str(r.plan_sha256)[:16]}, registered {str(want)[:16]}",
+            )
         pf = r.path / str((r.meta.get("plan") or {}).get("file") or "plan.parquet")
         if pf.is_file():
             got = sha256_file(pf)
-            v.add("runs", f"{name} driven by the frozen plan (its plan file's bytes)", got == r.plan_sha256,
-                  "" if got == r.plan_sha256 else f"plan file hashes to {got[:16]}, meta.json says {str(r.plan_sha256)[:16]}")  # fmt: skip
+            v.add(
+                "runs",
+                f"{name} driven by the frozen plan (its plan file's bytes)",
+                got == r.plan_sha256,
+                ""
+                if got == r.plan_sha256
+                else f"plan file hashes to {got[:16]}, meta.json says {str(r.plan_sha256)[:16]}",
+            )
         else:
             v.add("runs", f"{name} plan file present", False, f"{pf} missing")
         if view is not None and view.cell:
             diff = _cell_diff(r.meta.get("cell") or {}, view.cell, pool_tolerance_tokens)
             v.add("runs", f"{name} cell matches", not diff, "; ".join(diff))
-        v.add("runs", f"{name} completed", r.status == "COMPLETED", f"status {r.status}" + (f": {r.meta.get('status_reason')}" if r.meta.get("status_reason") else ""))
+        v.add(
+            "runs",
+            f"{name} completed",
+            r.status == "COMPLETED",
+            f"status {r.status}" + (f": {r.meta.get('status_reason')}" if r.meta.get("status_reason") else ""),
+        )
         if not code_check:
             v.skipped.append(f"{name}: code commit not checked (asked)")
         elif repo is not None and ref is not None and ref.commit:
@@ -180,7 +231,12 @@ def verify_test(
     # -- timeline ---------------------------------------------------------------------------
     claim = tl.manifest.label if tl.manifest else None
     if claim is not None:
-        v.add("timeline", f"claimed label {claim!r} is the record's", claim == tl.label, f"the record gives {tl.label}: {tl.label_reason}")
+        v.add(
+            "timeline",
+            f"claimed label {claim!r} is the record's",
+            claim == tl.label,
+            f"the record gives {tl.label}: {tl.label_reason}",
+        )
     for sp in sorted(td.glob("predictions/*score*.json")) + sorted(td.glob("provenance/*score*.json")):
         rep = orjson.loads(sp.read_bytes())
         for f in rep.get("freezes", []):
@@ -189,22 +245,40 @@ def verify_test(
                 v.add("timeline", f"{sp.name}: freeze {f.get('tag')} in the record", False, "no freeze record for it")
                 continue
             ok = f.get("blindness") == fz.overall.text()
-            v.add("timeline", f"{sp.name}: {f.get('tag')} claimed {f.get('blindness')!r}", ok, "" if ok else f"the record gives {fz.overall.text()}: {fz.overall.reason}")
+            v.add(
+                "timeline",
+                f"{sp.name}: {f.get('tag')} claimed {f.get('blindness')!r}",
+                ok,
+                "" if ok else f"the record gives {fz.overall.text()}: {fz.overall.reason}",
+            )
     for t in tl.runs:
         if t.times_from != "scheduler":
             continue
         seq = [x for x in (t.submit, t.start, t.end) if x is not None]
-        v.add("timeline", f"job {t.job.job_id if t.job else '?'} submit <= start <= end", seq == sorted(seq),
-              f"{iso(t.submit)} / {iso(t.start)} / {iso(t.end)}")
+        v.add(
+            "timeline",
+            f"job {t.job.job_id if t.job else '?'} submit <= start <= end",
+            seq == sorted(seq),
+            f"{iso(t.submit)} / {iso(t.start)} / {iso(t.end)}",
+        )
         rs, re_ = t.run.created_at, t.run.finished_at
         inside = (rs is None or t.start is None or (rs - t.start).total_seconds() >= -clock_slack_s) and (
-            re_ is None or t.end is None or (t.end - re_).total_seconds() >= -clock_slack_s)
-        v.add("timeline", f"{t.run.path.name} ran inside its job", inside,
-              f"run {iso(rs)}..{iso(re_)}, job {iso(t.start)}..{iso(t.end)}")  # fmt: skip
+            re_ is None or t.end is None or (t.end - re_).total_seconds() >= -clock_slack_s
+        )
+        v.add(
+            "timeline",
+            f"{t.run.path.name} ran inside its job",
+            inside,
+            f"run {iso(rs)}..{iso(re_)}, job {iso(t.start)}..{iso(t.end)}",
+        )
     rc = facts.remote
     if rc is not None and rc.checked_at is not None and facts.committed_at is not None and rc.contains:
-        v.add("timeline", "registration committed before it was confirmed on the remote",
-              (facts.committed_at - rc.checked_at).total_seconds() <= clock_slack_s, f"{iso(facts.committed_at)} vs {iso(rc.checked_at)}")
+        v.add(
+            "timeline",
+            "registration committed before it was confirmed on the remote",
+            (facts.committed_at - rc.checked_at).total_seconds() <= clock_slack_s,
+            f"{iso(facts.committed_at)} vs {iso(rc.checked_at)}",
+        )
     return v
 
 

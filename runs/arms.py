@@ -153,7 +153,7 @@ def references(bundle: TestBundle) -> dict[str, float]:
     amr = own.all_miss_token_rate if own and own.all_miss_token_rate is not None else cell.all_miss_token_rate
     if lam is None or amr is None:
         raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test; "
-                          "record them in the cell or in the test's references")  # fmt: skip
+                          "record them in the cell or in the test's references")
     return {"lambda_ref": float(lam), "all_miss_token_rate": float(amr)}
 
 
@@ -217,7 +217,7 @@ def execute_run(
         meta.update(extra_meta)
     if expect_plan_sha256 is not None and sha != expect_plan_sha256.lower():
         reason = (f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
-                  "the configs no longer generate the registered plan")  # fmt: skip
+                  "the configs no longer generate the registered plan")
         meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
         with RunRecorder(run_dir, meta) as rec:
             rec.close("REFUSED", reason)
@@ -240,10 +240,10 @@ def execute_run(
         warn = warning_text(open_loop)
         warnings = [warn] if warn else []
         rec.update_meta({**res.meta, "client": client.counters(), "open_loop": open_loop, "warnings": warnings,
-                         "end_time": res.end_time, "wall_s": time.monotonic() - t0})  # fmt: skip
+                         "end_time": res.end_time, "wall_s": time.monotonic() - t0})
         rec.close(res.status, res.reason)
     return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time,
-                     open_loop=open_loop, warnings=warnings)  # fmt: skip
+                     open_loop=open_loop, warnings=warnings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
     # with a rule scaled alike, or every run would be judged on the paper's clock (state X).
     p = bundle.protocol
     clash = [f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})" for k in ("min_window", "backlog_bin", "recovered_span")
-             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]  # fmt: skip
+             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]
     if clash:
         raise ConfigError(
             f"{bundle.path or bundle.test.name}: {where} does not match protocol {p.name!r}: {', '.join(clash)}; "

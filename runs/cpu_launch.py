@@ -45,13 +45,13 @@ def engine_env() -> tuple[str, str]:
 def cli_options(python: str, model: str) -> list[str]:
     """The real-engine options of `agentload calibrate|run|test run` for the CPU vLLM."""
     out = ["--engine", "vllm", "--server-cmd", f"{shlex.quote(python)} -m {VLLM_MODULE}", "--model-path", model,
-           "--health-timeout", f"{HEALTH_TIMEOUT:g}"]  # fmt: skip
+           "--health-timeout", f"{HEALTH_TIMEOUT:g}"]
     return out + [f"--engine-arg={a}" for a in ENGINE_ARGS]
 
 
 def run_options(python: str, model: str, **more: Any) -> dict[str, Any]:
     """The runner's options dict (RunContext.options) for the same launch, e.g. for execute_run."""
     opts = asdict(EngineOptions(engine="vllm", server_cmd=(python, "-m", VLLM_MODULE), model=model, extra_args=ENGINE_ARGS,
-                                health_timeout=HEALTH_TIMEOUT))  # fmt: skip
+                                health_timeout=HEALTH_TIMEOUT))
     opts.update(more)
     return opts

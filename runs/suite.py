@@ -189,7 +189,7 @@ def run_test(
 
 
 def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[str, float, int]], every: float,
-                   options: dict[str, Any] | None, executor: Any) -> list[RunResult]:  # fmt: skip
+                   options: dict[str, Any] | None, executor: Any) -> list[RunResult]:
     """The runs of a test through an executor (each call is `_worker`, as in the local pool)."""
     test_path = str(Path(bundle.path).resolve()) if bundle.path else None
     if test_path is None:

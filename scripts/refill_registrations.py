@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_bytes(data)
         print(f"{'changed' if path.name in changed else 'same   '} {path.relative_to(ROOT)}")
     if args.check and changed:
-        print(f"{len(changed)} registration(s) differ from their fill: run scripts/refill_registrations.py", file=sys.stderr)
+        print(
+            f"{len(changed)} registration(s) differ from their fill: run scripts/refill_registrations.py",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -23,9 +23,10 @@ rows are weighted by 1/duration (relative errors) and solved by non-negative lea
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -64,8 +65,10 @@ def timeline(turns: pd.DataFrame) -> Timeline:
     back from there."""
     need = ("engine_ttft", "engine_decode")
     if any(c not in turns.columns for c in need):
-        raise CostFitError("turn records carry no engine timings (columns engine_ttft, engine_decode): "
-                           "runs must come from an engine that reports them (vLLM with --enable-per-request-metrics)")  # fmt: skip
+        raise CostFitError(
+            "turn records carry no engine timings (columns engine_ttft, engine_decode): "
+            "runs must come from an engine that reports them (vLLM with --enable-per-request-metrics)"
+        )
     t = turns[(turns["status"] == "ok") & turns["engine_ttft"].notna() & turns["engine_decode"].notna()]
     t = t[t["completion_tokens"].fillna(0) >= 1]
     if t.empty:
@@ -143,8 +146,14 @@ class CostFit:
     per_row: pd.DataFrame | None = None
 
     def cost(self) -> CostModel:
-        return CostModel(a=self.params["a"], f0=0.0, b=self.params["b"], c_p=self.params["c_p"], chunk=self.chunk,
-                         c_d=self.params["c_d"])  # fmt: skip
+        return CostModel(
+            a=self.params["a"],
+            f0=0.0,
+            b=self.params["b"],
+            c_p=self.params["c_p"],
+            chunk=self.chunk,
+            c_d=self.params["c_d"],
+        )
 
     def cost_file(self, name: str, engine: str) -> dict[str, Any]:
         """The cost file (kind: cost), with a `fit` record: data, residuals."""
@@ -179,7 +188,9 @@ def _stats(rel: np.ndarray) -> dict[str, float]:
     }
 
 
-def fit_costs(turn_tables: Sequence[pd.DataFrame], chunk: int, *, names: Sequence[str] = (), min_rows: int = 20) -> CostFit:
+def fit_costs(
+    turn_tables: Sequence[pd.DataFrame], chunk: int, *, names: Sequence[str] = (), min_rows: int = 20
+) -> CostFit:
     """Fit (a, b, c_p, c_d) to the per-request timings of the given runs (one turn table each)."""
     X, y, k = [], [], []
     for t in turn_tables:
@@ -202,8 +213,10 @@ def fit_costs(turn_tables: Sequence[pd.DataFrame], chunk: int, *, names: Sequenc
     pred = A @ theta
     rel = (pred - b) / b
     res = {"all": _stats(rel), "prefill": _stats(rel[kinds == 0]), "decode": _stats(rel[kinds == 1])}
-    per_row = pd.DataFrame({"kind": np.where(kinds == 0, "prefill", "decode"), "observed": b, "predicted": pred, "rel": rel})
-    return CostFit(dict(zip(PARAMS, map(float, theta))), chunk, int(len(b)), list(names), res, per_row)
+    per_row = pd.DataFrame(
+        {"kind": np.where(kinds == 0, "prefill", "decode"), "observed": b, "predicted": pred, "rel": rel}
+    )
+    return CostFit(dict(zip(PARAMS, map(float, theta))), chunk, len(b), list(names), res, per_row)
 
 
 def fit_from_runs(run_dirs: Sequence[Path | str], chunk: int) -> CostFit:

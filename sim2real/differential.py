@@ -83,7 +83,15 @@ def _ids(pairs: list[list[Any]]) -> list[str]:
     return [p[0] for p in pairs]
 
 
-def _compare(step: int, e: dict[str, Any], o: dict[str, Any], res: TraceResult, cached_e: dict[str, int], cached_o: dict[str, int], max_examples: int) -> None:
+def _compare(
+    step: int,
+    e: dict[str, Any],
+    o: dict[str, Any],
+    res: TraceResult,
+    cached_e: dict[str, int],
+    cached_o: dict[str, int],
+    max_examples: int,
+) -> None:
     checks: dict[str, tuple[Any, Any, bool]] = {}
     adm_e = _ids(e["new"]) + _ids(e["resumed"])
     adm_o = _ids(o["new"]) + _ids(o["resumed"])
@@ -204,6 +212,8 @@ def summarize(results: list[TraceResult]) -> dict[str, Any]:
                 dst.total += t.total
     return {
         "overall": {k: {"agree": t.agree, "total": t.total, "rate": t.rate} for k, t in total.items()},
-        "families": {n: {k: {"agree": t.agree, "total": t.total, "rate": t.rate} for k, t in f.items()} for n, f in fams.items()},
+        "families": {
+            n: {k: {"agree": t.agree, "total": t.total, "rate": t.rate} for k, t in f.items()} for n, f in fams.items()
+        },
         "traces": [r.to_json() for r in results],
     }

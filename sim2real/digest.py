@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def chain_digests(tokens: Sequence[int], block: int, start: int = 0, prev: str = "") -> list[str]:
@@ -19,7 +19,9 @@ def chain_digests(tokens: Sequence[int], block: int, start: int = 0, prev: str =
     out: list[str] = []
     n = len(tokens) // block
     for i in range(start, n):
-        h = hashlib.blake2b(prev.encode() + struct.pack(f"<{block}i", *tokens[i * block : (i + 1) * block]), digest_size=8)
+        h = hashlib.blake2b(
+            prev.encode() + struct.pack(f"<{block}i", *tokens[i * block : (i + 1) * block]), digest_size=8
+        )
         prev = h.hexdigest()
         out.append(prev)
     return out

@@ -14,6 +14,7 @@ import subprocess
 import threading
 from pathlib import Path
 from typing import Any
+
 from harness.errors import EngineError
 
 DRIVERS = Path(__file__).resolve().parent / "drivers"
@@ -40,7 +41,9 @@ def engine_python(engine: str, python: str | None = None) -> str:
 class EngineProc:
     """One driver process; `call(op, **fields)` sends a request and returns its reply."""
 
-    def __init__(self, engine: str, python: str | None = None, *, env: dict[str, str] | None = None, nice: int = 10) -> None:
+    def __init__(
+        self, engine: str, python: str | None = None, *, env: dict[str, str] | None = None, nice: int = 10
+    ) -> None:
         self.engine = engine
         py = engine_python(engine, python)
         argv = [py, str(DRIVERS / DRIVER_FILES[engine])]
@@ -48,7 +51,15 @@ class EngineProc:
             argv = ["nice", "-n", str(nice), *argv]
         full_env = {**os.environ, **(env or {})}
         self._stderr: list[str] = []
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+            bufsize=1,
+        )
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()
 
@@ -68,10 +79,14 @@ class EngineProc:
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError) as exc:
-            raise EngineProcError(f"{self.engine} driver died ({exc}); its stderr ends:\n{self.stderr_tail()}") from None
+            raise EngineProcError(
+                f"{self.engine} driver died ({exc}); its stderr ends:\n{self.stderr_tail()}"
+            ) from None
         if not line:
             self.proc.wait(timeout=10)
-            raise EngineProcError(f"{self.engine} driver exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr_tail()}")
+            raise EngineProcError(
+                f"{self.engine} driver exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr_tail()}"
+            )
         reply = json.loads(line)
         if "error" in reply:
             raise EngineProcError(f"{self.engine} driver: {op} failed: {reply['error']}\n{reply.get('trace', '')}")
@@ -88,7 +103,7 @@ class EngineProc:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
 
-    def __enter__(self) -> "EngineProc":
+    def __enter__(self) -> EngineProc:
         return self
 
     def __exit__(self, *exc: object) -> None:

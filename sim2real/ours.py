@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 
 from harness.config import CellConfig
-from harness.refengine.kv import BlockKV
+from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.model import EngineModel
 from harness.refengine.request import EngineRequest, Req, output_ids
 from sim2real.digest import chain_digests
 from sim2real.traces import EngineShape
-from harness.refengine.kv import TokenKV
 
 
 def vllm_cell(shape: EngineShape, *, prefix_cache: bool = True) -> CellConfig:
@@ -95,7 +94,9 @@ class OurEngine:
         keys = self.kv.pool.hasher.keys(np.asarray(tokens, dtype=np.int32), nb)
         for k, d in zip(keys, chain_digests(tokens, B)):
             self._key_digest.setdefault(k, d)
-        self.model.submit(EngineRequest(req_id=n, prompt=np.asarray(prompt, dtype=np.int32), max_tokens=max_tokens), self.now)
+        self.model.submit(
+            EngineRequest(req_id=n, prompt=np.asarray(prompt, dtype=np.int32), max_tokens=max_tokens), self.now
+        )
 
     def step(self) -> dict[str, Any]:
         m = self.model
@@ -189,7 +190,9 @@ class OurRadixEngine:
         n = len(self._ids) + 1
         self._ids[rid] = n
         self._names[n] = rid
-        self.model.submit(EngineRequest(req_id=n, prompt=np.asarray(prompt, dtype=np.int32), max_tokens=max_tokens), self.now)
+        self.model.submit(
+            EngineRequest(req_id=n, prompt=np.asarray(prompt, dtype=np.int32), max_tokens=max_tokens), self.now
+        )
 
     def step(self) -> dict[str, Any]:
         m = self.model
@@ -213,14 +216,16 @@ class OurRadixEngine:
         else:
             self.now += 1.0
         kv = self.kv
-        out.update({
-            "evicted_tokens": self.evicted,
-            "available": kv.M - kv.own - kv.tree.total,
-            "evictable": kv.tree.evictable,
-            "protected": kv.tree.protected,
-            "waiting": len(m.waiting),
-            "running": len(m.running),
-        })
+        out.update(
+            {
+                "evicted_tokens": self.evicted,
+                "available": kv.M - kv.own - kv.tree.total,
+                "evictable": kv.tree.evictable,
+                "protected": kv.tree.protected,
+                "waiting": len(m.waiting),
+                "running": len(m.running),
+            }
+        )
         return out
 
     def flush(self) -> bool:

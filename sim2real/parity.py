@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.recording.schema import HIT_THRESHOLD
 from analysis.metrics import hit_fraction_bins, interval_bin_means, system_intervals
 from harness.recording.record import load_run
+from harness.recording.schema import HIT_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,14 @@ def _last(gauges: pd.DataFrame, col: str) -> float:
     return float(v.iloc[-1]) if len(v) else math.nan
 
 
-def compare(real_dir: Path | str, sim_dir: Path | str, *, bands: Bands = Bands(), hit_bin: float | None = None, backlog_bin: float | None = None) -> dict[str, Any]:
+def compare(
+    real_dir: Path | str,
+    sim_dir: Path | str,
+    *,
+    bands: Bands = Bands(),
+    hit_bin: float | None = None,
+    backlog_bin: float | None = None,
+) -> dict[str, Any]:
     real, sim = load_run(real_dir), load_run(sim_dir)
     meta = real.meta
     proto = meta.get("protocol") or {}
@@ -95,21 +102,43 @@ def compare(real_dir: Path | str, sim_dir: Path | str, *, bands: Bands = Bands()
         "cost_file": (sim.meta.get("replay_of") or {}).get("cost_file"),
         "duration": duration,
         "bands": asdict(bands),
-        "turns": {"real": int(len(rt)), "sim": int(len(st)), "matched": int(len(m)), "prompt_equal": prompt_eq,
-                  "cached_equal": cached_eq, "hit_equal": hit_eq},  # fmt: skip
-        "hit_fraction": {"bin_s": hb, "real_mean": float(np.nanmean(hit_r)) if np.any(~np.isnan(hit_r)) else math.nan,
-                         "sim_mean": float(np.nanmean(hit_s)) if np.any(~np.isnan(hit_s)) else math.nan,
-                         "max_abs_diff": float(np.nanmax(np.abs(hit_r - hit_s))) if both.any() else math.nan,
-                         "bins_within": hit_in, "within_band": bool(hit_in >= bands.frac) if both.any() else False},  # fmt: skip
-        "backlog": {"bin_s": bb, "real_end": float(bl_r[-1]), "sim_end": float(bl_s[-1]),
-                    "real_max": float(bl_r.max()), "sim_max": float(bl_s.max()),
-                    "bins_within": bl_in, "within_band": bool(bl_in >= bands.frac)},  # fmt: skip
+        "turns": {
+            "real": len(rt),
+            "sim": len(st),
+            "matched": len(m),
+            "prompt_equal": prompt_eq,
+            "cached_equal": cached_eq,
+            "hit_equal": hit_eq,
+        },
+        "hit_fraction": {
+            "bin_s": hb,
+            "real_mean": float(np.nanmean(hit_r)) if np.any(~np.isnan(hit_r)) else math.nan,
+            "sim_mean": float(np.nanmean(hit_s)) if np.any(~np.isnan(hit_s)) else math.nan,
+            "max_abs_diff": float(np.nanmax(np.abs(hit_r - hit_s))) if both.any() else math.nan,
+            "bins_within": hit_in,
+            "within_band": bool(hit_in >= bands.frac) if both.any() else False,
+        },
+        "backlog": {
+            "bin_s": bb,
+            "real_end": float(bl_r[-1]),
+            "sim_end": float(bl_s[-1]),
+            "real_max": float(bl_r.max()),
+            "sim_max": float(bl_s.max()),
+            "bins_within": bl_in,
+            "within_band": bool(bl_in >= bands.frac),
+        },
         "completions": {"real": done(real.sessions), "sim": done(sim.sessions)},
         "latency_s": {"real": _quantiles(rt["latency"]), "sim": _quantiles(st["latency"])},
         "ttft_s": {"real": _quantiles(rt["ttft"]), "sim": _quantiles(st["ttft"])},
         "preemptions": {"real": _last(real.gauges, "preemptions_total"), "sim": _last(sim.gauges, "preemptions_total")},
-        "series": {"hit_t": he[:-1].tolist(), "hit_real": hit_r.tolist(), "hit_sim": hit_s.tolist(),
-                   "backlog_t": (0.5 * (be[:-1] + be[1:])).tolist(), "backlog_real": bl_r.tolist(), "backlog_sim": bl_s.tolist()},  # fmt: skip
+        "series": {
+            "hit_t": he[:-1].tolist(),
+            "hit_real": hit_r.tolist(),
+            "hit_sim": hit_s.tolist(),
+            "backlog_t": (0.5 * (be[:-1] + be[1:])).tolist(),
+            "backlog_real": bl_r.tolist(),
+            "backlog_sim": bl_s.tolist(),
+        },
     }
     return report
 

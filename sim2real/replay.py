@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.config import ArmConfig, CellConfig, CostConfig, ProtocolConfig, load_cost_file
-from harness.errors import ConfigError
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
+from harness.config import ArmConfig, CellConfig, CostConfig, ProtocolConfig, load_cost_file
 from harness.drivers.virtual import simulate
+from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan
@@ -42,13 +42,17 @@ def replay_cell(meta: dict[str, Any], cost: CostConfig | None) -> CellConfig:
     return CellConfig.model_validate(data)
 
 
-def replay_run(run_dir: Path | str, out_dir: Path | str, *, cost_file: str | Path | None = None, seed: int | None = None) -> Path:
+def replay_run(
+    run_dir: Path | str, out_dir: Path | str, *, cost_file: str | Path | None = None, seed: int | None = None
+) -> Path:
     """Simulate `run_dir`'s plan, arm and cell (with `cost_file`'s costs) into `out_dir`."""
     run_dir = Path(run_dir)
     meta = _meta(run_dir)
     for key in ("cell", "protocol", "arm_config"):
         if not meta.get(key):
-            raise ConfigError(f"{run_dir}/meta.json: missing {key!r}; only runs made by `agentload run`/`test run` can be replayed")
+            raise ConfigError(
+                f"{run_dir}/meta.json: missing {key!r}; only runs made by `agentload run`/`test run` can be replayed"
+            )
     plan_path = run_dir / PLAN_FILE
     if not plan_path.exists():
         raise ConfigError(f"{run_dir}: no {PLAN_FILE}; the run's frozen plan is what a replay plays")
@@ -68,26 +72,55 @@ def replay_run(run_dir: Path | str, out_dir: Path | str, *, cost_file: str | Pat
     (out_dir / PLAN_FILE).write_bytes(plan_path.read_bytes())
     duration = float(meta.get("end_time") or protocol.duration)
     rmeta = {
-        **{k: meta.get(k) for k in ("test", "registration", "rule", "arm", "rate", "rate_abs", "seed", "references", "cap", "workload")},
+        **{
+            k: meta.get(k)
+            for k in (
+                "test",
+                "registration",
+                "rule",
+                "arm",
+                "rate",
+                "rate_abs",
+                "seed",
+                "references",
+                "cap",
+                "workload",
+            )
+        },
         "arm_config": arm,
         "cell": cell,
         "protocol": protocol,
         "plan": meta.get("plan"),
         "engine_backend": "sim",
-        "replay_of": {"run_dir": str(run_dir), "engine_backend": meta.get("engine_backend"), "status": meta.get("status"),
-                      "cost_file": str(cost_file) if cost_file else None,
-                      "cost_file_sha256": sha256_file(cost_file) if cost_file else None},  # fmt: skip
+        "replay_of": {
+            "run_dir": str(run_dir),
+            "engine_backend": meta.get("engine_backend"),
+            "status": meta.get("status"),
+            "cost_file": str(cost_file) if cost_file else None,
+            "cost_file_sha256": sha256_file(cost_file) if cost_file else None,
+        },
         "provenance": capture(include_gpu=False),
     }
     t0 = time.monotonic()
     ts = arm.toolslow
     with RunRecorder(out_dir, rmeta) as rec:
-        client = PlanClient(plan.sessions, plan.workload, gate=make_gate(arm.gate, cap),
-                            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None, sink=rec)  # fmt: skip
+        client = PlanClient(
+            plan.sessions,
+            plan.workload,
+            gate=make_gate(arm.gate, cap),
+            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
+            sink=rec,
+        )
         engine = EngineModel(cell, seed=int(meta.get("seed", 0) if seed is None else seed))
         res = simulate(client, engine, recorder=rec, until=duration, gauge_interval=protocol.gauge_interval)
         client.close(float(res.end_time))
-        rec.update_meta({"simulation": res.as_meta(), "client": client.counters(), "end_time": float(res.end_time),
-                         "wall_s": time.monotonic() - t0})  # fmt: skip
+        rec.update_meta(
+            {
+                "simulation": res.as_meta(),
+                "client": client.counters(),
+                "end_time": float(res.end_time),
+                "wall_s": time.monotonic() - t0,
+            }
+        )
         rec.close("COMPLETED")
     return out_dir

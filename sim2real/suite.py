@@ -14,10 +14,9 @@ from typing import Any
 
 from sim2real.differential import TraceResult, run_trace, summarize
 from sim2real.engineproc import EngineProc
-from sim2real.ours import OurEngine, vllm_cell
-from sim2real.traces import TraceSpec, default_suite, make_trace
-from sim2real.ours import OurRadixEngine, sglang_cell
 from sim2real.models import fake_model_dir
+from sim2real.ours import OurEngine, OurRadixEngine, sglang_cell, vllm_cell
+from sim2real.traces import TraceSpec, default_suite, make_trace
 
 
 class DriverSide:
@@ -53,21 +52,43 @@ class OurSide:
 def _init_fields(engine: str, spec: TraceSpec, model: str) -> dict[str, Any]:
     e = spec.engine
     if engine == "vllm":
-        return {"model": model, "num_blocks": e.num_blocks, "block_size": e.block_size, "max_num_seqs": e.max_num_seqs,
-                "max_num_batched_tokens": e.max_num_batched_tokens, "max_model_len": e.max_model_len,
-                "prefix_caching": spec.prefix_caching}
-    return {"model": model, "pool_tokens": e.pool_tokens, "page_size": 1, "chunked_prefill": e.max_num_batched_tokens,
-            "max_running": e.max_num_seqs, "context_length": e.max_model_len, "prefix_caching": spec.prefix_caching,
-            "schedule_policy": spec.schedule_policy}
+        return {
+            "model": model,
+            "num_blocks": e.num_blocks,
+            "block_size": e.block_size,
+            "max_num_seqs": e.max_num_seqs,
+            "max_num_batched_tokens": e.max_num_batched_tokens,
+            "max_model_len": e.max_model_len,
+            "prefix_caching": spec.prefix_caching,
+        }
+    return {
+        "model": model,
+        "pool_tokens": e.pool_tokens,
+        "page_size": 1,
+        "chunked_prefill": e.max_num_batched_tokens,
+        "max_running": e.max_num_seqs,
+        "context_length": e.max_model_len,
+        "prefix_caching": spec.prefix_caching,
+        "schedule_policy": spec.schedule_policy,
+    }
 
 
 def _our_engine(engine: str, spec: TraceSpec, seed: int) -> Any:
     if engine == "vllm":
         return OurEngine(vllm_cell(spec.engine, prefix_cache=spec.prefix_caching), seed=seed)
-    return OurRadixEngine(sglang_cell(spec.engine, prefix_cache=spec.prefix_caching, policy=spec.schedule_policy), seed=seed)
+    return OurRadixEngine(
+        sglang_cell(spec.engine, prefix_cache=spec.prefix_caching, policy=spec.schedule_policy), seed=seed
+    )
 
 
-def run_suite(engine: str, specs: list[TraceSpec] | None = None, *, python: str | None = None, model_dir: str | None = None, seed: int = 0) -> dict[str, Any]:
+def run_suite(
+    engine: str,
+    specs: list[TraceSpec] | None = None,
+    *,
+    python: str | None = None,
+    model_dir: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Run `specs` (default: the default suite) through `engine`'s own code and our model.
 
     engine: 'vllm' (V1 scheduler, KV cache manager, block pool) or 'sglang' (radix cache,

@@ -65,7 +65,7 @@ class TraceSpec:
     schedule_policy: str = "fcfs"  # "lpm": SGLang only (vLLM schedules FCFS)
     engine: EngineShape = field(default_factory=EngineShape)
 
-    def with_seed(self, seed: int) -> "TraceSpec":
+    def with_seed(self, seed: int) -> TraceSpec:
         return replace(self, seed=seed)
 
     def to_json(self) -> dict[str, Any]:
@@ -139,7 +139,9 @@ def make_trace(spec: TraceSpec) -> Trace:
             think.append(_draw(rng, spec.think))
             length = nxt
             turns_kept += 1
-        sessions.append(SessionTrace(i, arrival, first, tuple(tools), tuple(reps), tuple(mt[:turns_kept]), tuple(think)))
+        sessions.append(
+            SessionTrace(i, arrival, first, tuple(tools), tuple(reps), tuple(mt[:turns_kept]), tuple(think))
+        )
     flushes = tuple(range(spec.flush_every, spec.max_steps, spec.flush_every)) if spec.flush_every else ()
     return Trace(spec, tuple(sessions), flushes)
 
@@ -149,26 +151,77 @@ def make_trace(spec: TraceSpec) -> Trace:
 def default_suite(seeds: int = 3) -> list[TraceSpec]:
     base = [
         TraceSpec("warm", sessions=10, engine=EngineShape(num_blocks=512)),
-        TraceSpec("pressure", sessions=24, arrival_span=20, first_prompt=(60, 400), max_tokens=(4, 40),
-                  engine=EngineShape(num_blocks=96, max_num_seqs=12)),
-        TraceSpec("chunked", sessions=8, first_prompt=(300, 900), tool_tokens=(50, 300),
-                  engine=EngineShape(num_blocks=400, max_num_batched_tokens=256, max_model_len=3072)),
-        TraceSpec("flush", sessions=10, arrival_span=120, think=(0, 30), flush_every=25, engine=EngineShape(num_blocks=256)),
-        TraceSpec("shared", sessions=14, shared_prefix=96, shared_fraction=0.6, repeat=0.25,
-                  engine=EngineShape(num_blocks=160)),
+        TraceSpec(
+            "pressure",
+            sessions=24,
+            arrival_span=20,
+            first_prompt=(60, 400),
+            max_tokens=(4, 40),
+            engine=EngineShape(num_blocks=96, max_num_seqs=12),
+        ),
+        TraceSpec(
+            "chunked",
+            sessions=8,
+            first_prompt=(300, 900),
+            tool_tokens=(50, 300),
+            engine=EngineShape(num_blocks=400, max_num_batched_tokens=256, max_model_len=3072),
+        ),
+        TraceSpec(
+            "flush", sessions=10, arrival_span=120, think=(0, 30), flush_every=25, engine=EngineShape(num_blocks=256)
+        ),
+        TraceSpec(
+            "shared",
+            sessions=14,
+            shared_prefix=96,
+            shared_fraction=0.6,
+            repeat=0.25,
+            engine=EngineShape(num_blocks=160),
+        ),
         # the agentload workload scaled to the CPU cell (L0 512, Delta 128, d 16, block 32), with
         # a pool that holds about a dozen sessions: hits, then eviction under load
-        TraceSpec("workload", sessions=20, arrival_span=60, turns=(2, 8), first_prompt=(512, 512),
-                  tool_tokens=(128, 128), max_tokens=(16, 16), think=(0, 12),
-                  engine=EngineShape(num_blocks=160, block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048)),
-        TraceSpec("seqlimit", sessions=20, arrival_span=10, max_tokens=(8, 48), engine=EngineShape(num_blocks=400, max_num_seqs=4)),
+        TraceSpec(
+            "workload",
+            sessions=20,
+            arrival_span=60,
+            turns=(2, 8),
+            first_prompt=(512, 512),
+            tool_tokens=(128, 128),
+            max_tokens=(16, 16),
+            think=(0, 12),
+            engine=EngineShape(
+                num_blocks=160, block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048
+            ),
+        ),
+        TraceSpec(
+            "seqlimit",
+            sessions=20,
+            arrival_span=10,
+            max_tokens=(8, 48),
+            engine=EngineShape(num_blocks=400, max_num_seqs=4),
+        ),
         TraceSpec("nocache", sessions=16, arrival_span=20, prefix_caching=False, engine=EngineShape(num_blocks=96)),
         # SGLang's LPM: the queue sorted by cached prefix while few wait, FCFS past the fallback
-        TraceSpec("lpm", sessions=24, arrival_span=15, first_prompt=(60, 400), max_tokens=(4, 40), think=(0, 3),
-                  schedule_policy="lpm", engine=EngineShape(num_blocks=120, max_num_seqs=12)),
+        TraceSpec(
+            "lpm",
+            sessions=24,
+            arrival_span=15,
+            first_prompt=(60, 400),
+            max_tokens=(4, 40),
+            think=(0, 3),
+            schedule_policy="lpm",
+            engine=EngineShape(num_blocks=120, max_num_seqs=12),
+        ),
         # cache off with chunked prompts (E0a's regime: SGLang's ignore_eos admission, chunk budgets)
-        TraceSpec("nocache-chunked", sessions=24, arrival_span=10, turns=(2, 6), first_prompt=(200, 900), tool_tokens=(100, 300),
-                  max_tokens=(16, 40), prefix_caching=False,
-                  engine=EngineShape(num_blocks=250, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=3072)),
+        TraceSpec(
+            "nocache-chunked",
+            sessions=24,
+            arrival_span=10,
+            turns=(2, 6),
+            first_prompt=(200, 900),
+            tool_tokens=(100, 300),
+            max_tokens=(16, 40),
+            prefix_caching=False,
+            engine=EngineShape(num_blocks=250, max_num_seqs=16, max_num_batched_tokens=256, max_model_len=3072),
+        ),
     ]
     return [s.with_seed(k) for s in base for k in range(seeds)]

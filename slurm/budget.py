@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
 from slurm.scheduler import parse_duration
 
 #: Plan seconds per wall second when the engine is real (it runs on its own clock).
@@ -75,7 +76,9 @@ def run_budget(duration_s: float, allowances: Any, engine: str, time_scale: floa
     get = allowances.get if isinstance(allowances, dict) else lambda k: getattr(allowances, k)
     scale = time_scale_for(engine, time_scale)
     run_s = 0.0 if scale is None else float(duration_s) / scale
-    return Budget(engine, float(duration_s), scale, run_s, float(get("start_s")), float(get("smoke_s")), float(get("teardown_s")))
+    return Budget(
+        engine, float(duration_s), scale, run_s, float(get("start_s")), float(get("smoke_s")), float(get("teardown_s"))
+    )
 
 
 def warning_lead_s(limit_s: float, lead_s: float = WARNING_LEAD_S) -> int:
@@ -109,8 +112,9 @@ class TimeLimit:
         return {**asdict(self), "seconds": self.seconds, "slurm": self.slurm}
 
 
-def job_time_limit(budget: Budget, given_minutes: int | None = None, *, lead_s: float = WARNING_LEAD_S,
-                   margin: float = MARGIN_FRACTION) -> TimeLimit:  # fmt: skip
+def job_time_limit(
+    budget: Budget, given_minutes: int | None = None, *, lead_s: float = WARNING_LEAD_S, margin: float = MARGIN_FRACTION
+) -> TimeLimit:
     """The limit to submit with: `given_minutes` (the user's --time) if any, else the need plus the
     warning lead, the scheduler's slack and the margin, rounded up to whole minutes."""
     need = budget.needed_s
@@ -131,7 +135,9 @@ def parse_time_minutes(text: str) -> int:
     try:
         secs = parse_duration(text)
     except ValueError:
-        raise ValueError(f"--time {text!r}: expected minutes or a Slurm duration such as 90, 1:30:00 or 1-00:00") from None
+        raise ValueError(
+            f"--time {text!r}: expected minutes or a Slurm duration such as 90, 1:30:00 or 1-00:00"
+        ) from None
     if secs is None or math.isinf(secs):
         raise ValueError(f"--time {text!r}: expected a finite limit")
     return max(1, math.ceil(secs / 60.0))

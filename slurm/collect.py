@@ -22,29 +22,40 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
+from provenance.git import GitError, Repo
 from slurm.manifest import (
     ACCOUNTING_CSV,
     ACCOUNTING_JSON,
     COLLECTION,
     PROVENANCE,
-    RUNS,
     job_ids,
     label_from_record,
     read_manifest,
     test_dir,
     write_manifest,
 )
-from slurm.scheduler import job_states
-from provenance.git import GitError, Repo
-from slurm.scheduler import TERMINAL_STATES, SchedulerError, accounting, wait_for_accounting, write_accounting_export
-from datetime import datetime, timezone
+from slurm.scheduler import (
+    TERMINAL_STATES,
+    SchedulerError,
+    accounting,
+    job_states,
+    wait_for_accounting,
+    write_accounting_export,
+)
 
-EXIT_MEANING = {3: "refused by the job's checks", 4: "the run failed", 5: "the run was interrupted", 1: "the job raised (see its log)"}
+EXIT_MEANING = {
+    3: "refused by the job's checks",
+    4: "the run failed",
+    5: "the run was interrupted",
+    1: "the job raised (see its log)",
+}
 
 
 def _run_meta(path: Path) -> dict[str, Any] | None:
@@ -106,19 +117,37 @@ def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] 
                 reason = EXIT_MEANING.get(exit_code or -1)
             if run_status is None and state not in ("PENDING", "RUNNING"):
                 tail = _log_tail(j)
-                reason = f"{reason or 'no run directory'}; job log: {tail}" if tail else (reason or "no run directory and no job log")
+                reason = (
+                    f"{reason or 'no run directory'}; job log: {tail}"
+                    if tail
+                    else (reason or "no run directory and no job log")
+                )
         refusal = (meta or {}).get("refusal") or {}
-        out.append({"index": j["index"], "job_id": jid, "arm": j["arm"], "rate": j["rate"], "seed": j["seed"], "state": state,
-                    "exit_code": exit_code, "run_status": run_status, "refused_by": refusal.get("check"), "reason": reason,
-                    "run_dir": j["run_dir"]})  # fmt: skip
+        out.append(
+            {
+                "index": j["index"],
+                "job_id": jid,
+                "arm": j["arm"],
+                "rate": j["rate"],
+                "seed": j["seed"],
+                "state": state,
+                "exit_code": exit_code,
+                "run_status": run_status,
+                "refused_by": refusal.get("check"),
+                "reason": reason,
+                "run_dir": j["run_dir"],
+            }
+        )
     return out
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
     lines = [f"{'#':>3} {'job':>12} {'arm':<10} {'rate':>6} {'seed':>4}  {'scheduler':<11} {'run':<12} reason"]
     for t in table:
-        lines.append(f"{t['index']:>3} {t['job_id']:>12} {t['arm']:<10} {t['rate']:>6g} {t['seed']:>4}  {t['state']:<11} "
-                     f"{t['run_status'] or '-':<12} {t['reason'] or ''}")  # fmt: skip
+        lines.append(
+            f"{t['index']:>3} {t['job_id']:>12} {t['arm']:<10} {t['rate']:>6g} {t['seed']:>4}  {t['state']:<11} "
+            f"{t['run_status'] or '-':<12} {t['reason'] or ''}"
+        )
     return "\n".join(lines)
 
 
@@ -144,7 +173,9 @@ def agreement(doc: dict[str, Any], rows: list[Any]) -> list[str]:
         if r.job_name != doc["job_name"]:
             problems.append(f"job {jid}: job name {r.job_name!r}, the manifest's {doc['job_name']!r}")
         if r.timelimit_s != limit_s:
-            problems.append(f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's {doc['time_limit']['slurm']} ({limit_s:.0f} s)")
+            problems.append(
+                f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's {doc['time_limit']['slurm']} ({limit_s:.0f} s)"
+            )
         sub = j.get("submit_utc")
         if sub and r.submit is not None and r.submit.isoformat() != sub:
             problems.append(f"job {jid}: submit time {r.submit.isoformat()}, the manifest recorded {sub}")
@@ -175,7 +206,13 @@ def _remote_now(doc: dict[str, Any]) -> dict[str, Any] | None:
     try:
         repo = Repo.containing(Path(reg["abs_path"]))
         rc = repo.remote_contains(reg["commit"], rem.get("remote"), rem.get("branch"))
-        return {"remote": rc.remote, "branch": rc.branch, "head": rc.remote_head, "contains": rc.contains, "checked_at": rc.checked_at}
+        return {
+            "remote": rc.remote,
+            "branch": rc.branch,
+            "head": rc.remote_head,
+            "contains": rc.contains,
+            "checked_at": rc.checked_at,
+        }
     except (GitError, OSError) as exc:
         return {"error": str(exc)}
 
@@ -183,7 +220,9 @@ def _remote_now(doc: dict[str, Any]) -> dict[str, Any] | None:
 Judge = Callable[[dict[str, Any], Path, Callable[[str], None]], dict[str, Any]]
 
 
-def collect(manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = None, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+def collect(
+    manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = None, echo: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Collect a test directory (see the module docstring); writes collection.json and returns it.
 
     `judge(manifest, test directory, echo)` computes the registered verdict of the collected runs
@@ -195,11 +234,18 @@ def collect(manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = 
     ids = job_ids(doc)
     deadline = time.monotonic() + wait_s
     states = scheduler_states(doc)
-    while wait_s > 0 and any(states.get(i, "UNKNOWN") not in TERMINAL_STATES for i in ids) and time.monotonic() < deadline:
+    while (
+        wait_s > 0 and any(states.get(i, "UNKNOWN") not in TERMINAL_STATES for i in ids) and time.monotonic() < deadline
+    ):
         time.sleep(2.0)
         states = scheduler_states(doc)
     pending = [i for i in ids if states.get(i, "UNKNOWN") not in TERMINAL_STATES]
-    result: dict[str, Any] = {"manifest": doc["_path"], "collected_at": _utc(), "complete": not pending, "pending": pending}
+    result: dict[str, Any] = {
+        "manifest": doc["_path"],
+        "collected_at": _utc(),
+        "complete": not pending,
+        "pending": pending,
+    }
     rows: list[Any] = []
     prov = base / PROVENANCE
     if doc["executor"] == "slurm" and ids:
@@ -214,13 +260,24 @@ def collect(manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = 
             result["accounting_note"] = f"no accounting: {str(exc).splitlines()[0]}"
         write_accounting_export(rows, prov / ACCOUNTING_JSON)
         write_accounting_export(rows, prov / ACCOUNTING_CSV)
-        result["accounting"] = {"json": str(prov / ACCOUNTING_JSON), "csv": str(prov / ACCOUNTING_CSV), "rows": len(rows),
-                                "settled": all(r.settled for r in rows)}  # fmt: skip
+        result["accounting"] = {
+            "json": str(prov / ACCOUNTING_JSON),
+            "csv": str(prov / ACCOUNTING_CSV),
+            "rows": len(rows),
+            "settled": all(r.settled for r in rows),
+        }
         result["agreement"] = agreement(doc, rows)
         submit_times = [r.submit for r in rows] if rows else [j.get("submit_utc") for j in doc["jobs"]]
     else:
-        write_manifest({"source": "local executor records (no scheduler)", "jobs": doc["jobs"]}, prov / "local-jobs.json")
-        result["accounting"] = {"json": None, "csv": None, "rows": 0, "note": "local executor: no scheduler accounting; see provenance/local-jobs.json"}
+        write_manifest(
+            {"source": "local executor records (no scheduler)", "jobs": doc["jobs"]}, prov / "local-jobs.json"
+        )
+        result["accounting"] = {
+            "json": None,
+            "csv": None,
+            "rows": 0,
+            "note": "local executor: no scheduler accounting; see provenance/local-jobs.json",
+        }
         result["agreement"] = []
         submit_times = [j.get("submit_utc") for j in doc["jobs"]]
     result["copied_runs"] = _gather(doc)
@@ -238,27 +295,37 @@ def collect(manifest: str | Path, *, wait_s: float = 0.0, judge: Judge | None = 
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def format_collection(res: dict[str, Any]) -> str:
     lab = res["label"]
     acc = res["accounting"]
     lines = [
-        f"collected {res['manifest']}" + ("" if res["complete"] else f" (NOT complete: {len(res['pending'])} job(s) still pending or running)"),
+        f"collected {res['manifest']}"
+        + ("" if res["complete"] else f" (NOT complete: {len(res['pending'])} job(s) still pending or running)"),
         f"  accounting  {acc.get('rows', 0)} row(s) -> {acc.get('json') or acc.get('note')}",
-        f"  agreement   " + ("the export agrees with the manifest" if not res["agreement"] else "; ".join(res["agreement"])),
+        "  agreement   "
+        + ("the export agrees with the manifest" if not res["agreement"] else "; ".join(res["agreement"])),
         f"  label       {lab['label']}: {lab['reason']} (submit times: {lab.get('submit_time_source')})",
     ]
     if res["not_completed"]:
         lines.append(f"  {len(res['not_completed'])} job(s) not completed:")
         for t in res["not_completed"]:
-            lines.append(f"    {t['job_id']} {t['arm']} x {t['rate']:g} seed {t['seed']}: {t['state']}"
-                         f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run {t['run_status'] or '-'}: {t['reason']}")  # fmt: skip
+            lines.append(
+                f"    {t['job_id']} {t['arm']} x {t['rate']:g} seed {t['seed']}: {t['state']}"
+                f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run {t['run_status'] or '-'}: {t['reason']}"
+            )
     an = res.get("analysis")
     if an:
-        lines.append(f"  verdict     {an.get('verdict')}" + (f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, {an['judged_by']['mode']})"
-                                                         if an.get("ran") else f": not analysed ({an.get('reason')})"))  # fmt: skip
+        lines.append(
+            f"  verdict     {an.get('verdict')}"
+            + (
+                f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, {an['judged_by']['mode']})"
+                if an.get("ran")
+                else f": not analysed ({an.get('reason')})"
+            )
+        )
     return "\n".join(lines)
 
 

@@ -16,22 +16,23 @@ and a local run of the same registration.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
-import json
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def sbatch_setup(checkout: Path, env: dict[str, str] | None = None) -> list[str]:
@@ -92,10 +93,17 @@ def submit_slurm(specs: Sequence[JobSpec], executor: Any) -> list[dict[str, Any]
     for spec, job in zip(specs, jobs):
         jid = str(job.job_id)
         arr, _, task = jid.partition("_")
-        out.append({
-            "index": spec.index, "job_id": jid, "array_job_id": arr if task else None, "array_task_id": int(task) if task.isdigit() else None,
-            "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "submitted_at_client": after,
-        })  # fmt: skip
+        out.append(
+            {
+                "index": spec.index,
+                "job_id": jid,
+                "array_job_id": arr if task else None,
+                "array_task_id": int(task) if task.isdigit() else None,
+                "stdout": str(job.paths.stdout),
+                "stderr": str(job.paths.stderr),
+                "submitted_at_client": after,
+            }
+        )
     return out
 
 
@@ -123,9 +131,22 @@ def run_local(
         i = s.index if s.index is not None else len(records)
         spec_file = folder / f"local-{i}.json"
         spec_file.write_text(json.dumps(s.to_json(), indent=2) + "\n")
-        records.append({"index": i, "job_id": f"local-{i}", "array_job_id": None, "array_task_id": None, "spec_file": str(spec_file),
-                        "stdout": str(folder / f"local-{i}.out"), "stderr": str(folder / f"local-{i}.err"), "state": "PENDING",
-                        "submitted_at_client": None, "start_utc": None, "end_utc": None, "exit_code": None})  # fmt: skip
+        records.append(
+            {
+                "index": i,
+                "job_id": f"local-{i}",
+                "array_job_id": None,
+                "array_task_id": None,
+                "spec_file": str(spec_file),
+                "stdout": str(folder / f"local-{i}.out"),
+                "stderr": str(folder / f"local-{i}.err"),
+                "state": "PENDING",
+                "submitted_at_client": None,
+                "start_utc": None,
+                "end_utc": None,
+                "exit_code": None,
+            }
+        )
     running: dict[int, tuple[subprocess.Popen[bytes], Any, Any]] = {}
     stop = {"signal": None}
 
@@ -150,8 +171,14 @@ def run_local(
                 rec = records[k]
                 out, err = open(rec["stdout"], "wb"), open(rec["stderr"], "wb")
                 rec["submitted_at_client"] = rec["start_utc"] = _utc()
-                proc = subprocess.Popen([python or sys.executable, "-m", "slurm.job", "--spec", rec["spec_file"]], cwd=checkout,
-                                        env=run_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)  # fmt: skip
+                proc = subprocess.Popen(
+                    [python or sys.executable, "-m", "slurm.job", "--spec", rec["spec_file"]],
+                    cwd=checkout,
+                    env=run_env,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                )
                 rec["state"], rec["pid"] = "RUNNING", proc.pid
                 running[k] = (proc, out, err)
                 say(f"{rec['job_id']}: started ({specs[k].arm} x {specs[k].rate:g} seed {specs[k].seed})")
@@ -170,7 +197,9 @@ def run_local(
                 rec = records[k]
                 rec["end_utc"] = _utc()
                 rec["exit_code"] = rc
-                rec["state"] = "COMPLETED" if rc == 0 else ("CANCELLED" if rc < 0 or stop["signal"] is not None else "FAILED")
+                rec["state"] = (
+                    "COMPLETED" if rc == 0 else ("CANCELLED" if rc < 0 or stop["signal"] is not None else "FAILED")
+                )
                 del running[k]
                 say(f"{rec['job_id']}: {rec['state']} (exit {rc})")
                 if on_change:

@@ -40,28 +40,34 @@ import math
 import os
 import signal
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
-from slurm.scheduler import JobNotFound, SchedulerError, job_facts
+
+from harness.recording.record import RunRecorder
+from prereg.registration import RegistrationError, load_registration
 from provenance.codepaths import CODE_DIRS, DATA_DIRS, is_code_path
 from provenance.git import GitError, Repo
-from harness.recording.record import RunRecorder
 from provenance.meta import capture
-from runs.realrun import EngineOptions
 from runs.arms import execute_run
-from prereg.registration import RegistrationError, load_registration
+from runs.realrun import EngineOptions
 from slurm.budget import run_budget
+from slurm.scheduler import JobNotFound, SchedulerError, job_facts
 
 EXIT_COMPLETED = 0
 EXIT_REFUSED = 3
 EXIT_FAILED = 4
 EXIT_INTERRUPTED = 5
-EXIT_CODES = {"COMPLETED": EXIT_COMPLETED, "REFUSED": EXIT_REFUSED, "FAILED": EXIT_FAILED, "INTERRUPTED": EXIT_INTERRUPTED}
+EXIT_CODES = {
+    "COMPLETED": EXIT_COMPLETED,
+    "REFUSED": EXIT_REFUSED,
+    "FAILED": EXIT_FAILED,
+    "INTERRUPTED": EXIT_INTERRUPTED,
+}
 
 #: The scheduler's warning before the time limit (sbatch --signal=URG@lead; slurm/submit.py).
 #: SIGURG is ignored by default, so the engine server, which gets every signal the job's processes
@@ -71,7 +77,15 @@ WARNING_SIGNAL = signal.SIGURG
 #: The checkout whose code this process runs: the folder above slurm/.
 CODE_ROOT = Path(__file__).resolve().parent.parent
 
-ENGINE_OPTION_KEYS = ("server_cmd", "model", "served_model_name", "extra_args", "health_timeout", "request_timeout", "flavor")
+ENGINE_OPTION_KEYS = (
+    "server_cmd",
+    "model",
+    "served_model_name",
+    "extra_args",
+    "health_timeout",
+    "request_timeout",
+    "flavor",
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,7 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
         unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
         if unknown:
             raise ValueError(f"job spec: unknown field(s) {unknown}")
@@ -133,7 +147,7 @@ class Stopped(KeyboardInterrupt):
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _say(msg: str) -> None:
@@ -178,8 +192,14 @@ def scheduler_facts() -> dict[str, Any]:
             if facts["job_label"] == jid:
                 raise
             jf = job_facts(jid)
-        facts.update(time_limit_s=_finite(jf.time_limit_s), time_limit=jf.time_limit, time_left_s=_finite(jf.time_left_s),
-                     time_left=jf.time_left, partition=facts["partition"] or jf.partition, node=facts["node"] or jf.nodes)  # fmt: skip
+        facts.update(
+            time_limit_s=_finite(jf.time_limit_s),
+            time_limit=jf.time_limit,
+            time_left_s=_finite(jf.time_left_s),
+            time_left=jf.time_left,
+            partition=facts["partition"] or jf.partition,
+            node=facts["node"] or jf.nodes,
+        )
         facts["unlimited"] = jf.time_left_s is not None and math.isinf(jf.time_left_s)
     except SchedulerError as exc:
         facts["error"] = str(exc).splitlines()[0]
@@ -193,8 +213,14 @@ def _finite(x: float | None) -> float | None:
 def time_check(facts: dict[str, Any], budget: Any, lead_s: float) -> dict[str, Any]:
     """The pre-run time check's numbers; `ok` False means refuse."""
     need = budget.needed_s
-    out = {**budget.to_json(), "warning_lead_s": float(lead_s), "required_s": need + float(lead_s),
-           "time_left_s": facts.get("time_left_s"), "time_left": facts.get("time_left"), "checked_at": _utc()}  # fmt: skip
+    out = {
+        **budget.to_json(),
+        "warning_lead_s": float(lead_s),
+        "required_s": need + float(lead_s),
+        "time_left_s": facts.get("time_left_s"),
+        "time_left": facts.get("time_left"),
+        "checked_at": _utc(),
+    }
     if not facts.get("in_slurm"):
         return {**out, "source": "none: not in a SLURM job (no time limit to check)", "ok": True}
     out["source"] = "squeue -h -j $SLURM_JOB_ID -o %L"
@@ -214,6 +240,7 @@ def time_check(facts: dict[str, Any], budget: Any, lead_s: float) -> dict[str, A
 def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exploratory: bool) -> dict[str, Any]:
     """Is the code that runs the registration's? Returns the facts; raises Refused when it is not
     (in an exploratory job the facts are recorded and nothing is refused)."""
+
     def refuse(reason: str, facts: dict[str, Any]) -> dict[str, Any]:
         if exploratory:
             return {**facts, "relation": "exploratory", "problem": reason}
@@ -229,7 +256,10 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
     try:
         rel = repo.relpath(reg_path)
     except ValueError:
-        return refuse(f"the registration {reg_path} is not inside the code checkout {repo.path}; jobs run the code of the registration's repository", facts)
+        return refuse(
+            f"the registration {reg_path} is not inside the code checkout {repo.path}; jobs run the code of the registration's repository",
+            facts,
+        )
     state = repo.file_state(rel)
     facts["registration_state"] = state
     if state != "committed":
@@ -238,23 +268,39 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
     reg_commit = repo.last_commit_of(rel)
     facts["registration_commit"] = reg_commit
     if expected_commit and reg_commit != expected_commit:
-        return refuse(f"the registration's commit in this checkout is {reg_commit}, but the submission resolved {expected_commit}", facts)
-    dirty = [ln for ln in repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS]).splitlines() if is_code_path(ln)]
+        return refuse(
+            f"the registration's commit in this checkout is {reg_commit}, but the submission resolved {expected_commit}",
+            facts,
+        )
+    dirty = [
+        ln
+        for ln in repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS]).splitlines()
+        if is_code_path(ln)
+    ]
     if dirty:
         facts["uncommitted"] = dirty[:20]
         return refuse(f"the checkout has uncommitted code changes: {dirty[:5]}", facts)
     if head == reg_commit:
         return {**facts, "relation": "same", "note": f"runs the registration's commit {reg_commit[:12]}"}
     if not repo.is_ancestor(reg_commit, head):
-        return refuse(f"the checkout's commit {head[:12]} does not descend from the registration's commit {reg_commit[:12]}", facts)
+        return refuse(
+            f"the checkout's commit {head[:12]} does not descend from the registration's commit {reg_commit[:12]}",
+            facts,
+        )
     changed = repo.changed_paths(reg_commit, head)
     code = [p for p in changed if is_code_path(p)]
     facts["changed_paths"] = changed[:50]
     if code:
-        return refuse(f"the code differs from the registration's commit {reg_commit[:12]}: commit {head[:12]} changes {code[:5]}", facts)
-    return {**facts, "relation": "descendant without code changes",
-            "note": f"runs commit {head[:12]}, a descendant of the registration's commit {reg_commit[:12]} that changes no code "
-                    f"({len(changed)} other path(s) changed)"}  # fmt: skip
+        return refuse(
+            f"the code differs from the registration's commit {reg_commit[:12]}: commit {head[:12]} changes {code[:5]}",
+            facts,
+        )
+    return {
+        **facts,
+        "relation": "descendant without code changes",
+        "note": f"runs commit {head[:12]}, a descendant of the registration's commit {reg_commit[:12]} that changes no code "
+        f"({len(changed)} other path(s) changed)",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,11 +319,13 @@ class _Signals:
         raise Stopped(f"signal {signal.Signals(signum).name}")
 
     def _warn(self, signum: int, _frame: Any) -> None:
-        self.received.append({"signal": signal.Signals(signum).name, "at": _utc(), "meaning": "the scheduler's warning: time limit near"})
+        self.received.append(
+            {"signal": signal.Signals(signum).name, "at": _utc(), "meaning": "the scheduler's warning: time limit near"}
+        )
         _say(f"{signal.Signals(signum).name}: the scheduler warns that the time limit is near; ending the run")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> _Signals:
         try:
             for s, h in ((signal.SIGTERM, self._stop), (signal.SIGINT, self._stop), (WARNING_SIGNAL, self._warn)):
                 self._old[s] = signal.signal(s, h)
@@ -298,7 +346,11 @@ class _Signals:
 # the job
 # ---------------------------------------------------------------------------------------------
 def _refused_run(run_dir: Path, meta: dict[str, Any], refusal: Refused) -> None:
-    meta = {**meta, "refusal": {"check": refusal.check, "reason": refusal.reason}, "provenance": capture(include_gpu=False)}
+    meta = {
+        **meta,
+        "refusal": {"check": refusal.check, "reason": refusal.reason},
+        "provenance": capture(include_gpu=False),
+    }
     rec = RunRecorder(run_dir, meta)
     rec.close("REFUSED", refusal.reason)
 
@@ -318,10 +370,19 @@ def _engine_options(spec: JobSpec) -> dict[str, Any] | None:
 
     unknown = sorted(set(spec.engine_options) - set(ENGINE_OPTION_KEYS))
     if unknown:
-        raise Refused("arguments", f"engine options {unknown} are not known; expected some of {list(ENGINE_OPTION_KEYS)}")
+        raise Refused(
+            "arguments", f"engine options {unknown} are not known; expected some of {list(ENGINE_OPTION_KEYS)}"
+        )
     opts = asdict(EngineOptions(engine=spec.engine, time_scale=float(spec.time_scale or 1.0)))
-    opts.update({k: (tuple(v) if k in ("server_cmd", "extra_args") and v is not None else v) for k, v in spec.engine_options.items()})
-    opts.update(smoke=True, canary=True, progress=True, progress_every=30.0)  # registered runs always check the engine first
+    opts.update(
+        {
+            k: (tuple(v) if k in ("server_cmd", "extra_args") and v is not None else v)
+            for k, v in spec.engine_options.items()
+        }
+    )
+    opts.update(
+        smoke=True, canary=True, progress=True, progress_every=30.0
+    )  # registered runs always check the engine first
     return opts
 
 
@@ -330,12 +391,26 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
     root = (code_root or CODE_ROOT).resolve()
     run_dir = Path(spec.run_dir)
     facts = scheduler_facts()
-    job_meta: dict[str, Any] = {**facts, "started_at": _utc(), "executor": "slurm" if facts["in_slurm"] else "local",
-                                "spec": spec.to_json(), "pid": os.getpid(), "code_root": str(root)}  # fmt: skip
-    meta: dict[str, Any] = {"job": job_meta, "arm": spec.arm, "rate": float(spec.rate), "seed": int(spec.seed), "engine_backend": spec.engine,
-                            "registration": {"path": spec.registration, "sha256": None, "expected_sha256": spec.sha256, "commit": None}}  # fmt: skip
-    _say(f"{spec.arm} x {spec.rate:g} seed {spec.seed} under {spec.registration} (sha256 {spec.sha256[:12]}...), "
-         f"engine {spec.engine}, job {facts.get('job_label') or '(no scheduler)'} on {facts.get('node') or os.uname().nodename}")  # fmt: skip
+    job_meta: dict[str, Any] = {
+        **facts,
+        "started_at": _utc(),
+        "executor": "slurm" if facts["in_slurm"] else "local",
+        "spec": spec.to_json(),
+        "pid": os.getpid(),
+        "code_root": str(root),
+    }
+    meta: dict[str, Any] = {
+        "job": job_meta,
+        "arm": spec.arm,
+        "rate": float(spec.rate),
+        "seed": int(spec.seed),
+        "engine_backend": spec.engine,
+        "registration": {"path": spec.registration, "sha256": None, "expected_sha256": spec.sha256, "commit": None},
+    }
+    _say(
+        f"{spec.arm} x {spec.rate:g} seed {spec.seed} under {spec.registration} (sha256 {spec.sha256[:12]}...), "
+        f"engine {spec.engine}, job {facts.get('job_label') or '(no scheduler)'} on {facts.get('node') or os.uname().nodename}"
+    )
     if (run_dir / "meta.json").exists():
         reason = f"{run_dir} already holds a run; a job never overwrites one"
         _say(f"REFUSED: {reason}")
@@ -373,19 +448,33 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     allowed = ("FILLED", "EXPLORATORY") if spec.exploratory else ("FILLED",)
     if reg.status not in allowed:
         why = f" ({'; '.join(reg.status_reasons)})" if reg.status_reasons else ""
-        extra = "" if spec.exploratory or reg.status != "EXPLORATORY" else " (an EXPLORATORY one only in an exploratory submission)"
-        raise Refused("registration-status", f"registration {reg.name} is {reg.status}{why}; a job runs only under a FILLED registration{extra}")
+        extra = (
+            ""
+            if spec.exploratory or reg.status != "EXPLORATORY"
+            else " (an EXPLORATORY one only in an exploratory submission)"
+        )
+        raise Refused(
+            "registration-status",
+            f"registration {reg.name} is {reg.status}{why}; a job runs only under a FILLED registration{extra}",
+        )
     want_plan = reg.plan_sha256(spec.arm, float(spec.rate), int(spec.seed))
     if want_plan is None:
-        raise Refused("not-registered", f"{spec.arm} x {spec.rate:g} seed {spec.seed} is not an arm x rate x seed that {reg.name} registers "
-                                        f"(arms {reg.arms}, rates {reg.multiples()}, seeds {reg.seeds})")  # fmt: skip
+        raise Refused(
+            "not-registered",
+            f"{spec.arm} x {spec.rate:g} seed {spec.seed} is not an arm x rate x seed that {reg.name} registers "
+            f"(arms {reg.arms}, rates {reg.multiples()}, seeds {reg.seeds})",
+        )
     code = code_check(root, reg_path, spec.commit, spec.exploratory)
     meta["code"] = code
     try:
         rel = Path(reg_path).resolve().relative_to(root).as_posix()
     except ValueError:
         rel = str(reg_path)
-    meta["registration"] = {**reg.binding(rel, code.get("registration_commit")), "status": reg.status, "expected_sha256": spec.sha256}
+    meta["registration"] = {
+        **reg.binding(rel, code.get("registration_commit")),
+        "status": reg.status,
+        "expected_sha256": spec.sha256,
+    }
     if code.get("note"):
         _say(code["note"])
     if code.get("problem"):
@@ -396,19 +485,32 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
         raise Refused("arguments", str(exc)) from None
     tc = time_check(meta["job"], budget, spec.warning_lead_s)
     meta["time_check"] = tc
-    _say(f"time check: need {tc['needed_s']:.0f} s (run {tc['run_s']:.0f} + start {tc['start_s']:.0f} + smoke {tc['smoke_s']:.0f} "
-         f"+ teardown {tc['teardown_s']:.0f}) + warning lead {tc['warning_lead_s']:.0f}; left {tc['time_left_s']} s ({tc['source']})")  # fmt: skip
+    _say(
+        f"time check: need {tc['needed_s']:.0f} s (run {tc['run_s']:.0f} + start {tc['start_s']:.0f} + smoke {tc['smoke_s']:.0f} "
+        f"+ teardown {tc['teardown_s']:.0f}) + warning lead {tc['warning_lead_s']:.0f}; left {tc['time_left_s']} s ({tc['source']})"
+    )
     if not tc["ok"]:
         if tc.get("problem"):
             raise Refused("time", f"the time check cannot be made: {tc['problem']}")
-        why = (f"{tc['time_left_s']:.0f} s left in the job, {tc['required_s']:.0f} s needed "
-               f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)")  # fmt: skip
+        why = (
+            f"{tc['time_left_s']:.0f} s left in the job, {tc['required_s']:.0f} s needed "
+            f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)"
+        )
         raise Refused("time", f"too little time: {why}; resubmit with a longer --time")
     options = _engine_options(spec)
     meta["engine_options"] = options
     bundle = reg.bundle()
-    res = execute_run(bundle, spec.arm, float(spec.rate), int(spec.seed), spec.engine, run_dir, options=options,
-                      expect_plan_sha256=want_plan, extra_meta=meta)  # fmt: skip
+    res = execute_run(
+        bundle,
+        spec.arm,
+        float(spec.rate),
+        int(spec.seed),
+        spec.engine,
+        run_dir,
+        options=options,
+        expect_plan_sha256=want_plan,
+        extra_meta=meta,
+    )
     status = res.status
     reason = res.reason
     if status == "REFUSED":
@@ -425,7 +527,9 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     return JobOutcome(status, reason, str(run_dir), None, notes)
 
 
-def _annotate(run_dir: Path, sig: _Signals, status: str, reason: str | None = None, refusal: dict[str, Any] | None = None) -> None:
+def _annotate(
+    run_dir: Path, sig: _Signals, status: str, reason: str | None = None, refusal: dict[str, Any] | None = None
+) -> None:
     def upd(m: dict[str, Any]) -> None:
         if refusal is not None:
             m["refusal"] = refusal
@@ -465,7 +569,9 @@ class JobEntry:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m slurm.job", description="Run one registered arm x rate x seed (or refuse to).")
+    p = argparse.ArgumentParser(
+        prog="python -m slurm.job", description="Run one registered arm x rate x seed (or refuse to)."
+    )
     p.add_argument("--spec", help="JSON file with the job spec (the fields below)")
     p.add_argument("--registration")
     p.add_argument("--sha256")
@@ -491,8 +597,20 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             _say(f"REFUSED: missing arguments {['--' + m.replace('_', '-') for m in missing]} (or give --spec)")
             return EXIT_REFUSED
-        spec = JobSpec(args.registration, args.sha256, args.arm, args.rate, args.seed, args.run_dir, args.engine, args.time_scale,
-                       json.loads(args.engine_options) if args.engine_options else {}, args.commit, args.exploratory, args.warning_lead_s)  # fmt: skip
+        spec = JobSpec(
+            args.registration,
+            args.sha256,
+            args.arm,
+            args.rate,
+            args.seed,
+            args.run_dir,
+            args.engine,
+            args.time_scale,
+            json.loads(args.engine_options) if args.engine_options else {},
+            args.commit,
+            args.exploratory,
+            args.warning_lead_s,
+        )
     return run_job(spec).exit_code
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+
 from harness.errors import RecordError
-from prereg.labels import to_utc
-from prereg.labels import label_for
+from prereg.labels import label_for, to_utc
 
 FORMAT = "agentload-submission"
 FORMAT_VERSION = 1
@@ -65,7 +66,9 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{p}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ManifestError(f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected {FORMAT!r}")
+        raise ManifestError(
+            f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected {FORMAT!r}"
+        )
     if doc.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{p}: format_version: got {doc.get('format_version')!r}; expected {FORMAT_VERSION}")
     for key in ("registration", "jobs", "executor"):
@@ -91,7 +94,9 @@ def first_submit(times: Iterable[datetime | str | None]) -> str | None:
     return min(ts).isoformat() if ts else None
 
 
-def label_from_record(doc: dict[str, Any], submit_times: Iterable[datetime | str | None], remote_now: dict[str, Any] | None = None) -> Any:
+def label_from_record(
+    doc: dict[str, Any], submit_times: Iterable[datetime | str | None], remote_now: dict[str, Any] | None = None
+) -> Any:
     """The label of the manifest's runs (prereg.labels.label_for) from the manifest's git facts and
     the given submit times of its jobs (the scheduler's, or the local clock's without one).
 

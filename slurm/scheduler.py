@@ -43,10 +43,10 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from harness.errors import SchedulerError as _SchedulerError
@@ -72,8 +72,8 @@ __all__ = [
     "parse_duration",
     "parse_exit_code",
     "parse_sacct",
-    "parse_time_left",
     "parse_squeue_states",
+    "parse_time_left",
     "parse_timestamp",
     "read_accounting_export",
     "run_command",
@@ -213,7 +213,9 @@ def _raise_for(result: CommandResult, argv: Sequence[str], what: str) -> None:
             stderr=err,
         )
     if any(marker in low for marker in _UNREACHABLE):
-        raise SchedulerUnavailable(f"{what}: the scheduler does not answer", argv=argv, returncode=result.returncode, stderr=err)
+        raise SchedulerUnavailable(
+            f"{what}: the scheduler does not answer", argv=argv, returncode=result.returncode, stderr=err
+        )
     raise SchedulerError(f"{what} failed", argv=argv, returncode=result.returncode, stderr=err)
 
 
@@ -294,7 +296,7 @@ def local_timezone() -> tzinfo:
             return ZoneInfo(key)
         except (ZoneInfoNotFoundError, ValueError):
             continue
-    return datetime.now().astimezone().tzinfo or timezone.utc
+    return datetime.now().astimezone().tzinfo or UTC
 
 
 def parse_timestamp(text: str, *, tz: tzinfo | None = None) -> datetime | None:
@@ -312,17 +314,17 @@ def parse_timestamp(text: str, *, tz: tzinfo | None = None) -> datetime | None:
         seconds = int(t)
         if seconds <= 0:
             return None
-        return datetime.fromtimestamp(seconds, tz=timezone.utc)
+        return datetime.fromtimestamp(seconds, tz=UTC)
     if _ISO_LOCAL.match(t):
         naive = datetime.fromisoformat(t)
-        return naive.replace(tzinfo=tz or local_timezone(), fold=0).astimezone(timezone.utc)
+        return naive.replace(tzinfo=tz or local_timezone(), fold=0).astimezone(UTC)
     try:
         parsed = datetime.fromisoformat(t)
     except ValueError as exc:
         raise ValueError(f"not a Slurm timestamp: {text!r}") from exc
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=tz or local_timezone())
-    return parsed.astimezone(timezone.utc)
+    return parsed.astimezone(UTC)
 
 
 def parse_exit_code(text: str) -> tuple[int | None, int | None]:
@@ -476,7 +478,7 @@ def accounting(
             return []
         argv.append("--jobs=" + ",".join(ids))
     else:
-        start = since or datetime(1970, 1, 2, tzinfo=timezone.utc)
+        start = since or datetime(1970, 1, 2, tzinfo=UTC)
         local = start.astimezone(local_timezone()) if start.tzinfo else start
         argv += ["--allusers", "--starttime=" + local.strftime("%Y-%m-%dT%H:%M:%S"), "--endtime=now"]
     result = _call(argv, runner, {"SLURM_TIME_FORMAT": "%s"})
@@ -528,13 +530,17 @@ def time_left_s(job_id: int | str | None = None, *, runner: Runner | None = None
     result = _call(argv, runner)
     if result.returncode != 0:
         if "invalid job id" in result.stderr.lower():
-            raise JobNotFound(f"the controller does not know job {jid}", argv=argv, returncode=result.returncode, stderr=result.stderr)
+            raise JobNotFound(
+                f"the controller does not know job {jid}", argv=argv, returncode=result.returncode, stderr=result.stderr
+            )
         _raise_for(result, argv, "squeue")
     lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
     if not lines:
         raise JobNotFound(f"job {jid} is not in the queue (finished?)", argv=argv, returncode=0)
     if len(lines) > 1:
-        raise SchedulerError(f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv)
+        raise SchedulerError(
+            f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv
+        )
     return parse_time_left(lines[0])
 
 
@@ -565,15 +571,21 @@ def job_facts(job_id: int | str | None = None, *, runner: Runner | None = None) 
     result = _call(argv, runner)
     if result.returncode != 0:
         if "invalid job id" in result.stderr.lower():
-            raise JobNotFound(f"the controller does not know job {jid}", argv=argv, returncode=result.returncode, stderr=result.stderr)
+            raise JobNotFound(
+                f"the controller does not know job {jid}", argv=argv, returncode=result.returncode, stderr=result.stderr
+            )
         _raise_for(result, argv, "squeue")
     lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
     if not lines:
         raise JobNotFound(f"job {jid} is not in the queue (finished?)", argv=argv, returncode=0)
     if len(lines) > 1:
-        raise SchedulerError(f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv)
+        raise SchedulerError(
+            f"squeue printed {len(lines)} lines for job {jid} (an array? pass one task's id)", argv=argv
+        )
     left, limit, partition, nodes = (lines[0].split("|") + ["", "", "", ""])[:4]
-    return JobFacts(jid, parse_time_left(left), left.strip(), parse_duration(limit), limit.strip(), partition.strip(), nodes.strip())
+    return JobFacts(
+        jid, parse_time_left(left), left.strip(), parse_duration(limit), limit.strip(), partition.strip(), nodes.strip()
+    )
 
 
 def parse_squeue_states(stdout: str) -> dict[str, str]:
@@ -702,8 +714,10 @@ def write_accounting_export(
     tmp = out.with_name(out.name + ".tmp")
     if kind == "json":
         doc = {
-            "source": "sacct --parsable2 --noheader -X --format=" + ",".join(ACCOUNTING_FIELDS) + " (SLURM_TIME_FORMAT=%s)",
-            "exported_at_utc": datetime.now(timezone.utc).isoformat(),
+            "source": "sacct --parsable2 --noheader -X --format="
+            + ",".join(ACCOUNTING_FIELDS)
+            + " (SLURM_TIME_FORMAT=%s)",
+            "exported_at_utc": datetime.now(UTC).isoformat(),
             "local_tz": zone,
             "columns": list(EXPORT_COLUMNS),
             "rows": records,
@@ -732,7 +746,7 @@ def read_accounting_export(path: str | os.PathLike[str]) -> list[AccountingRow]:
 
         def ts(name: str) -> datetime | None:
             v = rec.get(f"{name}_utc")
-            return datetime.fromisoformat(str(v)).astimezone(timezone.utc) if v else None
+            return datetime.fromisoformat(str(v)).astimezone(UTC) if v else None
 
         def num(name: str) -> float | None:
             v = rec.get(name)

@@ -26,24 +26,22 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
 from harness.errors import AgentloadError
-from dataclasses import asdict
 from prereg.check import check_registration
-from provenance.git import GitError, Repo
-from slurm.job import CODE_ROOT
-from runs.arms import run_name
 from prereg.registration import load_registration
+from provenance.git import GitError, Repo
+from runs.arms import run_name
 from slurm.budget import job_time_limit, parse_time_minutes, run_budget
-from slurm.job import JobSpec
+from slurm.executors import run_local, slurm_executor, submit_slurm
+from slurm.job import CODE_ROOT, JobSpec
+from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
 from slurm.scheduler import SchedulerError, accounting
-from slurm.executors import slurm_executor, submit_slurm
-from slurm.executors import run_local
 
 #: Refusals of `prereg check` that an exploratory submission may go past (its runs carry the
 #: exploratory label, which is what these facts decide).
@@ -83,7 +81,7 @@ class SubmitOptions:
 
 
 def _utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _stamp() -> str:
@@ -96,8 +94,16 @@ def _check(reg_path: Path, opts: SubmitOptions) -> tuple[Any, list[str]]:
     waived = [r for r in res.refusals if opts.exploratory and r.startswith(EXPLORATORY_WAIVES)]
     left = [r for r in res.refusals if r not in waived]
     if left:
-        hint = "" if opts.exploratory else " (--exploratory submits an uncommitted registration or a dirty tree as exploratory runs)"
-        raise SubmitRefused(f"submission refused: {reg_path} ({res.name}, SHA-256 {res.sha256}):\n" + "\n".join(f"  - {r}" for r in left) + hint)
+        hint = (
+            ""
+            if opts.exploratory
+            else " (--exploratory submits an uncommitted registration or a dirty tree as exploratory runs)"
+        )
+        raise SubmitRefused(
+            f"submission refused: {reg_path} ({res.name}, SHA-256 {res.sha256}):\n"
+            + "\n".join(f"  - {r}" for r in left)
+            + hint
+        )
     return res, waived
 
 
@@ -113,12 +119,16 @@ def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
             raise SubmitRefused(f"submission refused: {reg_path} is not in a git working tree") from None
         return CODE_ROOT, str(reg_path.resolve())
     if not (root / "slurm" / "job.py").is_file():
-        raise SubmitRefused(f"submission refused: the registration's repository {root} holds no agentload code (slurm/job.py); "
-                            "jobs run the code of the checkout that holds the registration")  # fmt: skip
+        raise SubmitRefused(
+            f"submission refused: the registration's repository {root} holds no agentload code (slurm/job.py); "
+            "jobs run the code of the checkout that holds the registration"
+        )
     return root, rel
 
 
-def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+def plan_submission(
+    reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Steps 1-3: the manifest as it will be written, with every job's spec, nothing submitted."""
     say = echo or (lambda m: None)
     p = Path(reg_path).resolve()
@@ -136,18 +146,33 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
     except ValueError as exc:
         raise SubmitRefused(f"submission refused: {exc}") from None
     if not limit.fits:
-        say(f"warning: --time {opts.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
-            f"{limit.warning_lead_s} s warning lead); every job will refuse to run")  # fmt: skip
+        say(
+            f"warning: --time {opts.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
+            f"{limit.warning_lead_s} s warning lead); every job will refuse to run"
+        )
     out = Path(opts.out) if opts.out else Path("results") / "submissions" / f"{reg.name}-{_stamp()}"
     out = out.resolve()
     if (out / MANIFEST).exists() and not opts.dry_run:
         raise SubmitRefused(f"submission refused: {out / MANIFEST} exists; give a fresh --out")
     specs = []
     for i, pl in enumerate(reg.plans):
-        specs.append(JobSpec(registration=rel, sha256=reg.sha256, arm=pl.arm, rate=float(pl.rate), seed=int(pl.seed),
-                             run_dir=str(out / RUNS / run_name(pl.arm, pl.rate, pl.seed)), engine=engine, time_scale=budget.time_scale,
-                             engine_options=dict(opts.engine_options), commit=g.get("commit") if committed else None,
-                             exploratory=opts.exploratory, warning_lead_s=float(limit.warning_lead_s), index=i))  # fmt: skip
+        specs.append(
+            JobSpec(
+                registration=rel,
+                sha256=reg.sha256,
+                arm=pl.arm,
+                rate=float(pl.rate),
+                seed=int(pl.seed),
+                run_dir=str(out / RUNS / run_name(pl.arm, pl.rate, pl.seed)),
+                engine=engine,
+                time_scale=budget.time_scale,
+                engine_options=dict(opts.engine_options),
+                commit=g.get("commit") if committed else None,
+                exploratory=opts.exploratory,
+                warning_lead_s=float(limit.warning_lead_s),
+                index=i,
+            )
+        )
     comment = f"agentload registration {reg.name} sha256={reg.sha256}"
     doc: dict[str, Any] = {
         "format": FORMAT,
@@ -157,13 +182,33 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
         "dry_run": opts.dry_run,
         "exploratory": opts.exploratory,
         "registration": {
-            "name": reg.name, "path": rel, "abs_path": str(p), "sha256": reg.sha256, "status": reg.status, "test": reg.test,
-            "commit": g.get("commit") if committed else None, "commit_time": g.get("commit_time") if committed else None,
-            "committed": committed, "clean": bool(g.get("clean")), "git_state": g.get("state"),
-        },  # fmt: skip
-        "check": {"refusals_waived": waived, "inputs": [i.__dict__ for i in res.inputs], "plans": res.plans, "label_if_submitted_now": res.label},
-        "remote": {"remote": g.get("remote"), "branch": g.get("branch"), "url": g.get("remote_url"), "head": g.get("remote_head"),
-                   "contains": bool(g.get("on_remote")), "checked_at": g.get("checked_at"), "error": g.get("remote_error")},  # fmt: skip
+            "name": reg.name,
+            "path": rel,
+            "abs_path": str(p),
+            "sha256": reg.sha256,
+            "status": reg.status,
+            "test": reg.test,
+            "commit": g.get("commit") if committed else None,
+            "commit_time": g.get("commit_time") if committed else None,
+            "committed": committed,
+            "clean": bool(g.get("clean")),
+            "git_state": g.get("state"),
+        },
+        "check": {
+            "refusals_waived": waived,
+            "inputs": [i.__dict__ for i in res.inputs],
+            "plans": res.plans,
+            "label_if_submitted_now": res.label,
+        },
+        "remote": {
+            "remote": g.get("remote"),
+            "branch": g.get("branch"),
+            "url": g.get("remote_url"),
+            "head": g.get("remote_head"),
+            "contains": bool(g.get("on_remote")),
+            "checked_at": g.get("checked_at"),
+            "error": g.get("remote_error"),
+        },
         "checkout": {"path": str(root), "head": g.get("head")},
         "arguments": {"argv": list(sys.argv), **opts.to_json(), "engine": engine},
         "budget": budget.to_json(),
@@ -171,8 +216,19 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
         "comment": comment,
         "job_name": f"agentload-{reg.name}",
         "plans": [{"arm": pl.arm, "rate": pl.rate, "seed": pl.seed, "sha256": pl.sha256} for pl in reg.plans],
-        "jobs": [{"index": s.index, "job_id": None, "arm": s.arm, "rate": s.rate, "seed": s.seed, "plan_sha256": reg.plan_sha256(s.arm, s.rate, s.seed),
-                  "run_dir": str(Path(s.run_dir).relative_to(out)), "spec": s.to_json()} for s in specs],  # fmt: skip
+        "jobs": [
+            {
+                "index": s.index,
+                "job_id": None,
+                "arm": s.arm,
+                "rate": s.rate,
+                "seed": s.seed,
+                "plan_sha256": reg.plan_sha256(s.arm, s.rate, s.seed),
+                "run_dir": str(Path(s.run_dir).relative_to(out)),
+                "spec": s.to_json(),
+            }
+            for s in specs
+        ],
         "_path": str(out / MANIFEST),
     }
     return doc
@@ -200,7 +256,9 @@ def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str
         time.sleep(0.5)
 
 
-def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
+def submit_registration(
+    reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Check, submit and record (steps 1-5); returns the manifest as written."""
     say = echo or (lambda m: None)
     if opts.executor not in ("slurm", "local"):
@@ -219,10 +277,23 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
 
     if opts.executor == "slurm":
         tl = doc["time_limit"]
-        ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
-                            job_name=doc["job_name"], partition=opts.partition, cpus_per_task=opts.cpus_per_task, mem=opts.mem,
-                            gres=opts.gres, account=opts.account, qos=opts.qos, parallelism=opts.parallel, python=opts.python,
-                            env=opts.job_env)  # fmt: skip
+        ex = slurm_executor(
+            folder,
+            time_min=tl["minutes"],
+            warning_lead_s=tl["warning_lead_s"],
+            checkout=root,
+            comment=doc["comment"],
+            job_name=doc["job_name"],
+            partition=opts.partition,
+            cpus_per_task=opts.cpus_per_task,
+            mem=opts.mem,
+            gres=opts.gres,
+            account=opts.account,
+            qos=opts.qos,
+            parallelism=opts.parallel,
+            python=opts.python,
+            env=opts.job_env,
+        )
         records = submit_slurm(specs, ex)
         for job, rec in zip(doc["jobs"], records):
             job.update(rec)
@@ -232,7 +303,11 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
         for job in doc["jobs"]:
             job["submit_utc"] = times.get(job["job_id"])
         doc["submit_time_source"] = "sacct (the scheduler's accounting, Submit)"
-        say(f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> {manifest_path}" if records else "nothing to submit")
+        say(
+            f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> {manifest_path}"
+            if records
+            else "nothing to submit"
+        )
     else:
         doc["submit_time_source"] = "local clock (no scheduler: --executor local)"
 
@@ -243,8 +318,16 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
             save()
 
         save()
-        records = run_local(specs, folder, checkout=root, python=opts.python, env=opts.job_env, parallel=opts.parallel or 1,
-                            on_change=changed, echo=say)  # fmt: skip
+        records = run_local(
+            specs,
+            folder,
+            checkout=root,
+            python=opts.python,
+            env=opts.job_env,
+            parallel=opts.parallel or 1,
+            on_change=changed,
+            echo=say,
+        )
         changed(records)
     lab = label_from_record(doc, [j.get("submit_utc") for j in doc["jobs"]])
     doc["label_at_submission"] = lab.to_json()
@@ -260,13 +343,18 @@ def format_plan(doc: dict[str, Any]) -> str:
         f"  sha256   {reg['sha256']}",
         f"  commit   {reg['commit'] or 'not committed'}; tree {'clean' if reg['clean'] else 'DIRTY'}; "
         f"{rem['remote'] or '?'}/{rem['branch'] or '?'} {'contains it' if rem['contains'] else 'does NOT contain it'} (asked {rem['checked_at']})",
-        f"  engine   {doc['arguments']['engine']}" + (f" at time scale {doc['budget']['time_scale']:g}" if doc["budget"]["time_scale"] not in (None, 1.0) else ""),
+        f"  engine   {doc['arguments']['engine']}"
+        + (f" at time scale {doc['budget']['time_scale']:g}" if doc["budget"]["time_scale"] not in (None, 1.0) else ""),
         f"  limit    {tl['slurm']} per job ({tl['source']}; needs {tl['needed_s']:.0f} s + {tl['warning_lead_s']} s warning lead"
-        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
-        f"  jobs     {len(doc['jobs'])} via {doc['executor']}" + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
-    ]  # fmt: skip
+        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse")
+        + ")",
+        f"  jobs     {len(doc['jobs'])} via {doc['executor']}"
+        + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
+    ]
     for j in doc["jobs"]:
-        lines.append(f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}")
+        lines.append(
+            f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}"
+        )
     lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]
     lines.append(f"  label    {lab['label']}: {lab['reason']}")
     return "\n".join(lines)

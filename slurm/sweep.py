@@ -15,15 +15,16 @@ its jobs do not enforce a registration.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+
 import harness
-import shlex
-from slurm.scheduler import SchedulerError, accounting
-from slurm.scheduler import wait_for_accounting, write_accounting_export
+from slurm.scheduler import SchedulerError, accounting, wait_for_accounting, write_accounting_export
 
 
 @dataclass
@@ -79,9 +80,13 @@ class SlurmSweep:
 
         root = _code_root()
         ex = submitit.SlurmExecutor(folder=self.folder / "%j", python=self.python or sys.executable)
-        params: dict[str, Any] = dict(time=self.time_min, cpus_per_task=self.cpus_per_task, job_name=self.name,
-                                      setup=[f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}"],
-                                      additional_parameters={"chdir": str(root)})  # fmt: skip
+        params: dict[str, Any] = dict(
+            time=self.time_min,
+            cpus_per_task=self.cpus_per_task,
+            job_name=self.name,
+            setup=[f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}"],
+            additional_parameters={"chdir": str(root)},
+        )
         if self.partition:
             params["partition"] = self.partition
         if self.mem:
@@ -91,7 +96,9 @@ class SlurmSweep:
         ex.update_parameters(**params)
         return ex
 
-    def map(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], labels: Sequence[str] | None = None) -> list[Outcome]:
+    def map(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], labels: Sequence[str] | None = None
+    ) -> list[Outcome]:
         """Every call as one array task; blocks until all ended."""
         if not calls:
             return []
@@ -100,7 +107,9 @@ class SlurmSweep:
         jobs = ex.map_array(fn, *columns)
         self.job_ids += [str(j.job_id) for j in jobs]
         array_id = str(jobs[0].job_id).split("_")[0]
-        self.echo(f"submitted {len(jobs)} task(s) of {getattr(fn, '__name__', fn)} as SLURM array {array_id} (folder {self.folder})")
+        self.echo(
+            f"submitted {len(jobs)} task(s) of {getattr(fn, '__name__', fn)} as SLURM array {array_id} (folder {self.folder})"
+        )
         done_before = -1
         while True:
             done = sum(1 for j in jobs if j.done())
@@ -119,7 +128,11 @@ class SlurmSweep:
             except Exception as exc:  # a failed task is an outcome, not a crash of the sweep
                 what = labels[i] if labels else f"task {i}"
                 msg = str(exc).strip().splitlines()
-                out.append(Outcome(False, None, f"{what}: {state}: {msg[-1] if msg else type(exc).__name__}", str(j.job_id), state))
+                out.append(
+                    Outcome(
+                        False, None, f"{what}: {state}: {msg[-1] if msg else type(exc).__name__}", str(j.job_id), state
+                    )
+                )
         return out
 
     @staticmethod
@@ -135,7 +148,10 @@ class SlurmSweep:
         outcomes = self.map(fn, calls)
         bad = [o for o in outcomes if not o.ok]
         if bad:
-            raise SweepError(f"{len(bad)} of {len(outcomes)} SLURM task(s) failed: " + "; ".join(f"job {o.job_id}: {o.error}" for o in bad[:5]))
+            raise SweepError(
+                f"{len(bad)} of {len(outcomes)} SLURM task(s) failed: "
+                + "; ".join(f"job {o.job_id}: {o.error}" for o in bad[:5])
+            )
         return [o.value for o in outcomes]
 
     def export_accounting(self, folder: str | Path) -> Path | None:
@@ -150,5 +166,10 @@ class SlurmSweep:
 
 def sweep_from_args(args: Any, folder: str | Path) -> SlurmSweep:
     """A sweep from the `--executor slurm` options of `test run` / `calibrate`."""
-    return SlurmSweep(folder, time_min=int(getattr(args, "job_time", 60) or 60), partition=getattr(args, "partition", None),
-                      parallelism=getattr(args, "parallel", None), name=f"agentload-{getattr(args, 'sweep_name', 'sweep')}")  # fmt: skip
+    return SlurmSweep(
+        folder,
+        time_min=int(getattr(args, "job_time", 60) or 60),
+        partition=getattr(args, "partition", None),
+        parallelism=getattr(args, "parallel", None),
+        name=f"agentload-{getattr(args, 'sweep_name', 'sweep')}",
+    )

@@ -110,7 +110,9 @@ class _CDP:
                         fut.set_result(d)
                         self.waiters.remove((name, fut))
 
-    async def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30.0) -> Any:
+    async def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30.0
+    ) -> Any:
         self.n += 1
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[self.n] = fut
@@ -127,10 +129,24 @@ class _CDP:
 
 
 def _launch(chromium: str, profile: Path) -> subprocess.Popen[bytes]:
-    args = [chromium, "--headless=new", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
-            "--disable-extensions", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-features=Translate,MediaRouter,OptimizationHints", "--remote-debugging-port=0", "--remote-allow-origins=*",
-            f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"]  # fmt: skip
+    args = [
+        chromium,
+        "--headless=new",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-features=Translate,MediaRouter,OptimizationHints",
+        "--remote-debugging-port=0",
+        "--remote-allow-origins=*",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+        "about:blank",
+    ]
     if os.geteuid() == 0:
         args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -155,7 +171,12 @@ async def _endpoint(profile: Path, proc: subprocess.Popen[bytes], timeout: float
 def _describe(ev: dict[str, Any]) -> str | None:
     m, p = ev["method"], ev.get("params", {})
     if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-        return "console." + p["type"] + ": " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+        return (
+            "console."
+            + p["type"]
+            + ": "
+            + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+        )
     if m == "Runtime.exceptionThrown":
         d = p.get("exceptionDetails", {})
         return f"uncaught {d.get('exception', {}).get('description') or d.get('text')} at {d.get('url')}:{d.get('lineNumber')}"
@@ -177,24 +198,40 @@ async def _check(url: str, chromium: str, screenshot: Path | None, zoom: bool, t
             sid = (await cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
             for dom in ("Runtime", "Log", "Network", "Page"):
                 await cdp.send(f"{dom}.enable", session=sid)
-            await cdp.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+            await cdp.send(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
+                session=sid,
+            )
             loaded = cdp.wait_for("Page.loadEventFired")
             nav = await cdp.send("Page.navigate", {"url": url}, session=sid)
             if nav.get("errorText"):
                 res.failed.append(f"{url}: {nav['errorText']}")
             await asyncio.wait_for(loaded, timeout)
             # two animation frames: the charts draw on DOMContentLoaded, layout settles after
-            await cdp.send("Runtime.evaluate", {"expression": "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))",
-                                                "awaitPromise": True}, session=sid)  # fmt: skip
+            await cdp.send(
+                "Runtime.evaluate",
+                {
+                    "expression": "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))",
+                    "awaitPromise": True,
+                },
+                session=sid,
+            )
             probe = await cdp.send("Runtime.evaluate", {"expression": PROBE, "returnByValue": True}, session=sid)
             res.probe = json.loads(probe["result"]["value"])
             if zoom and res.probe["charts"]:
                 res.zoom = await _drag_zoom(cdp, sid)
             if screenshot is not None:
                 h = min(int(res.probe["height"]) + 10, 30000)
-                await cdp.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": h, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+                await cdp.send(
+                    "Emulation.setDeviceMetricsOverride",
+                    {"width": 1400, "height": h, "deviceScaleFactor": 1, "mobile": False},
+                    session=sid,
+                )
                 await asyncio.sleep(0.3)
-                shot = await cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=sid, timeout=120)
+                shot = await cdp.send(
+                    "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=sid, timeout=120
+                )
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 screenshot.write_bytes(base64.b64decode(shot["data"]))
                 res.screenshot = screenshot
@@ -210,7 +247,9 @@ async def _check(url: str, chromium: str, screenshot: Path | None, zoom: bool, t
                         res.network.append(u)
                 elif ev["method"] == "Network.loadingFailed":
                     res.failed.append(f"{p.get('errorText')} ({p.get('type')}, request {p.get('requestId')})")
-                elif ev["method"] == "Network.responseReceived" and int(p.get("response", {}).get("status") or 0) >= 400:
+                elif (
+                    ev["method"] == "Network.responseReceived" and int(p.get("response", {}).get("status") or 0) >= 400
+                ):
                     res.failed.append(f"{p['response'].get('status')} {p['response'].get('url')}")
             try:
                 await cdp.send("Browser.close", timeout=5)
@@ -234,35 +273,78 @@ async def _check(url: str, chromium: str, screenshot: Path | None, zoom: bool, t
 
 async def _drag_zoom(cdp: _CDP, sid: str) -> dict[str, Any]:
     """Drag across the first chart's top panel as a user would; report the x-range before and after."""
-    box = await cdp.send("Runtime.evaluate", {"expression": """(() => { const c = document.querySelector('[data-chart]');
+    box = await cdp.send(
+        "Runtime.evaluate",
+        {
+            "expression": """(() => { const c = document.querySelector('[data-chart]');
         c.scrollIntoView({block: 'center'}); const r = c.querySelector('rect.hit').getBoundingClientRect();
-        return JSON.stringify({x: r.left, y: r.top, w: r.width, h: r.height, x0: c.chart.x0, x1: c.chart.x1}); })()""", "returnByValue": True}, session=sid)  # fmt: skip
+        return JSON.stringify({x: r.left, y: r.top, w: r.width, h: r.height, x0: c.chart.x0, x1: c.chart.x1}); })()""",
+            "returnByValue": True,
+        },
+        session=sid,
+    )
     b = json.loads(box["result"]["value"])
     y = b["y"] + b["h"] / 2
     xa, xb = b["x"] + 0.25 * b["w"], b["x"] + 0.5 * b["w"]
     await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": xa, "y": y}, session=sid)
-    await cdp.send("Input.dispatchMouseEvent", {"type": "mousePressed", "x": xa, "y": y, "button": "left", "clickCount": 1}, session=sid)
+    await cdp.send(
+        "Input.dispatchMouseEvent",
+        {"type": "mousePressed", "x": xa, "y": y, "button": "left", "clickCount": 1},
+        session=sid,
+    )
     for k in range(1, 6):
-        await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": xa + (xb - xa) * k / 5, "y": y, "button": "left", "buttons": 1}, session=sid)
-    await cdp.send("Input.dispatchMouseEvent", {"type": "mouseReleased", "x": xb, "y": y, "button": "left", "clickCount": 1}, session=sid)
+        await cdp.send(
+            "Input.dispatchMouseEvent",
+            {"type": "mouseMoved", "x": xa + (xb - xa) * k / 5, "y": y, "button": "left", "buttons": 1},
+            session=sid,
+        )
+    await cdp.send(
+        "Input.dispatchMouseEvent",
+        {"type": "mouseReleased", "x": xb, "y": y, "button": "left", "clickCount": 1},
+        session=sid,
+    )
     # hover on a drawn point of the zoomed chart: the tooltip must name the run and the value
-    pt = await cdp.send("Runtime.evaluate", {"expression": """(() => { const c = document.querySelector('[data-chart]');
+    pt = await cdp.send(
+        "Runtime.evaluate",
+        {
+            "expression": """(() => { const c = document.querySelector('[data-chart]');
         const p = c.querySelector('path.line'); const s = c.querySelector('svg').getBoundingClientRect();
         const q = p.getPointAtLength(p.getTotalLength() / 2); return JSON.stringify({x: s.left + q.x, y: s.top + q.y}); })()""",
-        "returnByValue": True}, session=sid)  # fmt: skip
+            "returnByValue": True,
+        },
+        session=sid,
+    )
     q = json.loads(pt["result"]["value"])
     await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": q["x"], "y": q["y"]}, session=sid)
-    after = await cdp.send("Runtime.evaluate", {"expression": """(() => { const c = document.querySelector('[data-chart]');
+    after = await cdp.send(
+        "Runtime.evaluate",
+        {
+            "expression": """(() => { const c = document.querySelector('[data-chart]');
         const t = c.querySelector('.tip'); return JSON.stringify({x0: c.chart.x0, x1: c.chart.x1, tip: t.style.display === 'block' ? t.textContent : null}); })()""",
-        "returnByValue": True}, session=sid)  # fmt: skip
+            "returnByValue": True,
+        },
+        session=sid,
+    )
     a = json.loads(after["result"]["value"])
-    await cdp.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": 1, "y": 1}, session=sid)  # leave: the tooltip hides
-    await cdp.send("Runtime.evaluate", {"expression": "document.querySelector('[data-chart]').chart.zoom(0, 1e12); window.scrollTo(0, 0)"}, session=sid)
+    await cdp.send(
+        "Input.dispatchMouseEvent", {"type": "mouseMoved", "x": 1, "y": 1}, session=sid
+    )  # leave: the tooltip hides
+    await cdp.send(
+        "Runtime.evaluate",
+        {"expression": "document.querySelector('[data-chart]').chart.zoom(0, 1e12); window.scrollTo(0, 0)"},
+        session=sid,
+    )
     return {"before": [b["x0"], b["x1"]], "after": [a["x0"], a["x1"]], "tip": a["tip"]}
 
 
-def check_page(page: str | Path, *, screenshot: str | Path | None = None, chromium: str | None = None, zoom: bool = True,
-               timeout: float = 60.0) -> PageCheck:  # fmt: skip
+def check_page(
+    page: str | Path,
+    *,
+    screenshot: str | Path | None = None,
+    chromium: str | None = None,
+    zoom: bool = True,
+    timeout: float = 60.0,
+) -> PageCheck:
     """Open `page` (a local file) in headless Chromium and report what it saw."""
     bin_ = chromium or find_chromium()
     if bin_ is None:
@@ -284,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chromium")
     a = ap.parse_args(argv)
     res = check_page(a.page, screenshot=a.screenshot, chromium=a.chromium)
-    print(json.dumps({"problems": res.problems, "zoom": res.zoom, "screenshot": str(res.screenshot), **res.probe}, indent=1)[:20000])
+    print(
+        json.dumps(
+            {"problems": res.problems, "zoom": res.zoom, "screenshot": str(res.screenshot), **res.probe}, indent=1
+        )[:20000]
+    )
     return 1 if res.problems else 0
 
 

@@ -22,7 +22,9 @@ gauge_interval: 5.0
 """
 
 
-def template_text(name: str = "e2-test", cell: str = "sglang-a100-300k", protocol: str = "short.yaml", extra: str = "") -> str:
+def template_text(
+    name: str = "e2-test", cell: str = "sglang-a100-300k", protocol: str = "short.yaml", extra: str = ""
+) -> str:
     return f"""format: agentload-registration-template
 format_version: 1
 name: {name}

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from gitfixture import git
+
 from harness.config import TestBundle, load_test
 from prereg.registration import load_registration
 from provenance.git import Repo
@@ -37,17 +37,19 @@ def write_test(work: Path, seeds: tuple[int, ...] = (0, 1), burst: int = 200, na
     (work / "tests_cfg" / "protocols").mkdir(parents=True, exist_ok=True)
     (work / "tests_cfg" / "protocols" / "tiny.yaml").write_text(PROTOCOL.replace("size: 200", f"size: {burst}"))
     t = work / "tests_cfg" / f"{name}.yaml"
-    t.write_text(f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n"
-                 f"arms: [burst, noburst]\nrates: [1.35]\nseeds: [{', '.join(map(str, seeds))}]\n")  # fmt: skip
+    t.write_text(
+        f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n"
+        f"arms: [burst, noburst]\nrates: [1.35]\nseeds: [{', '.join(map(str, seeds))}]\n"
+    )
     return t
 
 
 def plan_sha(bundle: TestBundle, arm: str, rate: float, seed: int) -> str:
     import hashlib
 
-    from runs.arms import references
-    from harness.workload.plans import make_plan
     from harness.workload.planfile import plan_bytes
+    from harness.workload.plans import make_plan
+    from runs.arms import references
 
     plan = make_plan(bundle.workload, bundle.protocol, bundle.arms[arm], rate, references(bundle)["lambda_ref"], seed)
     return hashlib.sha256(plan_bytes(plan)).hexdigest()
@@ -73,18 +75,29 @@ def registration_doc(bundle: TestBundle, name: str, status: str = "FILLED") -> d
         "rates": [{"multiple": r, "sessions_per_s": r * refs["lambda_ref"]} for r in t.rates],
         "seeds": list(t.seeds),
         "cap": t.cap,
-        "references": {"lambda_ref": refs["lambda_ref"], "lambda_miss": refs["lambda_ref"], "all_miss_token_rate": refs["all_miss_token_rate"]},
+        "references": {
+            "lambda_ref": refs["lambda_ref"],
+            "lambda_miss": refs["lambda_ref"],
+            "all_miss_token_rate": refs["all_miss_token_rate"],
+        },
         "rule": E2_RULE,
         "kill_conditions": [],
         "warnings": [],
         "allowances": {"start_s": 900, "smoke_s": 120, "teardown_s": 60},
         "inputs": [],
-        "plans": [{"arm": a, "rate": r, "seed": s, "sha256": plan_sha(bundle, a, r, s)} for a in bundle.arms for r in t.rates for s in t.seeds],
+        "plans": [
+            {"arm": a, "rate": r, "seed": s, "sha256": plan_sha(bundle, a, r, s)}
+            for a in bundle.arms
+            for r in t.rates
+            for s in t.seeds
+        ],
         "fill": {"note": "written by the test fixture by the registration's documented keys"},
     }
 
 
-def commit_registration(work: Path, bundle: TestBundle, name: str = "tiny-e2", push: bool = True, status: str = "FILLED") -> dict[str, Any]:
+def commit_registration(
+    work: Path, bundle: TestBundle, name: str = "tiny-e2", push: bool = True, status: str = "FILLED"
+) -> dict[str, Any]:
     rel = f"prereg/registrations/{name}.yaml"
     p = work / rel
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +113,13 @@ def commit_registration(work: Path, bundle: TestBundle, name: str = "tiny-e2", p
     return reg.binding(rel, git(work, "rev-parse", "HEAD"))
 
 
-def record_submission(testdir: Path, work: Path, binding: dict[str, Any], label: str | None = None, jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def record_submission(
+    testdir: Path,
+    work: Path,
+    binding: dict[str, Any],
+    label: str | None = None,
+    jobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """submission.json as the submit command writes it: the remote asked, at submission, whether it
     holds the registration's commit. Sleeps past the second so later run times are strictly after."""
     chk = Repo(work).remote_contains(binding["commit"])
@@ -109,8 +128,14 @@ def record_submission(testdir: Path, work: Path, binding: dict[str, Any], label:
         "format_version": 1,
         "test": None,
         "registration": binding,
-        "remote_check": {"remote": chk.remote, "branch": chk.branch, "url": chk.url, "remote_head": chk.remote_head,
-                         "contains": chk.contains, "checked_at": chk.checked_at},  # fmt: skip
+        "remote_check": {
+            "remote": chk.remote,
+            "branch": chk.branch,
+            "url": chk.url,
+            "remote_head": chk.remote_head,
+            "contains": chk.contains,
+            "checked_at": chk.checked_at,
+        },
         "jobs": jobs or [],
     }
     if label is not None:
@@ -121,7 +146,9 @@ def record_submission(testdir: Path, work: Path, binding: dict[str, Any], label:
     return doc
 
 
-def run_all(test_path: Path, testdir: Path, binding: dict[str, Any] | None, runs: list[tuple[str, float, int]] | None = None) -> list[Path]:
+def run_all(
+    test_path: Path, testdir: Path, binding: dict[str, Any] | None, runs: list[tuple[str, float, int]] | None = None
+) -> list[Path]:
     from runs.arms import execute_run, run_name
 
     bundle = load_test(test_path)

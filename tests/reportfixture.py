@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from gitfixture import git, make_repo
+from provfixture import commit_registration, record_submission, run_all, write_test
+
 from cli.main import main
 from harness.config import load_test
 from runs.arms import run_name
-from provfixture import commit_registration, record_submission, run_all, write_test
 
 
 def _bind_code(run: Path, commit: str) -> None:
@@ -31,9 +31,9 @@ def _bind_code(run: Path, commit: str) -> None:
 
 
 def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
-    from review.registered import registered_analysis
     from prereg.predict_makers import model_f_predictions
     from prereg.predictions import write_predictions
+    from review.registered import registered_analysis
 
     work, remote = make_repo(root)
     test_path = write_test(work)
@@ -45,7 +45,10 @@ def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
     assert main(["predict", "freeze", str(mf), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
     time.sleep(1.1)  # run times are recorded to the second: the runs start strictly after the freeze
     grid = [(a, r, s) for a in bundle.arms for r in bundle.test.rates for s in bundle.test.seeds]
-    jobs = [{"job_id": str(101 + i), "arm": a, "rate": r, "seed": s, "run_dir": f"runs/{run_name(a, r, s)}"} for i, (a, r, s) in enumerate(grid)]
+    jobs = [
+        {"job_id": str(101 + i), "arm": a, "rate": r, "seed": s, "run_dir": f"runs/{run_name(a, r, s)}"}
+        for i, (a, r, s) in enumerate(grid)
+    ]
     record_submission(testdir, work, binding, label="pre-registered", jobs=jobs)
     runs = run_all(test_path, testdir, binding)
     for d in runs:
@@ -53,8 +56,19 @@ def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
     monkeypatch.chdir(work)
     verdict = registered_analysis(reg_file, [testdir / "runs"], testdir / "analysis")
     assert main(["predict", "score", "pred-tiny", str(testdir)]) == 0
-    return {"root": root, "work": work, "remote": remote, "test": test_path, "bundle": bundle, "binding": binding, "testdir": testdir,
-            "runs": runs, "jobs": jobs, "verdict": verdict, "reg_file": reg_file}  # fmt: skip
+    return {
+        "root": root,
+        "work": work,
+        "remote": remote,
+        "test": test_path,
+        "bundle": bundle,
+        "binding": binding,
+        "testdir": testdir,
+        "runs": runs,
+        "jobs": jobs,
+        "verdict": verdict,
+        "reg_file": reg_file,
+    }
 
 
 def squeue_runner(states: dict[str, str]) -> Any:

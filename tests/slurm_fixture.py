@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from gitfixture import git, make_repo
+
 from provenance.codepaths import CODE_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +39,19 @@ gauge_interval: 5.0
 """
 
 
-def template(name: str, *, seeds: str = "[3, 4, 5]", arms: str = "[burst, noburst, capped]", fractions: str = "[[3, 4]]",
-             allowances: str = "{start_s: 30.0, smoke_s: 20.0, teardown_s: 10.0}", protocol: str = "protocol-mini-e2.yaml",
-             cell: str = "sglang-a100-300k", workload: str = "standard", rule: str = "e2",
-             rule_overrides: str = "{slope_factor: 0.25}") -> str:  # fmt: skip
+def template(
+    name: str,
+    *,
+    seeds: str = "[3, 4, 5]",
+    arms: str = "[burst, noburst, capped]",
+    fractions: str = "[[3, 4]]",
+    allowances: str = "{start_s: 30.0, smoke_s: 20.0, teardown_s: 10.0}",
+    protocol: str = "protocol-mini-e2.yaml",
+    cell: str = "sglang-a100-300k",
+    workload: str = "standard",
+    rule: str = "e2",
+    rule_overrides: str = "{slope_factor: 0.25}",
+) -> str:
     return f"""format: agentload-registration-template
 format_version: 1
 name: {name}
@@ -64,8 +74,12 @@ def make_project(tmp: Path) -> tuple[Path, Path]:
     300k calibration inputs and the mini protocol (committed, pushed)."""
     work, remote = make_repo(tmp)
     for d in CODE:
-        shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "registrations", "inputs"))
-    shutil.copytree(ROOT / "prereg" / "inputs" / "paper" / "sglang-a100-300k", work / "prereg" / "inputs" / "sglang-a100-300k")
+        shutil.copytree(
+            ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "registrations", "inputs")
+        )
+    shutil.copytree(
+        ROOT / "prereg" / "inputs" / "paper" / "sglang-a100-300k", work / "prereg" / "inputs" / "sglang-a100-300k"
+    )
     (work / "prereg" / "templates").mkdir(parents=True, exist_ok=True)
     (work / "prereg" / "templates" / "protocol-mini-e2.yaml").write_text(MINI_PROTOCOL)
     (work / ".gitignore").write_text("__pycache__/\n*.pyc\nresults/\n")
@@ -94,23 +108,55 @@ def one_seed_rule(work: Path) -> str:
 
     from analysis.rules import E2_RULE
 
-    spec = {**E2_RULE, "name": "e2-one-seed", "pass": {"min_seeds": 1, "min_good_seeds": 1},
-            "description": "E2 paired test judged on one seed (tests)"}  # fmt: skip
+    spec = {
+        **E2_RULE,
+        "name": "e2-one-seed",
+        "pass": {"min_seeds": 1, "min_good_seeds": 1},
+        "description": "E2 paired test judged on one seed (tests)",
+    }
     (work / "prereg" / "templates" / "e2-one-seed.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return "e2-one-seed.yaml"
 
 
 TINY_VLLM_CELL = {
-    "kind": "cell", "name": "tiny-vllm-cpu", "description": "test cell: vLLM 0.32 on a CPU with a tiny random model",
-    "engine": {"name": "vllm", "version": "0.32.0"}, "model": "tiny", "gpu": "cpu", "kv_pool_tokens": 32_768, "page_size": 32,
-    "schedule_policy": "fcfs", "chunked_prefill": 8_192, "max_running": 16, "prefix_cache": True, "waiting_prefix_refresh": False,
-    "batching": "mixed", "context_length": 8_192,
-}  # fmt: skip
-TINY_WORKLOAD = {"kind": "workload", "name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": 16,
-                 "turns": {"mean": 3.0, "cap": 4}, "tool_time": {"mean": 0.3}}  # fmt: skip
-TINY_PROTOCOL = {"kind": "protocol", "name": "tiny", "description": "20 s runs for a CPU engine",
-                 "duration": 20.0, "burst": {"time": 5.0, "size": 3, "width": 1.0}, "window": {"start": 10.0, "end": 20.0},
-                 "min_window": 5.0, "backlog_bin": 1.0, "hit_bin": 2.0, "recovered_span": 5.0, "gauge_interval": 1.0}  # fmt: skip
+    "kind": "cell",
+    "name": "tiny-vllm-cpu",
+    "description": "test cell: vLLM 0.32 on a CPU with a tiny random model",
+    "engine": {"name": "vllm", "version": "0.32.0"},
+    "model": "tiny",
+    "gpu": "cpu",
+    "kv_pool_tokens": 32_768,
+    "page_size": 32,
+    "schedule_policy": "fcfs",
+    "chunked_prefill": 8_192,
+    "max_running": 16,
+    "prefix_cache": True,
+    "waiting_prefix_refresh": False,
+    "batching": "mixed",
+    "context_length": 8_192,
+}
+TINY_WORKLOAD = {
+    "kind": "workload",
+    "name": "tiny",
+    "first_prompt": 128,
+    "tool_tokens": 32,
+    "decode_tokens": 16,
+    "turns": {"mean": 3.0, "cap": 4},
+    "tool_time": {"mean": 0.3},
+}
+TINY_PROTOCOL = {
+    "kind": "protocol",
+    "name": "tiny",
+    "description": "20 s runs for a CPU engine",
+    "duration": 20.0,
+    "burst": {"time": 5.0, "size": 3, "width": 1.0},
+    "window": {"start": 10.0, "end": 20.0},
+    "min_window": 5.0,
+    "backlog_bin": 1.0,
+    "hit_bin": 2.0,
+    "recovered_span": 5.0,
+    "gauge_interval": 1.0,
+}
 
 
 def tiny_vllm(work: Path, scale: float = 10.0) -> Path:
@@ -139,12 +185,25 @@ def tiny_vllm(work: Path, scale: float = 10.0) -> Path:
         data["source"] = f"test numbers: the paper's SGLang 300k {f} with rates x {scale:g}"
         (dst / f).write_text(yaml.safe_dump(data, sort_keys=False))
     t = work / "prereg" / "templates"
-    for name, data in (("tiny-vllm-cpu.yaml", TINY_VLLM_CELL), ("tiny-workload.yaml", TINY_WORKLOAD), ("tiny-protocol.yaml", TINY_PROTOCOL)):
+    for name, data in (
+        ("tiny-vllm-cpu.yaml", TINY_VLLM_CELL),
+        ("tiny-workload.yaml", TINY_WORKLOAD),
+        ("tiny-protocol.yaml", TINY_PROTOCOL),
+    ):
         (t / name).write_text(yaml.safe_dump(data, sort_keys=False))
-    return fill(work, "tiny-vllm", inputs="tiny-vllm-cpu", cell="tiny-vllm-cpu.yaml", workload="tiny-workload.yaml",
-                protocol="tiny-protocol.yaml", arms="[noburst]", seeds="[0]", fractions="[[1, 2]]",
-                allowances="{start_s: 300.0, smoke_s: 120.0, teardown_s: 30.0}",
-                rule_overrides="{min_window: 5.0, backlog_bin: 1.0, recovered_span: 5.0}")  # fmt: skip
+    return fill(
+        work,
+        "tiny-vllm",
+        inputs="tiny-vllm-cpu",
+        cell="tiny-vllm-cpu.yaml",
+        workload="tiny-workload.yaml",
+        protocol="tiny-protocol.yaml",
+        arms="[noburst]",
+        seeds="[0]",
+        fractions="[[1, 2]]",
+        allowances="{start_s: 300.0, smoke_s: 120.0, teardown_s: 30.0}",
+        rule_overrides="{min_window: 5.0, backlog_bin: 1.0, recovered_span: 5.0}",
+    )
 
 
 def commit(work: Path, message: str, *, push: bool = False) -> str:

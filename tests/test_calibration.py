@@ -16,13 +16,17 @@ PAPER_LAMBDA_REF = 0.0715  # sessions/s, turns-based
 
 
 def test_window_stats_counts_only_the_window():
-    turns = pd.DataFrame({
-        "done_time": [10.0, 100.0, 150.0, 199.0, 250.0],
-        "status": ["ok", "ok", "ok", "error", "ok"],
-        "prompt_tokens": [1000, 1000, 2000, 3000, 1000],
-        "cached_tokens": [999, 0, 1500, None, 600],
-    })  # fmt: skip
-    sessions = pd.DataFrame({"end": [50.0, 120.0, 180.0, None], "outcome": ["completed", "completed", "failed", "unfinished"]})
+    turns = pd.DataFrame(
+        {
+            "done_time": [10.0, 100.0, 150.0, 199.0, 250.0],
+            "status": ["ok", "ok", "ok", "error", "ok"],
+            "prompt_tokens": [1000, 1000, 2000, 3000, 1000],
+            "cached_tokens": [999, 0, 1500, None, 600],
+        }
+    )
+    sessions = pd.DataFrame(
+        {"end": [50.0, 120.0, 180.0, None], "outcome": ["completed", "completed", "failed", "unfinished"]}
+    )
     s = window_stats(turns, sessions, 100.0, 200.0, expected_turns=2.0)
     assert s.turns_completed == 2 and s.sessions_completed == 1
     assert s.mu_sessions == pytest.approx(0.01) and s.mu_turns == pytest.approx(2 / 100 / 2)

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from prereg_fixture import SHORT_PROTOCOL, template_text
 
 from analysis.calibration import e0b_stats
-from harness.config import CellConfig, WorkloadConfig, load_config
-from runs.calibration import calibrate_all, e0b, run_from_empty
-from prereg.fill import fill_registration
 from analysis.calibration_summaries import dir_sha256, load_inputs
-from prereg_fixture import SHORT_PROTOCOL, template_text
+from harness.config import CellConfig, WorkloadConfig, load_config
+from prereg.fill import fill_registration
+from runs.calibration import calibrate_all, e0b, run_from_empty
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,21 @@ def test_from_empty_run_records(tmp_path: Path, cell_wl) -> None:
 def test_calibrate_all_then_fill_gives_a_filled_registration(tmp_path: Path, cell_wl) -> None:
     cell, wl = cell_wl
     out = tmp_path / "prereg" / "inputs" / "sim"
-    b = calibrate_all(cell, wl, out, ns=(8, 16), e0a_seeds=(0, 1), e0a_n=8, check_n=None, warmup=60.0, window=120.0,
-                      grid=(0.5, 1.0, 2.0, 6.0), e0b_duration=300.0, rise_span=150.0, final_max=15.0)  # fmt: skip
+    b = calibrate_all(
+        cell,
+        wl,
+        out,
+        ns=(8, 16),
+        e0a_seeds=(0, 1),
+        e0a_n=8,
+        check_n=None,
+        warmup=60.0,
+        window=120.0,
+        grid=(0.5, 1.0, 2.0, 6.0),
+        e0b_duration=300.0,
+        rise_span=150.0,
+        final_max=15.0,
+    )
     inputs = load_inputs(out)
     for stage in ("stage-c", "e0a", "e0b"):
         model = getattr(inputs, stage.replace("-", "_"))
@@ -83,14 +96,39 @@ def test_calibrate_all_then_fill_gives_a_filled_registration(tmp_path: Path, cel
     assert f["measured"]["e0b"]["first_unstable"] is not None
     assert reg.status == "FILLED", reg.status_reasons
     assert all(r["inside_band"] for r in f["rates"]) and len(reg.plans) == 18
-    assert [i.path for i in reg.inputs] == ["prereg/inputs/sim/stage-c.yaml", "prereg/inputs/sim/e0a.yaml", "prereg/inputs/sim/e0b.yaml"]
+    assert [i.path for i in reg.inputs] == [
+        "prereg/inputs/sim/stage-c.yaml",
+        "prereg/inputs/sim/e0a.yaml",
+        "prereg/inputs/sim/e0b.yaml",
+    ]
 
 
 def test_cli_e0b(tmp_path: Path, capsys) -> None:
     from cli.main import main
 
-    assert main(["calibrate", "e0b", "--cell", "sglang-a100-300k", "--grid", "0.5,6", "--duration", "300", "--rise-span", "150",
-                 "--final-max", "15", "--lambda-ref", "0.0715", "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "calibrate",
+                "e0b",
+                "--cell",
+                "sglang-a100-300k",
+                "--grid",
+                "0.5,6",
+                "--duration",
+                "300",
+                "--rise-span",
+                "150",
+                "--final-max",
+                "15",
+                "--lambda-ref",
+                "0.0715",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "stable" in text and "NO" in text and "yes" in text
     assert (tmp_path / "e0b.json").is_file() and (tmp_path / "e0b-m0.5-s0" / "meta.json").is_file()

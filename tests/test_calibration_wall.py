@@ -14,9 +14,9 @@ import pytest
 
 from harness.config import CellConfig, WorkloadConfig, load_config
 from harness.emulator.server import Emulator, serve
-from runs.realrun import EngineOptions
 from harness.recording.record import load_run
 from runs.calibration import cache_off, e0a, run_closed
+from runs.realrun import EngineOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,7 +30,9 @@ def tiny_cell() -> CellConfig:
 
 def test_e0a_on_a_launched_emulator_matches_its_own_cache_off_check(tmp_path: Path) -> None:
     opts = EngineOptions(engine="emulator", time_scale=40.0, health_timeout=60.0)
-    summary = e0a(tiny_cell(), WL, seeds=(0,), n=4, check_n=None, out_dir=tmp_path, warmup=40.0, window=160.0, engine=opts)
+    summary = e0a(
+        tiny_cell(), WL, seeds=(0,), n=4, check_n=None, out_dir=tmp_path, warmup=40.0, window=160.0, engine=opts
+    )
     assert summary.seeds == 1 and summary.all_miss_token_rate > 0 and summary.lambda_ref > 0
     run = load_run(tmp_path / "e0a-n4-s0")
     assert run.meta["status"] == "COMPLETED"
@@ -51,7 +53,14 @@ def test_cache_off_run_refuses_a_server_whose_cache_is_on(tmp_path: Path) -> Non
             opts = EngineOptions(engine="emulator", base_url=url)
             with pytest.raises(RuntimeError) as exc:
                 await asyncio.to_thread(
-                    run_closed, cache_off(tiny_cell()), WL, 2, warmup=5.0, window=10.0, run_dir=tmp_path / "r", engine=opts
+                    run_closed,
+                    cache_off(tiny_cell()),
+                    WL,
+                    2,
+                    warmup=5.0,
+                    window=10.0,
+                    run_dir=tmp_path / "r",
+                    engine=opts,
                 )
             return str(exc.value)
         finally:

@@ -24,8 +24,22 @@ def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixt
     assert "plan" in out and "Workload: freeze what the client will send" in out
     registered = set(build().registered)  # every module in the table registers its commands
     assert registered == {c.name for c in COMMANDS}
-    assert {"plan", "calibrate", "prereg", "submit", "jobs", "theory", "run", "test", "analyze", "emulator", "predict", "provenance",
-            "status", "report"} <= registered
+    assert {
+        "plan",
+        "calibrate",
+        "prereg",
+        "submit",
+        "jobs",
+        "theory",
+        "run",
+        "test",
+        "analyze",
+        "emulator",
+        "predict",
+        "provenance",
+        "status",
+        "report",
+    } <= registered
     for name in registered:
         assert f"\n    {name} " in out  # every registered command is listed under its group
     assert [g for g, _ in GROUPS] == ["workload", "calibrate", "execute", "judge"]
@@ -33,15 +47,19 @@ def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixt
 
 def test_help_imports_no_command_module() -> None:
     """`agentload --help` is the table: no command's module (nor numpy, pandas, pydantic) is imported."""
-    code = "import sys; from cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\n" \
-           "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
+    code = (
+        "import sys; from cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
 
 
 def test_a_command_imports_only_its_own_module() -> None:
-    code = "import sys; from cli.main import main\ntry:\n    main(['plan', '--help'])\nexcept SystemExit: pass\n" \
-           "print(sorted(m for m in sys.modules if m.startswith('cli.')))"
+    code = (
+        "import sys; from cli.main import main\ntry:\n    main(['plan', '--help'])\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('cli.')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip().splitlines()[-1] == "['cli.commands', 'cli.main', 'cli.plan']", r.stdout
 
@@ -77,7 +95,16 @@ def test_plan_show_reports_rates_and_ks(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert main(["plan", "show", str(out), "--rows", "3"]) == 0
     text = capsys.readouterr().out
-    for needle in ("sessions and turns", "evaluation window", "[5700, 8700)", "before burst", "whole run", "burst sessions", "KS test", "sha256"):
+    for needle in (
+        "sessions and turns",
+        "evaluation window",
+        "[5700, 8700)",
+        "before burst",
+        "whole run",
+        "burst sessions",
+        "KS test",
+        "sha256",
+    ):
         assert needle in text, needle
     assert main(["plan", "show", str(out), "--rows", "0", "--window", "0:600", "--window", "600:8700"]) == 0
     text = capsys.readouterr().out
@@ -93,7 +120,9 @@ def test_plan_show_reports_rates_and_ks(tmp_path: Path, capsys: pytest.CaptureFi
         ([*MAKE, "--cell", "llama-a100-300k", "--lambda-ref", "0.1"], "not allowed with argument"),
     ],
 )
-def test_user_errors_exit_2_without_traceback(argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_user_errors_exit_2_without_traceback(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     try:
         code = main([*argv, "--out", str(tmp_path / "x.parquet")] if argv[1] == "make" else argv)
     except SystemExit as ex:  # argparse's own errors
@@ -105,14 +134,30 @@ def test_user_errors_exit_2_without_traceback(argv: list[str], needle: str, tmp_
 def test_bad_config_file_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "arm.yaml"
     bad.write_text("kind: arm\nname: a\nburts: true\n")
-    code = main([*MAKE[:6], "--arm", str(bad), "--rate", "1.35", "--seed", "0", "--lambda-ref", "0.07", "--out", str(tmp_path / "x.parquet")])
+    code = main(
+        [
+            *MAKE[:6],
+            "--arm",
+            str(bad),
+            "--rate",
+            "1.35",
+            "--seed",
+            "0",
+            "--lambda-ref",
+            "0.07",
+            "--out",
+            str(tmp_path / "x.parquet"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and str(bad) in err and "burts: unknown key" in err and "Traceback" not in err
 
 
 def test_cell_without_lambda_ref_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cell = tmp_path / "c.yaml"
-    cell.write_text("kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m\ngpu: g\nkv_pool_tokens: 300000\n")
+    cell.write_text(
+        "kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m\ngpu: g\nkv_pool_tokens: 300000\n"
+    )
     assert main([*MAKE, "--cell", str(cell), "--out", str(tmp_path / "x.parquet")]) == 2
     assert "has no lambda_ref" in capsys.readouterr().err
 

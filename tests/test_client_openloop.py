@@ -9,16 +9,18 @@ import math
 import numpy as np
 import pytest
 
+from harness.client.contract import Send, Timer, TurnResponse
 from harness.client.gates import FifoCapGate, RescueGate
 from harness.client.openloop import ListSink, PlanClient, ToolSlowRule
-from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import WorkloadConfig
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec
 
 WL = WorkloadConfig(name="tiny", first_prompt=20, tool_tokens=5, decode_tokens=3)
 
 
-def spec(i: int, arrival: float, n: int, tool: float = 1.0, stream: int = STREAM_BASE, refused: bool = False) -> SessionSpec:
+def spec(
+    i: int, arrival: float, n: int, tool: float = 1.0, stream: int = STREAM_BASE, refused: bool = False
+) -> SessionSpec:
     return SessionSpec(stream, i, arrival, n, tuple([tool] * (n - 1)), token_seed=1000 + i, refused=refused)
 
 
@@ -26,7 +28,9 @@ class MiniDriver:
     """Virtual time; each request is answered `service` s after it is sent (infinite servers),
     with `decode_tokens` output ids and a perfect cache (everything but the new tool ids)."""
 
-    def __init__(self, client: PlanClient, service: float = 0.5, fail: set[int] | None = None, late: float = 0.0) -> None:
+    def __init__(
+        self, client: PlanClient, service: float = 0.5, fail: set[int] | None = None, late: float = 0.0
+    ) -> None:
         self.client = client
         self.service = service
         self.late = late  # arrival timers fire this late, as a wall-clock driver's may under load

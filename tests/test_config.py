@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import CONFIG_ROOT, ArmConfig, CellConfig, ProtocolConfig, TestConfig, WorkloadConfig, load_config, load_cost_file, load_test, parse_config
+from harness.config import (
+    CONFIG_ROOT,
+    ArmConfig,
+    CellConfig,
+    ProtocolConfig,
+    TestConfig,
+    WorkloadConfig,
+    load_config,
+    load_cost_file,
+    load_test,
+    parse_config,
+)
 from harness.errors import ConfigError
 
 SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name not in ("costs", "rules"))
@@ -21,13 +32,39 @@ def test_every_shipped_config_loads(path: Path) -> None:
 def test_required_configs_are_shipped() -> None:
     names = {str(p.relative_to(CONFIG_ROOT)) for p in SHIPPED}
     for n in (
-        "workloads/standard.yaml", "workloads/mirror-k20.yaml", "protocols/e2.yaml",
-        *(f"arms/{a}.yaml" for a in ("burst", "noburst", "capped", "toolslow-d30", "toolslow-w", "shed-t600",
-                                     "shed-t3600", "cut-a115", "cut-b085", "rescue-r1")),
-        *(f"cells/{c}.yaml" for c in ("sglang-a100-300k", "sglang-a100-150k", "sglang-a100-600k", "sglang-a100-native",
-                                      "vllm-a100-300k", "llama-a100-300k", "sglang-h200-300k", "sglang-h200-600k")),
+        "workloads/standard.yaml",
+        "workloads/mirror-k20.yaml",
+        "protocols/e2.yaml",
+        *(
+            f"arms/{a}.yaml"
+            for a in (
+                "burst",
+                "noburst",
+                "capped",
+                "toolslow-d30",
+                "toolslow-w",
+                "shed-t600",
+                "shed-t3600",
+                "cut-a115",
+                "cut-b085",
+                "rescue-r1",
+            )
+        ),
+        *(
+            f"cells/{c}.yaml"
+            for c in (
+                "sglang-a100-300k",
+                "sglang-a100-150k",
+                "sglang-a100-600k",
+                "sglang-a100-native",
+                "vllm-a100-300k",
+                "llama-a100-300k",
+                "sglang-h200-300k",
+                "sglang-h200-600k",
+            )
+        ),
         "tests/e2-sglang-300k.yaml",
-    ):  # fmt: skip
+    ):
         assert n in names, n
 
 
@@ -38,7 +75,9 @@ def test_standard_workload_values() -> None:
     assert [w.prompt_len(k) for k in (1, 2, 3, 60)] == [2000 + 650 * (k - 1) for k in (1, 2, 3, 60)]
     m = load_config("workloads/mirror-k20", WorkloadConfig)
     assert (m.turns.mean, m.turns.cap) == (1000.0, 20)
-    assert m.model_dump(exclude={"name", "description", "turns"}) == w.model_dump(exclude={"name", "description", "turns"})
+    assert m.model_dump(exclude={"name", "description", "turns"}) == w.model_dump(
+        exclude={"name", "description", "turns"}
+    )
 
 
 def test_protocol_and_test_values() -> None:
@@ -63,23 +102,43 @@ def test_cell_values() -> None:
     v = c["vllm-a100-300k"]
     assert (v.engine.name, v.page_size, v.batching, v.waiting_prefix_refresh) == ("vllm", 16, "mixed", False)
     assert v.kv_pool_tokens // v.page_size == 18750
-    assert v.cost.token_factor == 1.0882 and v.lambda_ref == pytest.approx(0.0657, abs=1e-4) and v.all_miss_token_rate == 10349
+    assert (
+        v.cost.token_factor == 1.0882
+        and v.lambda_ref == pytest.approx(0.0657, abs=1e-4)
+        and v.all_miss_token_rate == 10349
+    )
     assert c["sglang-h200-300k"].cost.speed == 2.742 and c["sglang-h200-300k"].lambda_ref == 0.194
     assert c["sglang-h200-600k"].kv_pool_tokens == 600000 and c["sglang-h200-600k"].cost.speed == 2.742
     assert c["llama-a100-300k"].lambda_ref == 0.0596 and "Llama-3.1-8B" in c["llama-a100-300k"].model
     cpu = c.pop("vllm-cpu-tiny-131k")  # the scaled CPU cell: its own settings (the issue's notes)
     assert (cpu.kv_pool_tokens, cpu.page_size, cpu.max_running, cpu.context_length) == (131072, 32, 64, 8192)
-    from analysis.calibration_summaries import e0a_values, load_inputs  # its references are its registered E0a's  # its references are its registered E0a's
+    from analysis.calibration_summaries import (
+        e0a_values,
+        load_inputs,
+    )  # its references are its registered E0a's  # its references are its registered E0a's
 
     e0a = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / cpu.name).e0a, cpu.name)
-    assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (e0a.lambda_ref, e0a.all_miss_token_rate, "0.32.0")
+    assert (cpu.lambda_ref, cpu.all_miss_token_rate, cpu.engine.version) == (
+        e0a.lambda_ref,
+        e0a.all_miss_token_rate,
+        "0.32.0",
+    )
     sg = c.pop("sglang-cpu-tiny-32k")  # the CPU SGLang cell: the real-SGLang tests' cell, no E0a yet
     assert (sg.kv_pool_tokens, sg.page_size, sg.max_running, sg.context_length) == (32768, 1, 16, 8192)
-    assert (sg.device, sg.mem_fraction_static, sg.attention_backend, sg.engine.version) == ("cpu", 0.5, "torch_native", "0.5.22")
+    assert (sg.device, sg.mem_fraction_static, sg.attention_backend, sg.engine.version) == (
+        "cpu",
+        0.5,
+        "torch_native",
+        "0.5.22",
+    )
     assert sg.lambda_ref is None and sg.all_miss_token_rate is None
     fitted = c.pop("vllm-cpu-tiny-131k-fitted")  # the same cell with its fitted cost model (the simulator's prediction)
     same = {"name", "description", "cost", "cost_file"}
-    assert fitted.model_dump(exclude=same) == cpu.model_dump(exclude=same) and fitted.cost_file and fitted.cost.model().a != cpu.cost.model().a
+    assert (
+        fitted.model_dump(exclude=same) == cpu.model_dump(exclude=same)
+        and fitted.cost_file
+        and fitted.cost.model().a != cpu.cost.model().a
+    )
     for cell in c.values():  # the paper's cells
         assert (cell.chunked_prefill, cell.max_running, cell.schedule_policy) == (8192, 256, "fcfs")
         assert cell.cost.model().a == pytest.approx(9.24e-3)
@@ -94,7 +153,14 @@ def test_arm_values() -> None:
     assert a["shed-t3600"].shed.duration == 3600.0
     assert (a["cut-a115"].cut.start, a["cut-a115"].cut.rate, a["cut-b085"].cut.rate) == (2400.0, 1.15, 0.85)
     g = a["rescue-r1"].gate
-    assert (g.kind, g.cap, g.t_on, g.release_hold, g.release_min_after, g.release_tick) == ("rescue", 20, 1800.0, 300.0, 600.0, 10.0)
+    assert (g.kind, g.cap, g.t_on, g.release_hold, g.release_min_after, g.release_tick) == (
+        "rescue",
+        20,
+        1800.0,
+        300.0,
+        600.0,
+        10.0,
+    )
     with pytest.raises(ConfigError, match="no test cap"):
         a["capped"].gate_cap(None)
 
@@ -130,7 +196,10 @@ CELL = "kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m
         (CELL + "kv_pool_tokens_x: 1\n", ["kv_pool_tokens_x", "unknown key"]),
         (CELL + "prefix_cache: 1\n", ["prefix_cache", "1", "valid boolean"]),
         (CELL + "cost: {a: -1.0}\n", ["cost.a", "-1.0", "greater than or equal to 0"]),
-        (CELL + "cost: {speed: 2.0}\ncost_file: costs/sglang-a100.yaml\n", ["cost to equal the parameters of cost_file", "give only one"]),
+        (
+            CELL + "cost: {speed: 2.0}\ncost_file: costs/sglang-a100.yaml\n",
+            ["cost to equal the parameters of cost_file", "give only one"],
+        ),
         (CELL + "cost_file: costs/nope.yaml\n", ["cost_file", "nope", "not found"]),
         (CELL.replace("sglang", "vllm") + "schedule_policy: lpm\n", ["'fcfs' on a vLLM cell"]),
         ("kind: protocol\nname: p\nwindow: {start: 8000.0, end: 7000.0}\n", ["window", "end > start", "start 8000.0"]),
@@ -141,9 +210,18 @@ CELL = "kind: cell\nname: c\nengine: {name: sglang, version: '0.5.22'}\nmodel: m
         ("kind: arm\nname: a\ngate: {kind: fifo_cap, cap: 0}\n", ["gate.cap", "0", "greater than or equal to 1"]),
         ("kind: arm\nname: a\nburst: false\nburst_size: 50\n", ["burst_size absent or 0", "50"]),
         ("kind: arm\nname: a\ncut: {start: 2400.0}\n", ["cut.rate", "required field is missing"]),
-        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35, -1.0]\nseeds: [0]\n", ["rates", "positive", "-1.0"]),
-        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35]\nseeds: [0, 0]\n", ["distinct seeds", "[0, 0]"]),
-        ("kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: []\nrates: [1.35]\nseeds: [0]\n", ["arms", "at least 1"]),
+        (
+            "kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35, -1.0]\nseeds: [0]\n",
+            ["rates", "positive", "-1.0"],
+        ),
+        (
+            "kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: [burst]\nrates: [1.35]\nseeds: [0, 0]\n",
+            ["distinct seeds", "[0, 0]"],
+        ),
+        (
+            "kind: test\nname: t\ncell: c\nworkload: w\nprotocol: p\narms: []\nrates: [1.35]\nseeds: [0]\n",
+            ["arms", "at least 1"],
+        ),
     ],
 )
 def test_malformed_config_messages(tmp_path: Path, text: str, fragments: list[str]) -> None:
@@ -181,8 +259,12 @@ def test_cost_file_fills_cost_and_resolves_relative_to_the_cell(tmp_path: Path) 
 
 
 def test_test_bundle_requires_a_cap_for_capless_gates(tmp_path: Path) -> None:
-    _write(tmp_path, "kind: test\nname: t\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\n"
-           "arms: [burst, capped]\nrates: [1.35]\nseeds: [0]\n", "t.yaml")  # fmt: skip
+    _write(
+        tmp_path,
+        "kind: test\nname: t\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\n"
+        "arms: [burst, capped]\nrates: [1.35]\nseeds: [0]\n",
+        "t.yaml",
+    )
     with pytest.raises(ConfigError, match=r"t\.yaml: cap: .*gate\.cap is absent"):
         load_test(tmp_path / "t.yaml")
 
@@ -203,13 +285,17 @@ def test_a_dumped_cell_parses_again_anywhere() -> None:
     assert parse_config(dumped, CellConfig).cost == cell.cost  # file absent: the record stands alone
 
 
-_FAST_TEST = "kind: test\nname: fast\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\narms: [burst]\nseeds: [0]\n"
+_FAST_TEST = (
+    "kind: test\nname: fast\ncell: sglang-a100-300k\nworkload: standard\nprotocol: e2\narms: [burst]\nseeds: [0]\n"
+)
 
 
 def test_rates_above_the_top_rate_are_refused_when_the_test_loads(tmp_path: Path) -> None:
     # sglang-a100-300k: lambda_ref 0.071534, so 30 x lambda_ref = 2.15 sessions/s > the default 2.0
     _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\n", "t.yaml")
-    with pytest.raises(ConfigError, match=r"t\.yaml: rates\[1\]: 30 x lambda_ref .* exceeds the plan's top rate of 2 sessions/s"):
+    with pytest.raises(
+        ConfigError, match=r"t\.yaml: rates\[1\]: 30 x lambda_ref .* exceeds the plan's top rate of 2 sessions/s"
+    ):
         load_test(tmp_path / "t.yaml")
     # a registered top rate lifts the ceiling; the default stays the paper's 2.0
     _write(tmp_path, _FAST_TEST + "rates: [1.35, 30.0]\ntop_rate: 4.0\n", "t2.yaml")
@@ -225,7 +311,11 @@ def test_rates_above_the_top_rate_are_refused_when_the_test_loads(tmp_path: Path
 def test_arms_given_by_file_are_keyed_by_their_own_name(tmp_path: Path) -> None:
     arms = CONFIG_ROOT / "arms"
     _write(tmp_path, (arms / "capped.yaml").read_text(), "capped.yaml")  # beside the test, as a user keeps them
-    _write(tmp_path, _FAST_TEST.replace("[burst]", f"[{arms / 'burst.yaml'}, noburst, capped.yaml]") + "rates: [1.35]\ncap: 20\n", "t.yaml")
+    _write(
+        tmp_path,
+        _FAST_TEST.replace("[burst]", f"[{arms / 'burst.yaml'}, noburst, capped.yaml]") + "rates: [1.35]\ncap: 20\n",
+        "t.yaml",
+    )
     b = load_test(tmp_path / "t.yaml")
     assert list(b.arms) == ["burst", "noburst", "capped"]
     assert b.arm_refs == {"burst": str(arms / "burst.yaml"), "noburst": "noburst", "capped": "capped.yaml"}
@@ -233,7 +323,6 @@ def test_arms_given_by_file_are_keyed_by_their_own_name(tmp_path: Path) -> None:
     _write(tmp_path, _FAST_TEST.replace("[burst]", f"[burst, {arms / 'burst.yaml'}]") + "rates: [1.35]\n", "t2.yaml")
     with pytest.raises(ConfigError, match=r"arms\[1\]: .* is an arm named 'burst', like 'burst'"):
         load_test(tmp_path / "t2.yaml")
-
 
 
 # -------------------------------------------------------------------------------------------------
@@ -244,8 +333,17 @@ K_TIME, K_POP = 50.0, 64 / 20  # times divided by k; the burst and population th
 
 def test_the_cpu_protocol_is_e2_with_every_time_scaled_by_one_factor() -> None:
     e2, cpu = load_config("protocols/e2", ProtocolConfig), load_config("protocols/e2-cpu", ProtocolConfig)
-    times = lambda p: [p.duration, p.burst.time, p.burst.width, p.window.start, p.window.end,  # noqa: E731
-                       p.min_window, p.backlog_bin, p.hit_bin, p.recovered_span]  # fmt: skip
+    times = lambda p: [
+        p.duration,
+        p.burst.time,
+        p.burst.width,
+        p.window.start,
+        p.window.end,
+        p.min_window,
+        p.backlog_bin,
+        p.hit_bin,
+        p.recovered_span,
+    ]
     assert times(cpu) == pytest.approx([t / K_TIME for t in times(e2)], rel=1e-12)
     assert cpu.burst.size == round(e2.burst.size * K_POP)
 
@@ -257,12 +355,19 @@ def test_the_cpu_rule_is_e2_with_its_time_and_population_parameters_scaled() -> 
     e2 = load_rule(None)
     for k in ("states", "flags", "arms", "pass", "version"):
         assert cpu[k] == e2[k] == E2_RULE[k], k
-    scaled = {"recovered_span": 1 / K_TIME, "backlog_bin": 1 / K_TIME, "min_window": 1 / K_TIME, "recovered_outstanding": K_POP}
+    scaled = {
+        "recovered_span": 1 / K_TIME,
+        "backlog_bin": 1 / K_TIME,
+        "min_window": 1 / K_TIME,
+        "recovered_outstanding": K_POP,
+    }
     assert set(cpu["params"]) == set(e2["params"])
     for k, v in e2["params"].items():
         assert cpu["params"][k] == (pytest.approx(v * scaled[k]) if k in scaled else v), k
     proto = load_config("protocols/e2-cpu", ProtocolConfig)
-    assert (proto.min_window, proto.backlog_bin, proto.recovered_span) == tuple(cpu["params"][k] for k in ("min_window", "backlog_bin", "recovered_span"))
+    assert (proto.min_window, proto.backlog_bin, proto.recovered_span) == tuple(
+        cpu["params"][k] for k in ("min_window", "backlog_bin", "recovered_span")
+    )
 
 
 def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:
@@ -274,8 +379,16 @@ def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> Non
     assert max(b.test.rates) * b.cell.lambda_ref <= b.test.top_rate
     # the test is its registration's: rates, cap, top rate, references
     reg = load_registration(CONFIG_ROOT.parent / (b.test.registration or ""))
-    assert (b.test.rates, b.test.cap, b.test.top_rate, b.test.start_lateness_p99) == (reg.multiples(), reg.cap, reg.top_rate, reg.start_lateness_p99)
-    assert (b.cell.lambda_ref, b.cell.all_miss_token_rate) == (reg.references.lambda_ref, reg.references.all_miss_token_rate)
+    assert (b.test.rates, b.test.cap, b.test.top_rate, b.test.start_lateness_p99) == (
+        reg.multiples(),
+        reg.cap,
+        reg.top_rate,
+        reg.start_lateness_p99,
+    )
+    assert (b.cell.lambda_ref, b.cell.all_miss_token_rate) == (
+        reg.references.lambda_ref,
+        reg.references.all_miss_token_rate,
+    )
     assert b.arms["capped"].gate_cap(b.test.cap) == reg.cap
     # its E0b arrivals were thinned from the test's own base stream (40 sessions/s, above the paper's
     # 2.0: the cell's unthrottled calibration reached past 2.0, and the plans keep that stream)

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 
 from harness.client.closed import ClosedClient
-from harness.client.openloop import PlanClient
 from harness.client.contract import Command, Send, Timer, TurnResponse
+from harness.client.openloop import PlanClient
 from harness.config import CellConfig, WorkloadConfig
-from harness.refengine.model import EngineModel
 from harness.drivers.virtual import simulate
+from harness.refengine.model import EngineModel
 from harness.workload.draws import STREAM_BASE, draw_session
 
 WL = WorkloadConfig(name="small", first_prompt=500, tool_tokens=100, decode_tokens=20)
 
 
 def cell(**kw: object) -> CellConfig:
-    base: dict[str, object] = {"name": "t", "engine": {"name": "sglang", "version": "t"}, "model": "m", "gpu": "g", "kv_pool_tokens": 60_000}
+    base: dict[str, object] = {
+        "name": "t",
+        "engine": {"name": "sglang", "version": "t"},
+        "model": "m",
+        "gpu": "g",
+        "kv_pool_tokens": 60_000,
+    }
     base.update(kw)
     return CellConfig.model_validate(base)
 
@@ -36,7 +42,9 @@ def test_closed_population_is_deterministic_and_constant():
     pd.testing.assert_frame_equal(a, b)
     assert len(a) > 100
     # six sessions always in the system: at most six requests in flight at any time
-    ev = pd.concat([pd.Series(1, index=a.send_time), pd.Series(-1, index=a.done_time.dropna())]).sort_index(kind="stable")
+    ev = pd.concat([pd.Series(1, index=a.send_time), pd.Series(-1, index=a.done_time.dropna())]).sort_index(
+        kind="stable"
+    )
     assert ev.cumsum().max() <= 6
 
 

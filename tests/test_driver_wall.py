@@ -9,20 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from typing import Any, AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from aiohttp import web
 
-from harness.drivers.wall import COMPLETED, FAILED, INTERRUPTED, drive
-from harness.client.openloop import ListSink, PlanClient
 from harness.client.contract import Command, Send, Timer, TurnResponse
+from harness.client.openloop import ListSink, PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
+from harness.drivers.wall import COMPLETED, FAILED, INTERRUPTED, drive
 from harness.emulator.server import Emulator, Faults, serve
-from harness.servers import get_adapter
 from harness.recording.progress import RunProgress
 from harness.recording.record import RunRecorder, load_run
+from harness.servers import get_adapter
 from harness.workload.draws import STREAM_BASE, draw_session
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,7 +38,9 @@ def small_cell(flavor: str) -> CellConfig:
 
 
 @contextlib.asynccontextmanager
-async def emulator(flavor: str, *, faults: Faults | None = None, time_scale: float = SCALE) -> AsyncIterator[tuple[Emulator, str]]:
+async def emulator(
+    flavor: str, *, faults: Faults | None = None, time_scale: float = SCALE
+) -> AsyncIterator[tuple[Emulator, str]]:
     emu = Emulator(small_cell(flavor), flavor=flavor, time_scale=time_scale, model_name="tiny", faults=faults)
     runner, url = await serve(emu, "127.0.0.1", 0)
     try:
@@ -68,7 +71,17 @@ def test_plan_end_to_end_hits_and_gauges(flavor: str, tmp_path: Any) -> None:
         async with emulator(flavor) as (emu, url):
             ad = get_adapter("emulator", flavor=flavor, cell=emu.cell)
             rec = RunRecorder(tmp_path / "run", {"test": flavor})
-            res = await drive(client, ad, url, model_name="tiny", time_scale=SCALE, recorder=rec, gauge_interval=5.0, progress=progress, handle_signals=False)
+            res = await drive(
+                client,
+                ad,
+                url,
+                model_name="tiny",
+                time_scale=SCALE,
+                recorder=rec,
+                gauge_interval=5.0,
+                progress=progress,
+                handle_signals=False,
+            )
             rec.close(res.status, res.reason)
             return res, emu.cell.page_size
 
@@ -111,7 +124,16 @@ def test_horizon_ends_run_and_open_requests_are_recorded() -> None:
     async def go() -> Any:
         async with emulator("sglang") as (emu, url):
             ad = get_adapter("emulator", flavor="sglang", cell=emu.cell)
-            return await drive(client, ad, url, model_name="tiny", time_scale=SCALE, duration=12.0, gauge_interval=None, handle_signals=False)
+            return await drive(
+                client,
+                ad,
+                url,
+                model_name="tiny",
+                time_scale=SCALE,
+                duration=12.0,
+                gauge_interval=None,
+                handle_signals=False,
+            )
 
     res = asyncio.run(go())
     assert res.status == COMPLETED and "horizon" in res.reason
@@ -129,7 +151,16 @@ def test_stop_event_interrupts() -> None:
             ad = get_adapter("emulator", flavor="vllm", cell=emu.cell)
             stop = asyncio.Event()
             asyncio.get_running_loop().call_later(0.05, stop.set)
-            return await drive(client, ad, url, model_name="tiny", time_scale=SCALE, stop_event=stop, gauge_interval=None, handle_signals=False)
+            return await drive(
+                client,
+                ad,
+                url,
+                model_name="tiny",
+                time_scale=SCALE,
+                stop_event=stop,
+                gauge_interval=None,
+                handle_signals=False,
+            )
 
     res = asyncio.run(go())
     assert res.status == INTERRUPTED and res.wall_seconds < 2.0
@@ -165,7 +196,9 @@ def test_any_client_timers_fire_on_the_scaled_clock() -> None:
     async def go() -> Any:
         async with emulator("sglang") as (emu, url):
             ad = get_adapter("emulator", flavor="sglang", cell=emu.cell)
-            return await drive(client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False)
+            return await drive(
+                client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False
+            )
 
     res = asyncio.run(go())
     assert res.status == COMPLETED and res.ok == 4
@@ -182,7 +215,9 @@ def test_unreachable_server_fails_the_run() -> None:
     client = _Ticker([0.0, 1.0])
     ad = get_adapter("emulator", flavor="sglang", cell=small_cell("sglang"))
     url = f"http://127.0.0.1:{free_port()}"
-    res = asyncio.run(drive(client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False))
+    res = asyncio.run(
+        drive(client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False)
+    )
     assert res.status == "FAILED" and "server died" in res.reason and "refused" in res.reason
     assert client.responses and client.responses[0].status == "error"
 
@@ -196,19 +231,55 @@ def test_runner_executes_an_arm_on_the_emulator(tmp_path: Any) -> None:
     from harness.config import load_test
     from runs.arms import execute_run
 
-    cell = small_cell("sglang").model_copy(update={"name": "tiny-sglang", "lambda_ref": 0.1, "all_miss_token_rate": 5000.0})
+    cell = small_cell("sglang").model_copy(
+        update={"name": "tiny-sglang", "lambda_ref": 0.1, "all_miss_token_rate": 5000.0}
+    )
     (tmp_path / "cells").mkdir()
     (tmp_path / "workloads").mkdir()
     (tmp_path / "protocols").mkdir()
-    (tmp_path / "cells" / "tiny-sglang.yaml").write_text(yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"})))
-    wl = {"kind": "workload", "name": "tiny", "first_prompt": 256, "tool_tokens": 64, "decode_tokens": 8, "turns": {"mean": 3.0, "cap": 5}, "tool_time": {"mean": 2.0}}
+    (tmp_path / "cells" / "tiny-sglang.yaml").write_text(
+        yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"}))
+    )
+    wl = {
+        "kind": "workload",
+        "name": "tiny",
+        "first_prompt": 256,
+        "tool_tokens": 64,
+        "decode_tokens": 8,
+        "turns": {"mean": 3.0, "cap": 5},
+        "tool_time": {"mean": 2.0},
+    }
     (tmp_path / "workloads" / "tiny.yaml").write_text(yaml.safe_dump(wl))
-    proto = {"kind": "protocol", "name": "short", "duration": 200.0, "burst": {"time": 50.0, "size": 0, "width": 10.0}, "window": {"start": 100.0, "end": 200.0}, "min_window": 50.0, "gauge_interval": 5.0}
+    proto = {
+        "kind": "protocol",
+        "name": "short",
+        "duration": 200.0,
+        "burst": {"time": 50.0, "size": 0, "width": 10.0},
+        "window": {"start": 100.0, "end": 200.0},
+        "min_window": 50.0,
+        "gauge_interval": 5.0,
+    }
     (tmp_path / "protocols" / "short.yaml").write_text(yaml.safe_dump(proto))
-    test = {"kind": "test", "name": "tiny-e2e", "cell": "tiny-sglang", "workload": "tiny", "protocol": "short", "arms": ["noburst"], "rates": [1.0], "seeds": [0]}
+    test = {
+        "kind": "test",
+        "name": "tiny-e2e",
+        "cell": "tiny-sglang",
+        "workload": "tiny",
+        "protocol": "short",
+        "arms": ["noburst"],
+        "rates": [1.0],
+        "seeds": [0],
+    }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
     bundle = load_test(tmp_path / "test.yaml")
-    opts = {"time_scale": SCALE, "server_cmd": (sys.executable, "-m", "harness.emulator"), "extra_args": ("--log-level", "WARNING"), "smoke": False, "health_timeout": 30.0, "progress": False}
+    opts = {
+        "time_scale": SCALE,
+        "server_cmd": (sys.executable, "-m", "harness.emulator"),
+        "extra_args": ("--log-level", "WARNING"),
+        "smoke": False,
+        "health_timeout": 30.0,
+        "progress": False,
+    }
     res = execute_run(bundle, "noburst", 1.0, 0, "emulator", tmp_path / "run", options=opts)
     assert res.status == "COMPLETED", res.reason
     data = load_run(tmp_path / "run")
@@ -273,7 +344,9 @@ def _drive_against(health_status: int, client: Any, duration: float) -> Any:
         runner, url = await _serve(health_status)
         try:
             ad = get_adapter("emulator", flavor="vllm", cell=small_cell("vllm"))
-            return await drive(client, ad, url, model_name="m", duration=duration, gauge_interval=None, handle_signals=False)
+            return await drive(
+                client, ad, url, model_name="m", duration=duration, gauge_interval=None, handle_signals=False
+            )
         finally:
             await runner.cleanup()
 
@@ -308,7 +381,9 @@ def test_wall_clock_lateness_is_not_a_gate_wait() -> None:
     async def go() -> Any:
         async with emulator("vllm") as (emu, url):
             ad = get_adapter("emulator", flavor="vllm", cell=emu.cell)
-            return await drive(client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False)
+            return await drive(
+                client, ad, url, model_name="tiny", time_scale=SCALE, gauge_interval=None, handle_signals=False
+            )
 
     res = asyncio.run(go())
     assert res.status == COMPLETED

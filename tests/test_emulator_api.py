@@ -10,7 +10,8 @@ import contextlib
 import subprocess
 import sys
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -38,7 +39,9 @@ async def emulator(
 ) -> AsyncIterator[tuple[Emulator, str]]:
     """An in-process emulator; SGLang's 1 s health answers and warm-up are off unless asked for."""
     kw = {"health_poll": 0.0, "warmup": 0.0, **kw}
-    emu = Emulator(cell or small_cell(flavor), flavor=flavor, time_scale=time_scale, model_name="tiny", faults=faults, **kw)
+    emu = Emulator(
+        cell or small_cell(flavor), flavor=flavor, time_scale=time_scale, model_name="tiny", faults=faults, **kw
+    )
     runner, url = await serve(emu, "127.0.0.1", 0)
     try:
         yield emu, url
@@ -50,9 +53,21 @@ def ids(n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(4, 32000, size=n).tolist()
 
 
-async def complete(http: aiohttp.ClientSession, url: str, prompt: list[int], **extra: Any) -> tuple[int, dict[str, Any]]:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": D, "temperature": 0, "ignore_eos": True, "return_token_ids": True, **extra}
-    async with http.post(url + "/v1/completions", data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
+async def complete(
+    http: aiohttp.ClientSession, url: str, prompt: list[int], **extra: Any
+) -> tuple[int, dict[str, Any]]:
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": D,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        **extra,
+    }
+    async with http.post(
+        url + "/v1/completions", data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+    ) as r:
         return r.status, orjson.loads(await r.read())
 
 
@@ -74,7 +89,10 @@ def test_sglang_completion_shape_and_hits() -> None:
             assert r1["usage"]["total_tokens"] == 256 + D
             # SGLang 0.5.22 with --enable-cache-report reports the details also at zero hits
             assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-            assert r1["metadata"] == {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": D}]}
+            assert r1["metadata"] == {
+                "weight_version": "default",
+                "weight_versions": [{"version": "default", "start": 0, "end": D}],
+            }
             p2 = p1 + ch["token_ids"] + ids(64, seed=1)
             st, r2 = await complete(http, url, p2)
             assert st == 200
@@ -94,7 +112,11 @@ def test_vllm_completion_shape_and_whole_blocks() -> None:
             p1 = ids(250)
             st, r1 = await complete(http, url, p1)
             assert st == 200
-            assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}  # always there
+            assert r1["usage"]["prompt_tokens_details"] == {
+                "cached_tokens": 0,
+                "created_cache_tokens": None,
+                "multimodal_tokens": None,
+            }  # always there
             assert r1["usage"]["completion_tokens_details"] is None
             ch = r1["choices"][0]
             assert len(ch["token_ids"]) == D and ch["prompt_token_ids"] == p1 and "stop_reason" in ch
@@ -130,7 +152,10 @@ def test_adapters_parse_emulator_replies() -> None:
 def test_sglang_generate_native() -> None:
     async def go() -> None:
         async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
-            body = {"input_ids": ids(128), "sampling_params": {"max_new_tokens": D, "temperature": 0, "ignore_eos": True}}
+            body = {
+                "input_ids": ids(128),
+                "sampling_params": {"max_new_tokens": D, "temperature": 0, "ignore_eos": True},
+            }
             async with http.post(url + "/generate", json=body) as r:
                 assert r.status == 200
                 out = await r.json()
@@ -165,12 +190,21 @@ def test_vllm_refuses_only_what_cannot_fit_and_cuts_max_tokens() -> None:
         async with emulator("vllm") as (_emu, url), aiohttp.ClientSession() as http:
             st, body = await complete(http, url, ids(4097))
             assert st == 400 and body["error"]["param"] == "input_tokens"
-            assert body["error"]["message"].startswith("This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens")
+            assert body["error"]["message"].startswith(
+                "This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens"
+            )
             st, body = await complete(http, url, ids(4100))
-            assert "your prompt contains 4100 input tokens, which exceeds this limit even without any output tokens" in body["error"]["message"]
+            assert (
+                "your prompt contains 4100 input tokens, which exceeds this limit even without any output tokens"
+                in body["error"]["message"]
+            )
             st, body = await complete(http, url, ids(4096))
-            assert st == 400 and body["error"] == {"message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
-                                                   "type": "BadRequestError", "param": "max_tokens", "code": 400}  # fmt: skip
+            assert st == 400 and body["error"] == {
+                "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                "type": "BadRequestError",
+                "param": "max_tokens",
+                "code": 400,
+            }
             st, body = await complete(http, url, ids(4090), max_tokens=16)
             assert st == 200 and body["usage"]["completion_tokens"] == 6 and len(body["choices"][0]["token_ids"]) == 6
 
@@ -190,19 +224,48 @@ def test_sglang_refuses_at_its_three_limits() -> None:
                 st, body = await complete(http, url, ids(n), max_tokens=m)
                 assert st == status, (n, m, body)
                 if status == 400:
-                    assert body == {"object": "error", "message": body["message"], "type": "BadRequestError", "param": None, "code": 400}
+                    assert body == {
+                        "object": "error",
+                        "message": body["message"],
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": 400,
+                    }
                     assert body["message"].startswith(start), (n, m, body["message"])
 
     ctx = small_cell("sglang")  # context 4096, pool 20000: the margin below the context binds
-    run(go(ctx, [
-        (4096, 1, 400, "The input (4096 tokens) is longer than the model's context length (4096 tokens)."),
-        (4095, 16, 400, "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4111 tokens: 4095 tokens from the input messages and 16 tokens"),
-        (4095, 1, 400, "Input length (4095 tokens) exceeds the maximum allowed length (4090 tokens). Use a shorter input or enable --allow-auto-truncate."),
-        (4090, 1, 400, "Input length (4090 tokens) exceeds the maximum allowed length (4090 tokens)."),
-        (4089, 1, 200, ""),
-    ]))  # fmt: skip
+    run(
+        go(
+            ctx,
+            [
+                (4096, 1, 400, "The input (4096 tokens) is longer than the model's context length (4096 tokens)."),
+                (
+                    4095,
+                    16,
+                    400,
+                    "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4111 tokens: 4095 tokens from the input messages and 16 tokens",
+                ),
+                (
+                    4095,
+                    1,
+                    400,
+                    "Input length (4095 tokens) exceeds the maximum allowed length (4090 tokens). Use a shorter input or enable --allow-auto-truncate.",
+                ),
+                (4090, 1, 400, "Input length (4090 tokens) exceeds the maximum allowed length (4090 tokens)."),
+                (4089, 1, 200, ""),
+            ],
+        )
+    )
     pool = small_cell("sglang").model_copy(update={"kv_pool_tokens": 3000})  # here the pool binds
-    run(go(pool, [(2994, 1, 400, "Input length (2994 tokens) exceeds the maximum allowed length (2994 tokens)."), (2993, 1, 200, "")]))
+    run(
+        go(
+            pool,
+            [
+                (2994, 1, 400, "Input length (2994 tokens) exceeds the maximum allowed length (2994 tokens)."),
+                (2993, 1, 200, ""),
+            ],
+        )
+    )
     from harness.servers.sglang import SGLangAdapter
 
     assert SGLangAdapter().max_prompt_tokens(ctx, 1) == 4089 and SGLangAdapter().max_prompt_tokens(pool, 1) == 2993
@@ -216,7 +279,9 @@ def test_sglang_flush_refused_while_busy_then_waits_with_timeout() -> None:
             task = asyncio.create_task(complete(http, url, p))
             await asyncio.sleep(0.02)
             async with http.post(url + "/flush_cache") as r:
-                assert r.status == 400 and await r.text() == "Flush cache failed.\n"  # SGLang's body when refused at once
+                assert (
+                    r.status == 400 and await r.text() == "Flush cache failed.\n"
+                )  # SGLang's body when refused at once
             async with http.get(url + "/flush_cache?timeout=0") as r:  # 0 = no waiting
                 assert r.status == 400 and await r.text() == "Flush cache failed.\n"
             async with http.get(url + "/flush_cache?timeout=30") as r:
@@ -277,17 +342,34 @@ def test_vllm_reset_prefix_cache_reports_success_in_body() -> None:
 
 
 SGLANG_METRICS = {
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:kv_used_tokens",
-    "sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:cache_hit_rate", "sglang:num_used_tokens",
-    "sglang:max_total_num_tokens", "sglang:page_size", "sglang:num_pages", "sglang:context_len",
-    "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total",
-    "sglang:cached_tokens_total", "sglang:num_retracted_reqs",
-}  # fmt: skip
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:kv_used_tokens",
+    "sglang:kv_available_tokens",
+    "sglang:kv_evictable_tokens",
+    "sglang:cache_hit_rate",
+    "sglang:num_used_tokens",
+    "sglang:max_total_num_tokens",
+    "sglang:page_size",
+    "sglang:num_pages",
+    "sglang:context_len",
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "sglang:num_requests_total",
+    "sglang:cached_tokens_total",
+    "sglang:num_retracted_reqs",
+}
 VLLM_METRICS = {
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_cached_total",
-    "vllm:num_preemptions_total", "vllm:cache_config_info",
-}  # fmt: skip
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:num_preemptions_total",
+    "vllm:cache_config_info",
+}
 
 
 @pytest.mark.parametrize("flavor", ["sglang", "vllm"])
@@ -350,11 +432,17 @@ def test_info_endpoints() -> None:
 def test_streaming_completion_sse() -> None:
     async def go() -> None:
         async with emulator("vllm") as (_emu, url), aiohttp.ClientSession() as http:
-            body = {"model": "tiny", "prompt": ids(100), "max_tokens": D, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": "tiny",
+                "prompt": ids(100),
+                "max_tokens": D,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             async with http.post(url + "/v1/completions", json=body) as r:
                 assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
                 raw = (await r.read()).decode()
-        events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+        events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [orjson.loads(e) for e in events[:-1]]
         assert chunks[0]["choices"][0]["text"]
@@ -386,7 +474,20 @@ def test_cli_serves_and_reports_port_in_use() -> None:
     from harness.servers import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "harness.emulator", "serve", "--cell", "sglang-a100-300k", "--time-scale", "50", "--port", str(port), "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.emulator",
+        "serve",
+        "--cell",
+        "sglang-a100-300k",
+        "--time-scale",
+        "50",
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         import urllib.request
@@ -437,14 +538,39 @@ def test_sglang_counters_appear_once_incremented_with_their_labels() -> None:
     names = lambda ss: {s.name for s in ss}  # noqa: E731
     assert "sglang:prompt_tokens_total" not in names(before)  # no request finished yet
     assert "sglang:cached_tokens_total" not in names(first) and "sglang:prompt_tokens_total" in names(first)
-    assert mapped["cached_tokens_total"] == 0.0 and mapped["prompt_tokens_total"] == 200 and mapped["preemptions_total"] == 0.0
+    assert (
+        mapped["cached_tokens_total"] == 0.0
+        and mapped["prompt_tokens_total"] == 200
+        and mapped["preemptions_total"] == 0.0
+    )
     assert "sglang:num_retracted_requests_total" not in names(after)
     by = {s.name: s for s in after}
     assert by["sglang:cached_tokens_total"].value == 199
-    assert by["sglang:cached_tokens_total"].labels == {"cache_source": "device", "engine_type": "unified", "model_name": "tiny"}
-    assert by["sglang:prompt_tokens_total"].labels == {"engine_type": "unified", "is_streaming": "false", "model_name": "tiny"}
-    assert by["sglang:num_running_reqs"].labels == {"engine_type": "unified", "model_name": "tiny", "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
-    assert set(by["sglang:num_retracted_reqs"].labels) == {"engine_type", "model_name", "moe_ep_rank", "pid", "pp_rank", "tp_rank"}
+    assert by["sglang:cached_tokens_total"].labels == {
+        "cache_source": "device",
+        "engine_type": "unified",
+        "model_name": "tiny",
+    }
+    assert by["sglang:prompt_tokens_total"].labels == {
+        "engine_type": "unified",
+        "is_streaming": "false",
+        "model_name": "tiny",
+    }
+    assert by["sglang:num_running_reqs"].labels == {
+        "engine_type": "unified",
+        "model_name": "tiny",
+        "moe_ep_rank": "0",
+        "pp_rank": "0",
+        "tp_rank": "0",
+    }
+    assert set(by["sglang:num_retracted_reqs"].labels) == {
+        "engine_type",
+        "model_name",
+        "moe_ep_rank",
+        "pid",
+        "pp_rank",
+        "tp_rank",
+    }
     assert by["sglang:num_retracted_reqs"].value == 0
     assert by["sglang:num_pages"].value == 20_000 and by["sglang:context_len"].value == 4096
 
@@ -457,12 +583,19 @@ def test_sglang_streaming_counts_apart_and_one_chunk_per_token() -> None:
     async def go() -> tuple[list[Any], list[Any]]:
         async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
             prompt = ids(30)
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True,
-                    "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            body = {
+                "model": "tiny",
+                "prompt": prompt,
+                "max_tokens": 4,
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             async with http.post(url + "/v1/completions", json=body) as r:
                 raw = (await r.read()).decode()
             await complete(http, url, ids(50, seed=4))
-            events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+            events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
             assert events[-1] == "[DONE]"
             return [orjson.loads(e) for e in events[:-1]], await _samples(http, url)
 
@@ -470,7 +603,9 @@ def test_sglang_streaming_counts_apart_and_one_chunk_per_token() -> None:
     tokens = chunks[:-1]
     assert len(tokens) == 4 and all(len(c["choices"][0]["token_ids"]) == 1 and c["usage"] is None for c in tokens)
     assert all("matched_stop" in c["choices"][0] for c in tokens)
-    assert "prompt_token_ids" in tokens[0]["choices"][0] and all("prompt_token_ids" not in c["choices"][0] for c in tokens[1:])
+    assert "prompt_token_ids" in tokens[0]["choices"][0] and all(
+        "prompt_token_ids" not in c["choices"][0] for c in tokens[1:]
+    )
     assert [c["choices"][0]["finish_reason"] for c in tokens] == [None, None, None, "length"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     prompt = {s.labels["is_streaming"]: s.value for s in samples if s.name == "sglang:prompt_tokens_total"}
@@ -537,13 +672,26 @@ def test_sglang_health_warms_up_then_answers_after_its_poll() -> None:
 def test_sglang_generate_meta_info_keys() -> None:
     async def go() -> dict[str, Any]:
         async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
-            body = {"input_ids": ids(120), "sampling_params": {"max_new_tokens": D, "temperature": 0, "ignore_eos": True}}
+            body = {
+                "input_ids": ids(120),
+                "sampling_params": {"max_new_tokens": D, "temperature": 0, "ignore_eos": True},
+            }
             async with http.post(url + "/generate", json=body) as r:
                 return (await r.json())["meta_info"]
 
     mi = run(go())
-    for key in ("queue_time", "first_token_latency", "cached_tokens_details", "weight_version", "weight_versions",
-                "num_retractions", "request_received_ts", "request_finished_ts", "reasoning_tokens", "dp_rank"):  # fmt: skip
+    for key in (
+        "queue_time",
+        "first_token_latency",
+        "cached_tokens_details",
+        "weight_version",
+        "weight_versions",
+        "num_retractions",
+        "request_received_ts",
+        "request_finished_ts",
+        "reasoning_tokens",
+        "dp_rank",
+    ):
         assert key in mi, key
     assert mi["cached_tokens_details"] is None and mi["request_finished_ts"] >= mi["request_received_ts"]
 

@@ -14,11 +14,11 @@ import pytest
 
 from analysis.judge import report_runs
 from analysis.rules import load_rule
+from cli.run import freeze_test_predictions
 from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import load_test
-from runs.suite import run_test
 from runs.backend import BackendResult, RunContext, register_backend
-from cli.run import freeze_test_predictions
+from runs.suite import run_test
 
 
 def _stub(ctx: RunContext) -> BackendResult:
@@ -46,7 +46,9 @@ def _stub(ctx: RunContext) -> BackendResult:
         assert isinstance(c, Send)
         n = len(c.prompt)
         cached = 0 if miss else prev.get(c.session, 0)
-        r = TurnResponse(c.request_id, "ok", sent, now, now - 1.0, np.zeros(c.max_tokens, np.int32), n, cached, c.max_tokens, 200)
+        r = TurnResponse(
+            c.request_id, "ok", sent, now, now - 1.0, np.zeros(c.max_tokens, np.int32), n, cached, c.max_tokens, 200
+        )
         prev[c.session] = n + c.max_tokens
         push(now, client.on_response(now, r))
     return BackendResult("COMPLETED", None, ctx.duration, {"engine": {"backend": "stub-families"}})
@@ -74,7 +76,9 @@ def tiny(tmp_path: Path) -> Path:
 
 def _write_test(tmp: Path, name: str, body: str) -> Path:
     p = tmp / f"{name}.yaml"
-    p.write_text(f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n{body}")
+    p.write_text(
+        f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n{body}"
+    )
     return p
 
 
@@ -87,7 +91,11 @@ def _strip(v: Any) -> Any:
 
 
 def test_toolslow_w_freezes_predictions_and_analyze_agrees(tiny: Path, tmp_path: Path) -> None:
-    test = _write_test(tiny, "tiny-w", "rule: toolslow-3way\npredictions: freeze\narms: [arms/slow.yaml, noburst]\nrates: [1.35]\nseeds: [0, 1]\n")
+    test = _write_test(
+        tiny,
+        "tiny-w",
+        "rule: toolslow-3way\npredictions: freeze\narms: [arms/slow.yaml, noburst]\nrates: [1.35]\nseeds: [0, 1]\n",
+    )
     bundle = load_test(test)
     out = tmp_path / "out"
     pred = freeze_test_predictions(bundle, load_rule("toolslow-3way"), out)
@@ -110,8 +118,12 @@ def test_toolslow_w_freezes_predictions_and_analyze_agrees(tiny: Path, tmp_path:
 
 
 def test_rescue_with_registered_overrides(tiny: Path, tmp_path: Path) -> None:
-    test = _write_test(tiny, "tiny-rescue", "rule: rescue-r1\nrule_params: {t_on: 400.0, release_deadline: 1400.0}\n"
-                       "arms: [arms/rescue.yaml, burst]\nrates: [1.65]\nseeds: [0]\n")  # fmt: skip
+    test = _write_test(
+        tiny,
+        "tiny-rescue",
+        "rule: rescue-r1\nrule_params: {t_on: 400.0, release_deadline: 1400.0}\n"
+        "arms: [arms/rescue.yaml, burst]\nrates: [1.65]\nseeds: [0]\n",
+    )
     out = tmp_path / "r"
     results = run_test(test, "stub-families", out, jobs=1)
     dirs = [r.run_dir for r in results]
@@ -120,7 +132,9 @@ def test_rescue_with_registered_overrides(tiny: Path, tmp_path: Path) -> None:
     assert v["rule_spec"]["params"]["t_on"] == 400.0
     res = next(r for r in v["runs"] if r["arm"] == "rescue-r1")
     q = res["quantities"]
-    assert q["gate.engage"] == 400.0 and q["outstanding_on"] >= 0 and res["labels"]["rescue"] in ("RESCUED", "NOT-RESCUED")
+    assert (
+        q["gate.engage"] == 400.0 and q["outstanding_on"] >= 0 and res["labels"]["rescue"] in ("RESCUED", "NOT-RESCUED")
+    )
     assert "valid" in res["conditions"] and all("lhs" in c for c in res["conditions"]["valid"]["VALID"])
     assert v["groups"][0]["seeds"]["0"]["roles"]["rescue"]["arm"] == "rescue-r1"
     md = (out / "report.md").read_text()
@@ -128,7 +142,9 @@ def test_rescue_with_registered_overrides(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_missing_run_leaves_the_group_incomplete(tiny: Path, tmp_path: Path) -> None:
-    test = _write_test(tiny, "tiny-basin", "rule: basin-2\narms: [basin-n40, basin-n60]\nrates: [1.65]\nseeds: [0, 1, 2]\n")
+    test = _write_test(
+        tiny, "tiny-basin", "rule: basin-2\narms: [basin-n40, basin-n60]\nrates: [1.65]\nseeds: [0, 1, 2]\n"
+    )
     out = tmp_path / "b"
     results = run_test(test, "stub-families", out, jobs=2)
     dirs = [r.run_dir for r in results if not (r.arm == "basin-n60" and r.seed > 0)] + [str(tmp_path / "gone")]

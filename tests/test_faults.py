@@ -23,9 +23,9 @@ import yaml
 from harness.client.openloop import PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
 from harness.drivers.wall import FAILED
-from runs.realrun import EngineOptions, run_real
 from harness.recording.record import RunRecorder, load_run
 from harness.workload.draws import STREAM_BASE, draw_session
+from runs.realrun import EngineOptions, run_real
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +45,15 @@ def plan(n: int = 8, gap: float = 2.0, turns: int = 6) -> list[Any]:
     out = []
     for i in range(n):
         s = draw_session(WL, 3, STREAM_BASE, i, arrival=i * gap)
-        out.append(type(s)(**{**s.__dict__, "n_turns": turns, "tool_times": tuple(min(z, 5.0) for z in (s.tool_times + (1.0,) * turns)[: turns - 1])}))
+        out.append(
+            type(s)(
+                **{
+                    **s.__dict__,
+                    "n_turns": turns,
+                    "tool_times": tuple(min(z, 5.0) for z in (s.tool_times + (1.0,) * turns)[: turns - 1]),
+                }
+            )
+        )
     return out
 
 
@@ -68,11 +76,15 @@ def options(cell_path: Path, *faults: str, **kw: Any) -> EngineOptions:
     return EngineOptions(**base)  # type: ignore[arg-type]
 
 
-def run_with(tmp_path: Path, opts: EngineOptions, cell: CellConfig, sessions: list[Any], duration: float | None = None) -> tuple[Any, Any]:
+def run_with(
+    tmp_path: Path, opts: EngineOptions, cell: CellConfig, sessions: list[Any], duration: float | None = None
+) -> tuple[Any, Any]:
     run_dir = tmp_path / "run"
     rec = RunRecorder(run_dir, {"test": "faults"})
     client = PlanClient(sessions, WL, sink=rec)
-    res = run_real(client, cell=cell, options=opts, run_dir=run_dir, recorder=rec, duration=duration, gauge_interval=5.0)
+    res = run_real(
+        client, cell=cell, options=opts, run_dir=run_dir, recorder=rec, duration=duration, gauge_interval=5.0
+    )
     rec.close(res.status, res.reason)
     return res, load_run(run_dir)
 
@@ -98,9 +110,17 @@ def test_server_dying_on_the_last_turn_of_an_attached_run_fails_it(tmp_path: Pat
 
     cell, path = cell_file(tmp_path)
     sessions = plan(2, gap=0.5, turns=2)  # 4 requests; the server exits when the 4th arrives
-    adapter = get_adapter("emulator", cell=cell, cell_ref=str(path), time_scale=SCALE, server_cmd=[sys.executable, "-m", "harness.emulator"])
+    adapter = get_adapter(
+        "emulator",
+        cell=cell,
+        cell_ref=str(path),
+        time_scale=SCALE,
+        server_cmd=[sys.executable, "-m", "harness.emulator"],
+    )
     port = free_port()
-    argv, env = adapter.launch_command(cell, model="tiny", host="127.0.0.1", port=port, extra_args=["--fault", "die-after:4", "--log-level", "WARNING"])
+    argv, env = adapter.launch_command(
+        cell, model="tiny", host="127.0.0.1", port=port, extra_args=["--fault", "die-after:4", "--log-level", "WARNING"]
+    )
     handle = adapter.start(argv, env, tmp_path / "server", host="127.0.0.1", port=port, health_timeout=30.0)
     try:
         opts = options(path, canary=False, base_url=handle.base_url)
@@ -113,7 +133,9 @@ def test_server_dying_on_the_last_turn_of_an_attached_run_fails_it(tmp_path: Pat
 
 def test_bad_responses_are_per_turn_errors_and_flag_the_run(tmp_path: Path) -> None:
     cell, path = cell_file(tmp_path, "vllm")
-    res, data = run_with(tmp_path, options(path, "5xx:6", "malformed:7", "no-usage:11", canary=False), cell, plan(10, turns=5))
+    res, data = run_with(
+        tmp_path, options(path, "5xx:6", "malformed:7", "no-usage:11", canary=False), cell, plan(10, turns=5)
+    )
     assert res.status == "COMPLETED" and res.flagged
     assert data.meta["flagged"] is True and data.meta["drive"]["errors"] == res.errors
     t = data.turns
@@ -171,7 +193,9 @@ def test_sigterm_to_the_client_interrupts_and_keeps_records(tmp_path: Path) -> N
     cell, path = cell_file(tmp_path)
     run_dir = tmp_path / "run"
     code = _CHILD.format(tests=str(Path(__file__).parent), cell=str(path), run_dir=str(run_dir))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 30
         turns = run_dir / "turns.jsonl"
@@ -211,9 +235,14 @@ def test_cache_off_preflight_error_is_a_failed_run(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"})))
     cell = load_config(path, CellConfig)
     opts = EngineOptions(
-        engine="emulator", time_scale=100.0, server_cmd=(sys.executable, "-m", "harness.emulator"), cell_ref=str(path),
-        extra_args=("--fault", "5xx:1", "--log-level", "WARNING"), health_timeout=30.0, smoke=False,
-    )  # fmt: skip
+        engine="emulator",
+        time_scale=100.0,
+        server_cmd=(sys.executable, "-m", "harness.emulator"),
+        cell_ref=str(path),
+        extra_args=("--fault", "5xx:1", "--log-level", "WARNING"),
+        health_timeout=30.0,
+        smoke=False,
+    )
     run_dir = tmp_path / "run"
     rec = RunRecorder(run_dir, {"test": "cache-off"})
     wl = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)

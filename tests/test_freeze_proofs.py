@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gitfixture import commit_file, git, make_repo
+
 from prereg.freeze import FreezeError, freeze, parse_tag_message, read_frozen
 from prereg.predictions import About, Prediction, make_file, write_predictions
 from provenance.git import Repo
@@ -19,8 +19,14 @@ from provenance.proofs import prove, verify_proof
 
 
 def _predictions(path: Path, value: float = 0.5) -> Path:
-    p = Prediction("p1", "stuck", About("run", "burst", 1.35, 0), "probability", {"kind": "declared"},
-                   {"event": {"equals": True}, "probability": value})  # fmt: skip
+    p = Prediction(
+        "p1",
+        "stuck",
+        About("run", "burst", 1.35, 0),
+        "probability",
+        {"kind": "declared"},
+        {"event": {"equals": True}, "probability": value},
+    )
     pf = make_file("unit", [p], test="t", registration=None, predictor={"kind": "declared"}, could_see=["nothing"])
     return write_predictions(pf, path)
 
@@ -61,7 +67,10 @@ def test_a_remade_tracked_prediction_file_is_frozen_again(tmp_path: Path) -> Non
     freeze([f], tag="pred-first")
     _predictions(f, 0.7)
     rec = freeze([f], tag="pred-second")
-    assert parse_tag_message(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)} and rec.data["new_commit"]
+    assert (
+        parse_tag_message(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)}
+        and rec.data["new_commit"]
+    )
 
 
 def test_errata_and_edits_never_move_the_tag(tmp_path: Path) -> None:
@@ -91,7 +100,9 @@ def test_proof_verifies_without_git_and_any_altered_byte_breaks_it(tmp_path: Pat
     names = [c[0] for c in res.checks]
     assert any("tree deep/er holds" in n for n in names) and "tag message states the file's SHA-256" in names
     # the copied standalone script verifies it too, with no project code on the path
-    out = subprocess.run([sys.executable, "-I", str(proof / "verify_proof.py"), "--file", str(f)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-I", str(proof / "verify_proof.py"), "--file", str(f)], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "VERIFIED" in out.stdout
     man = json.loads((proof / "proof.json").read_text())
     for oid, kind in man["objects"].items():  # one altered byte in any stored object breaks the chain

@@ -57,7 +57,9 @@ def test_make_gate_from_config() -> None:
     g = make_gate(Gate(kind="fifo_cap", cap=5), cap_override=20)
     assert isinstance(g, FifoCapGate) and g.cap == 20
     r = make_gate(Gate(kind="rescue", cap=20, t_on=1800.0))
-    assert isinstance(r, RescueGate) and r.t_on == 1800.0 and r.hold == 300.0 and r.min_after == 600.0 and r.tick == 10.0
+    assert (
+        isinstance(r, RescueGate) and r.t_on == 1800.0 and r.hold == 300.0 and r.min_after == 600.0 and r.tick == 10.0
+    )
 
 
 def _trapped_rescue(cap: int = 2, n: int = 5) -> RescueGate:

@@ -24,7 +24,9 @@ def test_markdown_tables_lists_and_inline_marks() -> None:
     out = render(md)
     assert "<h3>T: <strong>PASS</strong></h3>" in out and "<code>a|b</code>" in out
     assert out.count("<tr>") == 3 and "<td><strong>2</strong></td>" in out and "<td>3</td><td></td>" in out
-    assert re.search(r"<li>one\s*<ul>\s*<li>sub <code>c</code></li>\s*<li>sub2</li>\s*</ul></li>\s*<li>two continued</li>", out), out
+    assert re.search(
+        r"<li>one\s*<ul>\s*<li>sub <code>c</code></li>\s*<li>sub2</li>\s*</ul></li>\s*<li>two continued</li>", out
+    ), out
 
 
 def test_markdown_escapes_everything_and_never_links_off_the_page() -> None:
@@ -39,7 +41,9 @@ def test_markdown_escapes_everything_and_never_links_off_the_page() -> None:
 
 def test_json_data_cannot_close_its_script_element() -> None:
     s = json_script({"label": "</script><script>alert(1)</script>"}, "x")
-    assert s.count("</script>") == 1 and json.loads(s[s.index(">") + 1 : -len("</script>")].replace("<\\/", "</"))["label"].startswith("</script>")
+    assert s.count("</script>") == 1 and json.loads(s[s.index(">") + 1 : -len("</script>")].replace("<\\/", "</"))[
+        "label"
+    ].startswith("</script>")
 
 
 def test_both_sides_of_a_rule_condition_from_the_record() -> None:
@@ -51,10 +55,20 @@ def test_both_sides_of_a_rule_condition_from_the_record() -> None:
 
 @pytest.mark.parametrize(
     "state,run,want",
-    [("PENDING", None, "pending"), ("RUNNING", "RUNNING", "running"), ("COMPLETING", None, "running"), ("COMPLETED", "COMPLETED", "done"),
-     ("FAILED", None, "failed"), ("TIMEOUT", None, "failed"), ("CANCELLED by 0", None, "failed"), ("OUT_OF_MEMORY", None, "failed"),
-     ("COMPLETED", "REFUSED", "refused"), ("FAILED", "REFUSED", "refused"), (None, None, "unknown")],
-)  # fmt: skip
+    [
+        ("PENDING", None, "pending"),
+        ("RUNNING", "RUNNING", "running"),
+        ("COMPLETING", None, "running"),
+        ("COMPLETED", "COMPLETED", "done"),
+        ("FAILED", None, "failed"),
+        ("TIMEOUT", None, "failed"),
+        ("CANCELLED by 0", None, "failed"),
+        ("OUT_OF_MEMORY", None, "failed"),
+        ("COMPLETED", "REFUSED", "refused"),
+        ("FAILED", "REFUSED", "refused"),
+        (None, None, "unknown"),
+    ],
+)
 def test_job_categories(state: str | None, run: str | None, want: str) -> None:
     assert job_category(state, run) == want
 
@@ -72,32 +86,69 @@ def _png(path: Path) -> None:
 
 
 STAGED = {
-    "test": "cut-a", "rule": "cut-a", "rule_version": 1, "family": "cut", "verdict": "THEORY-FAVOURED", "seeds": [0, 1],
-    "arms": ["cut"], "registered_rates": [1.5], "references": {"lambda_ref": 0.0715, "all_miss_token_rate": 11243.0},
+    "test": "cut-a",
+    "rule": "cut-a",
+    "rule_version": 1,
+    "family": "cut",
+    "verdict": "THEORY-FAVOURED",
+    "seeds": [0, 1],
+    "arms": ["cut"],
+    "registered_rates": [1.5],
+    "references": {"lambda_ref": 0.0715, "all_miss_token_rate": 11243.0},
     "rule_spec": {"name": "cut-a", "report": "cut", "params": {"margin": 0.002}, "arms": {}},
-    "groups": [{"group": "1.5", "rate": 1.5, "outcome": "THEORY-FAVOURED", "reason": "2 of 2 seeds closer to model F", "counts": {"favoured": 2},
-                "conditions": {"THEORY-FAVOURED": [{"condition": "n_favoured >= 2", "holds": True, "lhs": 2, "rhs": 2}]}, "checks": {},
-                "seeds": {"0": {"decided": True, "roles": {"cut": {"arm": "cut", "label": "favoured"}}},
-                          "1": {"decided": True, "roles": {"cut": {"arm": "cut", "label": "favoured"}}}}}],
-    "runs": [{"arm": "cut", "rate": 1.5, "seed": s, "status": "complete", "labels": {"endpoint": "TRAPPED", "persistence": "PERSISTED"},
-              "run_dir": f"/gone/cut-r1.5-s{s}", "flags": {}, "reason": "",
-              "conditions": {"endpoint": {"TRAPPED": [{"condition": "slope > 0.01", "holds": True, "lhs": 0.02, "rhs": 0.01}]},
-                             "persistence": {"ESCAPED": [{"condition": "persist.escape >= 0", "holds": False, "lhs": None, "rhs": 0}], "PERSISTED": []}}}
-             for s in (0, 1)],
-}  # fmt: skip
+    "groups": [
+        {
+            "group": "1.5",
+            "rate": 1.5,
+            "outcome": "THEORY-FAVOURED",
+            "reason": "2 of 2 seeds closer to model F",
+            "counts": {"favoured": 2},
+            "conditions": {"THEORY-FAVOURED": [{"condition": "n_favoured >= 2", "holds": True, "lhs": 2, "rhs": 2}]},
+            "checks": {},
+            "seeds": {
+                "0": {"decided": True, "roles": {"cut": {"arm": "cut", "label": "favoured"}}},
+                "1": {"decided": True, "roles": {"cut": {"arm": "cut", "label": "favoured"}}},
+            },
+        }
+    ],
+    "runs": [
+        {
+            "arm": "cut",
+            "rate": 1.5,
+            "seed": s,
+            "status": "complete",
+            "labels": {"endpoint": "TRAPPED", "persistence": "PERSISTED"},
+            "run_dir": f"/gone/cut-r1.5-s{s}",
+            "flags": {},
+            "reason": "",
+            "conditions": {
+                "endpoint": {"TRAPPED": [{"condition": "slope > 0.01", "holds": True, "lhs": 0.02, "rhs": 0.01}]},
+                "persistence": {
+                    "ESCAPED": [{"condition": "persist.escape >= 0", "holds": False, "lhs": None, "rhs": 0}],
+                    "PERSISTED": [],
+                },
+            },
+        }
+        for s in (0, 1)
+    ],
+}
 
 
 def test_a_staged_family_verdict_renders_its_groups_and_its_own_figure(tmp_path: Path) -> None:
     (tmp_path / "analysis").mkdir()
     (tmp_path / "analysis" / "verdict.json").write_bytes(orjson.dumps(STAGED))
-    (tmp_path / "analysis" / "report.md").write_text("### cut-a: THEORY-FAVOURED\n\n| λ/λref | seed | S |\n| --- | --- | --- |\n| 1.5 | 0 | +0.01 |\n| 1.5 | 1 | +0.02 |\n")
+    (tmp_path / "analysis" / "report.md").write_text(
+        "### cut-a: THEORY-FAVOURED\n\n| λ/λref | seed | S |\n| --- | --- | --- |\n| 1.5 | 0 | +0.01 |\n| 1.5 | 1 | +0.02 |\n"
+    )
     _png(tmp_path / "analysis" / "figure.png")
     td = open_testdir(tmp_path)
     st = collect_status(td, ask_scheduler=False)
     assert st["verdict"]["verdict"] == "THEORY-FAVOURED" and st["verdict"]["groups"][0]["outcome"] == "THEORY-FAVOURED"
     assert "1.5: THEORY-FAVOURED (2 of 2 seeds closer to model F)" in format_status(st)
     text = write_html(td, status=st).read_text()
-    assert "THEORY-FAVOURED" in text and "n_favoured &gt;= 2" in text and "(2 vs 2)" in text and "(0.02 vs 0.01)" in text
+    assert (
+        "THEORY-FAVOURED" in text and "n_favoured &gt;= 2" in text and "(2 vs 2)" in text and "(0.02 vs 0.01)" in text
+    )
     assert "endpoint TRAPPED, persistence PERSISTED" in text and "favoured" in text
     assert "<h5>persistence: <span class='state'>PERSISTED</span></h5>" in text and "persist.escape &gt;= 0" in text
     assert "the cut report module&#x27;s figure" in text and "src='data:image/png;base64," in text
@@ -123,11 +174,21 @@ def test_malformed_records_are_reported_not_fatal(tmp_path: Path) -> None:
 
 
 def test_verdicts_are_found_registered_first_and_never_inside_a_run(tmp_path: Path) -> None:
-    for rel in ("verdict.json", "analysis/verdict.json", "analysis/registered-verdict.json", "runs/registered-analysis/registered-verdict.json",
-                "runs/burst-r1.35-s0/verdict.json"):  # fmt: skip
+    for rel in (
+        "verdict.json",
+        "analysis/verdict.json",
+        "analysis/registered-verdict.json",
+        "runs/registered-analysis/registered-verdict.json",
+        "runs/burst-r1.35-s0/verdict.json",
+    ):
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}")
     (tmp_path / "runs" / "burst-r1.35-s0" / "meta.json").write_text("{}")
     got = [str(p.relative_to(tmp_path)) for p in find_verdicts(tmp_path)]
-    assert got == ["analysis/registered-verdict.json", "runs/registered-analysis/registered-verdict.json", "verdict.json", "analysis/verdict.json"]
+    assert got == [
+        "analysis/registered-verdict.json",
+        "runs/registered-analysis/registered-verdict.json",
+        "verdict.json",
+        "analysis/verdict.json",
+    ]

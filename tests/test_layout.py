@@ -70,7 +70,10 @@ def test_a_module_in_no_unit_fails(tree: Path) -> None:
 
 def test_a_table_pointing_upward_fails(tree: Path) -> None:
     doc = tree / "docs" / "architecture.md"
-    doc.write_text(doc.read_text().replace("| `harness.config` | `harness.errors` |", "| `harness.config` | `harness.errors`, `runs` |", 1)
-                   .replace("strict YAML in and out | `harness.errors` |", "strict YAML in and out | `harness.errors`, `runs` |"))
+    doc.write_text(
+        doc.read_text()
+        .replace("| `harness.config` | `harness.errors` |", "| `harness.config` | `harness.errors`, `runs` |", 1)
+        .replace("strict YAML in and out | `harness.errors` |", "strict YAML in and out | `harness.errors`, `runs` |")
+    )
     problems = all_problems(tree, doc)
     assert any("unit harness.config (layer 1) may import runs (layer 4): upward" in p for p in problems), problems

@@ -16,26 +16,63 @@ from analysis.measures import RunTables, measure_all
 def sessions(rows: list[tuple[int, str, float, float | None, str]]) -> pd.DataFrame:
     """(session, kind, arrival, end, outcome)."""
     return pd.DataFrame(
-        [{"session": s, "kind": k, "arrival": a, "admission": a, "end": e, "outcome": o, "gate_wait": 0.0, "paused_time": None}
-         for s, k, a, e, o in rows]  # fmt: skip
+        [
+            {
+                "session": s,
+                "kind": k,
+                "arrival": a,
+                "admission": a,
+                "end": e,
+                "outcome": o,
+                "gate_wait": 0.0,
+                "paused_time": None,
+            }
+            for s, k, a, e, o in rows
+        ]
     )
 
 
 def turns(rows: list[tuple[int, int, float, int, int]]) -> pd.DataFrame:
     """(session, turn, done_time, prompt, cached), all ok; sent 1 s before done."""
     return pd.DataFrame(
-        [{"session": s, "kind": "base", "turn": k, "send_time": d - 1.0, "first_token_time": d - 0.5, "done_time": d, "prompt_tokens": p,
-          "cached_tokens": c, "status": "ok"} for s, k, d, p, c in rows]  # fmt: skip
+        [
+            {
+                "session": s,
+                "kind": "base",
+                "turn": k,
+                "send_time": d - 1.0,
+                "first_token_time": d - 0.5,
+                "done_time": d,
+                "prompt_tokens": p,
+                "cached_tokens": c,
+                "status": "ok",
+            }
+            for s, k, d, p, c in rows
+        ]
     )
 
 
 def test_completions_wave_and_arrivals() -> None:
-    ss = sessions([(0, "base", 0.0, 50.0, "completed"), (1, "burst", 10.0, 150.0, "completed"), (2, "burst", 11.0, 250.0, "completed"),
-                   (3, "burst", 12.0, None, "unfinished"), (4, "base", 120.0, 130.0, "failed"), (5, "base", 130.0, 130.0, "refused")])  # fmt: skip
+    ss = sessions(
+        [
+            (0, "base", 0.0, 50.0, "completed"),
+            (1, "burst", 10.0, 150.0, "completed"),
+            (2, "burst", 11.0, 250.0, "completed"),
+            (3, "burst", 12.0, None, "unfinished"),
+            (4, "base", 120.0, 130.0, "failed"),
+            (5, "base", 130.0, 130.0, "refused"),
+        ]
+    )
     assert M.completions(ss, 100.0, 300.0) == pytest.approx(2 / 200.0)  # the failed one is no completion
     med, done, n = M.wave_time(ss)
     assert (med, done, n) == (250.0, 2, 3)  # the unfinished one counts as after the run
-    ss2 = sessions([(1, "burst", 10.0, 150.0, "completed"), (2, "burst", 11.0, None, "unfinished"), (3, "burst", 12.0, None, "unfinished")])
+    ss2 = sessions(
+        [
+            (1, "burst", 10.0, 150.0, "completed"),
+            (2, "burst", 11.0, None, "unfinished"),
+            (3, "burst", 12.0, None, "unfinished"),
+        ]
+    )
     assert math.isnan(M.wave_time(ss2)[0])
     assert M.plan_arrival_rate(ss, 100.0, 200.0) == pytest.approx(2 / 100.0)  # refused arrivals are plan arrivals
     assert M.in_system_at(ss, 140.0) == 3  # 1, 2, 3 (0 left, 4 failed at 130, 5 refused)
@@ -83,15 +120,27 @@ def test_tiled_and_rolling_followup_and_persistence() -> None:
 
 
 def test_trigger_outlived_and_gate_summary() -> None:
-    ss = sessions([(0, "burst", 10.0, 500.0, "completed"), (1, "base", 20.0, 900.0, "completed"), (2, "base", 30.0, None, "unfinished")])
+    ss = sessions(
+        [
+            (0, "burst", 10.0, 500.0, "completed"),
+            (1, "base", 20.0, 900.0, "completed"),
+            (2, "base", 30.0, None, "unfinished"),
+        ]
+    )
     tt = turns([(1, 2, 600.0, 3000, 0), (1, 3, 700.0, 3650, 3000), (2, 2, 800.0, 3000, 0)])
     out = M.trigger_outlived(tt, ss, None, 1000.0, "burst")
-    assert out["last_left"] == 500.0 and out["before_end"] == 500.0 and out["turns_after"] == 3 and out["hits_after"] == 1
-    ev = pd.DataFrame([{"time": 100.0, "event": "slow", "session": 2, "queue_new": None, "queue_resume": None},
-                       {"time": 200.0, "event": "engage", "session": None, "queue_new": 0, "queue_resume": 0},
-                       {"time": 210.0, "event": "pause", "session": 1, "queue_new": 0, "queue_resume": 1},
-                       {"time": 260.0, "event": "resume", "session": 1, "queue_new": 3, "queue_resume": 0},
-                       {"time": 900.0, "event": "release", "session": None, "queue_new": 0, "queue_resume": 0}])  # fmt: skip
+    assert (
+        out["last_left"] == 500.0 and out["before_end"] == 500.0 and out["turns_after"] == 3 and out["hits_after"] == 1
+    )
+    ev = pd.DataFrame(
+        [
+            {"time": 100.0, "event": "slow", "session": 2, "queue_new": None, "queue_resume": None},
+            {"time": 200.0, "event": "engage", "session": None, "queue_new": 0, "queue_resume": 0},
+            {"time": 210.0, "event": "pause", "session": 1, "queue_new": 0, "queue_resume": 1},
+            {"time": 260.0, "event": "resume", "session": 1, "queue_new": 3, "queue_resume": 0},
+            {"time": 900.0, "event": "release", "session": None, "queue_new": 0, "queue_resume": 0},
+        ]
+    )
     slowed = M.trigger_outlived(tt, ss, ev, 1000.0, "slowed")
     assert slowed["n"] == 1 and slowed["still_present"] == 1 and math.isnan(slowed["last_left"])
     ss["gate_wait"] = [0.0, 36.0, 0.0]
@@ -115,10 +164,13 @@ def test_measures_evaluate_expressions_in_order() -> None:
     tt = turns([(0, 2, 400.0, 3000, 0), (1, 2, 1400.0, 3000, 2900)])
     t = RunTables(tt, ss, None, 2000.0, 0.1)
     out = measure_all(
-        {"w": {"metric": "wave", "kind": "burst"},
-         "c": {"metric": "completions", "start": "w.time", "end": "duration", "unit": "lambda_ref"},
-         "h": {"metric": "followup_hit", "start": "arm.gate.t_on", "end": "duration"}},
-        t, {"duration": 2000.0},
-    )  # fmt: skip
+        {
+            "w": {"metric": "wave", "kind": "burst"},
+            "c": {"metric": "completions", "start": "w.time", "end": "duration", "unit": "lambda_ref"},
+            "h": {"metric": "followup_hit", "start": "arm.gate.t_on", "end": "duration"},
+        },
+        t,
+        {"duration": 2000.0},
+    )
     assert out["w.time"] == 500.0 and out["c"] == pytest.approx(2 / 1500.0 / 0.1)
     assert math.isnan(out["h"])  # an arm without a gate: no such window

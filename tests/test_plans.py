@@ -13,27 +13,55 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.config import ArmConfig, ProtocolConfig, WorkloadConfig, load_config
-from harness.workload.plans import BURST_DRAW, burst_offsets, ks_exponential, make_plan, rate_report, regenerate, top_process
 from harness.config import DEFAULT_TOP_RATE as TOP_RATE
+from harness.config import ArmConfig, ProtocolConfig, WorkloadConfig, load_config
 from harness.errors import PlanError
+from harness.workload.draws import (
+    STREAM_BASE,
+    STREAM_BURST,
+    draw_session,
+    expected_turns,
+    hit_ceiling,
+    turn_count,
+    turn_survival,
+)
 from harness.workload.planfile import plan_bytes, read_plan, write_plan
-from harness.workload.draws import STREAM_BASE, STREAM_BURST, draw_session, expected_turns, hit_ceiling, turn_count, turn_survival
+from harness.workload.plans import (
+    BURST_DRAW,
+    burst_offsets,
+    ks_exponential,
+    make_plan,
+    rate_report,
+    regenerate,
+    top_process,
+)
 
 W = load_config("workloads/standard", WorkloadConfig)
 MIRROR = load_config("workloads/mirror-k20", WorkloadConfig)
 E2 = load_config("protocols/e2", ProtocolConfig)
-ARMS = {a: load_config(f"arms/{a}", ArmConfig) for a in (
-    "burst", "noburst", "capped", "rescue-r1", "toolslow-d30", "toolslow-w", "shed-t600", "cut-a115", "cut-b085")}  # fmt: skip
+ARMS = {
+    a: load_config(f"arms/{a}", ArmConfig)
+    for a in (
+        "burst",
+        "noburst",
+        "capped",
+        "rescue-r1",
+        "toolslow-d30",
+        "toolslow-w",
+        "shed-t600",
+        "cut-a115",
+        "cut-b085",
+    )
+}
 LREF = 0.071534
 SHORT = ProtocolConfig(name="short", duration=3000.0, window={"start": 2000.0, "end": 3000.0})
 
 
-def _base(plan):  # noqa: ANN001, ANN202
+def _base(plan):
     return [s for s in plan.sessions if s.stream == STREAM_BASE]
 
 
-def _burst(plan):  # noqa: ANN001, ANN202
+def _burst(plan):
     return sorted((s for s in plan.sessions if s.stream == STREAM_BURST), key=lambda s: s.index)
 
 
@@ -100,7 +128,12 @@ def test_lower_rate_is_a_subset_and_ith_session_is_identical(seed: int, lo: floa
     ta, tb = [s.arrival for s in _base(a)], {s.arrival for s in _base(b)}
     assert set(ta) <= tb
     for sa, sb in zip(_base(a), _base(b)):  # the i-th arriving session, whatever its arrival time
-        assert (sa.index, sa.n_turns, sa.tool_times, sa.token_seed) == (sb.index, sb.n_turns, sb.tool_times, sb.token_seed)
+        assert (sa.index, sa.n_turns, sa.tool_times, sa.token_seed) == (
+            sb.index,
+            sb.n_turns,
+            sb.tool_times,
+            sb.token_seed,
+        )
 
 
 def test_nesting_works_on_absolute_rates_across_cells() -> None:
@@ -141,7 +174,9 @@ def test_cut_thins_the_same_marks_after_its_start() -> None:
         assert before == [s for s in _base(full) if s.arrival < 2400.0]
         after = {s.arrival for s in _base(cut) if s.arrival >= 2400.0}
         assert after <= {s.arrival for s in _base(full)}
-        assert after == {s.arrival for s in _base(make_plan(W, E2, ARMS["burst"], rate, LREF, 1)) if s.arrival >= 2400.0}
+        assert after == {
+            s.arrival for s in _base(make_plan(W, E2, ARMS["burst"], rate, LREF, 1)) if s.arrival >= 2400.0
+        }
         assert _burst(cut) == _burst(full)
         assert cut.expected_arrivals(0.0, 8700.0) == pytest.approx(LREF * (1.65 * 2400 + rate * 6300))
 
@@ -159,7 +194,13 @@ def test_shed_flags_arrivals_in_its_window_and_keeps_identities() -> None:
     shed = make_plan(W, E2, ARMS["shed-t600"], 1.35, LREF, 0)
     assert len(shed.sessions) == len(full.sessions)
     for a, b in zip(full.sessions, shed.sessions):
-        assert (a.stream, a.index, a.arrival, a.n_turns, a.token_seed) == (b.stream, b.index, b.arrival, b.n_turns, b.token_seed)
+        assert (a.stream, a.index, a.arrival, a.n_turns, a.token_seed) == (
+            b.stream,
+            b.index,
+            b.arrival,
+            b.n_turns,
+            b.token_seed,
+        )
         assert b.refused == (1800.0 <= b.arrival < 2400.0)
     assert shed.meta["counts"]["refused"] == sum(s.refused for s in shed.sessions) > 0
 
@@ -182,7 +223,6 @@ def test_rate_above_top_rate_is_refused_clearly() -> None:
         make_plan(W, E2, ARMS["burst"], 1.35, LREF, -1)
     with pytest.raises(PlanError, match="lambda_ref"):
         make_plan(W, E2, ARMS["burst"], 1.35, 0.0, 0)
-
 
 
 def test_top_rate_is_part_of_the_plan_and_lifts_the_ceiling(tmp_path: Path) -> None:
@@ -216,6 +256,7 @@ def test_default_top_rate_keeps_plans_byte_identical() -> None:
     keep = t[m < 1.35 * LREF / 2.0]
     assert np.array_equal(keep, np.array([s.arrival for s in _base(explicit)]))
 
+
 # -------------------------------------------------------------------------------------------------
 # files and hashes
 # -------------------------------------------------------------------------------------------------
@@ -245,7 +286,13 @@ def test_plans_are_byte_identical_across_processes(tmp_path: Path) -> None:
     outs = []
     for i, hashseed in enumerate(("0", "12345")):
         env = {"PYTHONHASHSEED": hashseed, "PATH": "/usr/bin:/bin"}
-        r = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / f"{i}.parquet")], capture_output=True, text=True, env=env, check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(tmp_path / f"{i}.parquet")],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
         outs.append(r.stdout.strip())
     assert outs[0] == outs[1]
     a, b = (tmp_path / "0.parquet").read_bytes(), (tmp_path / "1.parquet").read_bytes()
@@ -268,11 +315,21 @@ def test_read_plan_errors(tmp_path: Path) -> None:
 def test_rate_report_counts_and_nominal() -> None:
     plan = make_plan(W, E2, ARMS["burst"], 1.35, LREF, 1)
     rows = {r.label: r for r in rate_report(plan)}
-    assert set(rows) >= {"before burst", "during burst", "burst to window", "evaluation window", "whole run", "burst sessions"}
+    assert set(rows) >= {
+        "before burst",
+        "during burst",
+        "burst to window",
+        "evaluation window",
+        "whole run",
+        "burst sessions",
+    }
     whole = rows["whole run"]
     assert whole.arrivals == plan.meta["counts"]["base"]
     assert whole.expected == pytest.approx(1.35 * LREF * 8700)
-    assert rows["before burst"].arrivals + rows["burst to window"].arrivals + rows["evaluation window"].arrivals == whole.arrivals
+    assert (
+        rows["before burst"].arrivals + rows["burst to window"].arrivals + rows["evaluation window"].arrivals
+        == whole.arrivals
+    )
     assert rows["burst sessions"].arrivals == 200 and rows["burst sessions"].deviation == 0
     ev = rows["evaluation window"]
     assert ev.deviation == pytest.approx(ev.arrivals / (1.35 * LREF * 3000) - 1)

@@ -19,7 +19,11 @@ def test_a_registration_is_read_as_its_registered_test() -> None:
     reg = load_registration(REG)
     b = load_bundle(REG)
     assert is_registration_file(REG) and not is_registration_file(ROOT / "configs" / "tests" / "e2-sglang-300k.yaml")
-    assert b.test.rates == reg.multiples() and b.test.seeds == list(reg.seeds) and b.cell.lambda_ref == reg.references.lambda_ref
+    assert (
+        b.test.rates == reg.multiples()
+        and b.test.seeds == list(reg.seeds)
+        and b.cell.lambda_ref == reg.references.lambda_ref
+    )
     assert list(b.arms) == list(reg.arms)
 
 

@@ -18,13 +18,17 @@ from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
 from analysis.theory.predict import freeze_predictions
 from harness.config import load_test
-from harness.workload.plans import make_plan
 from harness.workload.planfile import plan_bytes
+from harness.workload.plans import make_plan
 
 
 def _doc() -> dict:
-    return {"format": "agentload-predictions", "format_version": 1, "rates": [{"rate": 1.65, "values": {"z": 1.02}}],
-            "runs": [{"arm": "cut-a115", "rate": 1.65, "seed": 0, "plan_sha256": "ab" * 32, "values": {"slope": 0.004}}]}  # fmt: skip
+    return {
+        "format": "agentload-predictions",
+        "format_version": 1,
+        "rates": [{"rate": 1.65, "values": {"z": 1.02}}],
+        "runs": [{"arm": "cut-a115", "rate": 1.65, "seed": 0, "plan_sha256": "ab" * 32, "values": {"slope": 0.004}}],
+    }
 
 
 def test_values_are_matched_and_a_foreign_plan_is_withheld(tmp_path: Path) -> None:
@@ -58,8 +62,10 @@ def test_freeze_computes_from_the_runs_own_plans(tmp_path: Path) -> None:
         "window: {start: 3000.0, end: 4000.0}\nmin_window: 600.0\n"
     )
     t = tmp_path / "t.yaml"
-    t.write_text("kind: test\nname: t\nrule: cut-a\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/short.yaml\n"
-                 "arms: [cut-a115, burst]\nrates: [1.65]\nseeds: [3]\n")  # fmt: skip
+    t.write_text(
+        "kind: test\nname: t\nrule: cut-a\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/short.yaml\n"
+        "arms: [cut-a115, burst]\nrates: [1.65]\nseeds: [3]\n"
+    )
     b = load_test(t)
     spec = load_rule("cut-a")
     out = freeze_predictions(b, spec)
@@ -70,7 +76,11 @@ def test_freeze_computes_from_the_runs_own_plans(tmp_path: Path) -> None:
     mf, _ = model_f_from_cost(b.cell.cost.model(), workload_moments(b.workload), b.cell.kv_pool_tokens, b.cell.batching)
     res = plan_fluid_from_plan(mf, plan, t_end=4000.0)
     assert e["values"]["slope"] == pytest.approx(res.backlog_slope(3000.0, 4000.0))
-    assert e["values"]["end_backlog"] == pytest.approx(float(sum((res.sessions["arrival"] <= 3999.999) & (res.sessions["end"] > 3999.999))))
+    assert e["values"]["end_backlog"] == pytest.approx(
+        float(sum((res.sessions["arrival"] <= 3999.999) & (res.sessions["end"] > 3999.999)))
+    )
     # [5700, 8700) does not exist in a 4000 s protocol: no prediction rather than a made-up one
     assert e["values"]["completions_late"] is None and e["values"]["slope_late"] is None
-    assert len(e["trajectory"]["t"]) == len(e["trajectory"]["backlog"]) and math.isfinite(e["trajectory"]["backlog"][-1])
+    assert len(e["trajectory"]["t"]) == len(e["trajectory"]["backlog"]) and math.isfinite(
+        e["trajectory"]["backlog"][-1]
+    )

@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from gitfixture import git, make_repo
+from prereg_fixture import write_case
+
 from prereg.check import check_registration
 from prereg.fill import fill_to_file
 from prereg.registration import load_registration, registration_dict, write_registration
-from prereg_fixture import write_case
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,10 @@ def test_refuses_a_status_other_than_filled(tmp_path: Path) -> None:
     fill_to_file(inputs, tmpl, reg)
     _commit_all(work)
     res = check_registration(reg)
-    assert "status: INCOMPLETE (rate 1.1 (1/3 across the window) is not strictly inside the band (1.1, 1.17)" in _refusals(res)
+    assert (
+        "status: INCOMPLETE (rate 1.1 (1/3 across the window) is not strictly inside the band (1.1, 1.17)"
+        in _refusals(res)
+    )
     assert res.label["label"] == "exploratory"
 
 
@@ -103,7 +106,9 @@ def test_refuses_a_dirty_tree_or_an_edited_registration(repo: tuple[Path, Path])
     res = check_registration(reg)
     assert "working tree has uncommitted changes" in _refusals(res) and res.label["label"] == "exploratory"
     git(work, "checkout", "--", "README.md")
-    reg.write_bytes(reg.read_bytes().replace(b"description: a test registration", b"description: a changed registration"))
+    reg.write_bytes(
+        reg.read_bytes().replace(b"description: a test registration", b"description: a changed registration")
+    )
     res = check_registration(reg)
     assert "differs from its last commit" in _refusals(res)
 
@@ -151,5 +156,3 @@ def test_cli_fill(tmp_path: Path, capsys) -> None:
     assert s["sha256"] == load_registration(out).sha256
     assert main(["prereg", "fill", "--inputs", str(tmp_path / "nowhere"), "--test", str(tmpl), "--out", str(out)]) == 2
     assert "not a folder of calibration summaries" in capsys.readouterr().err
-
-

@@ -21,7 +21,11 @@ def test_grid_cells_are_exploratory_children_of_e2(cell: str) -> None:
     res = fill_registration(None, ROOT / f"prereg/templates/grid-sglang-{cell}.yaml", repo_root=ROOT)
     reg, parent = res.registration, load_registration(E2)
     assert reg.status == "EXPLORATORY" and not reg.decisive
-    assert reg.parent is not None and reg.parent.sha256 == parent.sha256 and reg.parent.path == "prereg/registrations/e2-sglang-a100-300k.yaml"
+    assert (
+        reg.parent is not None
+        and reg.parent.sha256 == parent.sha256
+        and reg.parent.path == "prereg/registrations/e2-sglang-a100-300k.yaml"
+    )
     assert reg.multiples() == parent.multiples() and reg.references == parent.references and reg.arms == ["burst"]
     assert reg.cell.name == f"sglang-a100-300k-{cell}"
     assert reg.cell.schedule_policy == cell.split("-")[0] and reg.cell.waiting_prefix_refresh == cell.endswith("r1")
@@ -46,14 +50,18 @@ def test_based_on_reuses_the_calibration(tmp_path: Path) -> None:
     reg = fill_registration(None, t, repo_root=ROOT).registration
     parent = load_registration(E2)
     assert reg.status == "FILLED" and reg.parent is None and reg.fill["based_on"]["sha256"] == parent.sha256
-    assert reg.multiples() == [1.65] and reg.cap == 20 and reg.references == parent.references and reg.cell == parent.cell
+    assert (
+        reg.multiples() == [1.65] and reg.cap == 20 and reg.references == parent.references and reg.cell == parent.cell
+    )
     assert reg.inputs[0].role == "parent" and {i.path for i in reg.inputs[1:]} == {i.path for i in parent.inputs}
     assert len(reg.plans) == 9
 
 
 def test_based_on_refuses_unregistered_rates(tmp_path: Path) -> None:
     t = _based_on(tmp_path, "arms: [burst]\nrates: [1.5]\nseeds: [0, 1, 2]\n")
-    with pytest.raises(RegistrationError, match=r"rates: got \[1\.5\]; expected rates registered by .*\[1\.35, 1\.65\]"):
+    with pytest.raises(
+        RegistrationError, match=r"rates: got \[1\.5\]; expected rates registered by .*\[1\.35, 1\.65\]"
+    ):
         fill_registration(None, t, repo_root=ROOT)
 
 
@@ -63,7 +71,7 @@ def test_derivation_needs_a_filled_parent(tmp_path: Path) -> None:
 format_version: 1
 name: x
 test: x
-parent: {ROOT / 'prereg/registrations/e2-sglang-h200-300k.yaml'}
+parent: {ROOT / "prereg/registrations/e2-sglang-h200-300k.yaml"}
 arms: [burst]
 """)
     with pytest.raises(RegistrationError, match="has status INCOMPLETE; expected a FILLED registration"):
@@ -85,4 +93,8 @@ def test_family_templates(name: str) -> None:
         if "rule:" in str(exc) or "not found" in str(exc):
             pytest.skip(f"{name}: its rule or arms are not defined in this checkout ({str(exc)[:120]})")
         raise
-    assert reg.status == "FILLED" and reg.multiples() == t.rates and len(reg.plans) == len(t.arms) * len(t.rates) * len(t.seeds)
+    assert (
+        reg.status == "FILLED"
+        and reg.multiples() == t.rates
+        and len(reg.plans) == len(t.arms) * len(t.rates) * len(t.seeds)
+    )

@@ -20,7 +20,10 @@ CELLS = ["sglang-a100-300k", "vllm-a100-300k", "sglang-a100-native", "sglang-h20
 
 @pytest.fixture(scope="module")
 def filled() -> dict[str, FillResult]:
-    return {c: fill_registration(ROOT / f"prereg/inputs/paper/{c}", ROOT / f"prereg/templates/e2-{c}.yaml", repo_root=ROOT) for c in CELLS}
+    return {
+        c: fill_registration(ROOT / f"prereg/inputs/paper/{c}", ROOT / f"prereg/templates/e2-{c}.yaml", repo_root=ROOT)
+        for c in CELLS
+    }
 
 
 def _drains(r: FillResult) -> list[float]:
@@ -114,7 +117,9 @@ def test_h200_600k_rates_and_cap(filled: dict[str, FillResult]) -> None:
     assert (f["window"]["high"], f["window"]["binding"]) == (2.5, "e0b_edge")
     assert reg.multiples() == [1.5, 2.0] and (f["band"]["low"], f["band"]["high"]) == (1.1, 2.25)
     assert reg.cap == 48 and all(x["inside_band"] for x in f["rates"])
-    assert reg.status == "INCOMPLETE" and reg.status_reasons == ["E0a gives no all-miss token rate: the TRAPPED rule cannot be judged without it"]
+    assert reg.status == "INCOMPLETE" and reg.status_reasons == [
+        "E0a gives no all-miss token rate: the TRAPPED rule cannot be judged without it"
+    ]
 
 
 @pytest.mark.parametrize("cell", CELLS)

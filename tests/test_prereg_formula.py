@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from prereg import formula as F
-from prereg.fill import fill_registration, fill_to_file
-from analysis.calibration_summaries import InputError
-from prereg.registration import RegistrationError
 from prereg_fixture import write_case
 
-curves = st.dictionaries(st.integers(1, 400), st.floats(0.001, 1.0, allow_nan=False), min_size=1, max_size=10).map(lambda d: sorted(d.items()))
+from analysis.calibration_summaries import InputError
+from prereg import formula as F
+from prereg.fill import fill_registration, fill_to_file
+from prereg.registration import RegistrationError
+
+curves = st.dictionaries(st.integers(1, 400), st.floats(0.001, 1.0, allow_nan=False), min_size=1, max_size=10).map(
+    lambda d: sorted(d.items())
+)
 
 
 @given(curves, st.floats(0.5, 1.0))
@@ -29,7 +31,11 @@ def test_cap_is_the_smallest_n_at_the_threshold_and_not_above_argmax(curve, frac
     assert c.ambiguous == (len([n for n in mu if mu[n] >= fraction * c.mu_star]) > 1)
 
 
-@given(st.floats(0.01, 1.0), st.floats(0.01, 0.5), st.one_of(st.none(), st.sampled_from([1.1, 1.25, 1.3, 1.5, 2.0, 2.5, 3.0, 5.5])))
+@given(
+    st.floats(0.01, 1.0),
+    st.floats(0.01, 0.5),
+    st.one_of(st.none(), st.sampled_from([1.1, 1.25, 1.3, 1.5, 2.0, 2.5, 3.0, 5.5])),
+)
 def test_window_upper_edge_is_the_smaller_term(mu_star, lam, edge):
     w = F.window(mu_star, lam, edge)
     if edge is None:
@@ -52,7 +58,9 @@ def test_rates_inside_the_band_or_incomplete(lo, hi):
         assert (r.multiple / Decimal("0.05")) == (r.multiple / Decimal("0.05")).to_integral_value()  # on the 0.05 grid
         assert abs(r.multiple - r.raw) <= Decimal("0.025")
         assert r.inside == (band[0] < r.multiple < band[1])
-    assert p.ok == (all(r.inside for r in p.rates) and len({r.multiple for r in p.rates}) == len(p.rates) and band[0] < band[1])
+    assert p.ok == (
+        all(r.inside for r in p.rates) and len({r.multiple for r in p.rates}) == len(p.rates) and band[0] < band[1]
+    )
 
 
 def test_rounding_ties_half_up():
@@ -116,7 +124,9 @@ def test_registered_parameters_change_the_outcome(tmp_path: Path) -> None:
     """A template reading the paper's AMB choices differently registers that reading."""
     inputs, tmpl = write_case(tmp_path, extra="fill: {cap_ambiguity: not_argmax_or_another, band_low_factor: 1.4}\n")
     reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
-    assert reg.fill["params"]["band_low_factor"] == 1.4 and reg.fill["cap"]["ambiguity_reading"] == "not_argmax_or_another"
+    assert (
+        reg.fill["params"]["band_low_factor"] == 1.4 and reg.fill["cap"]["ambiguity_reading"] == "not_argmax_or_another"
+    )
     assert reg.status == "INCOMPLETE" and any("1.35" in s and "(1.4, 1.8)" in s for s in reg.status_reasons)
 
 
@@ -129,8 +139,11 @@ def _edit_e0b(inputs: Path, old: str, new: str) -> None:
 
 def test_non_monotone_e0b_warns_and_keeps_the_prefix_edge(tmp_path: Path) -> None:
     inputs, tmpl = write_case(tmp_path)
-    _edit_e0b(inputs, "- {multiple: 3.0, seed: 0, stable: false, final_backlog: 289.0, rise: 196.0, sessions: 697}",
-              "- {multiple: 3.0, seed: 0, stable: true, sessions: 697}")  # fmt: skip
+    _edit_e0b(
+        inputs,
+        "- {multiple: 3.0, seed: 0, stable: false, final_backlog: 289.0, rise: 196.0, sessions: 697}",
+        "- {multiple: 3.0, seed: 0, stable: true, sessions: 697}",
+    )
     reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
     e = reg.fill["measured"]["e0b"]
     assert (e["edge"], e["monotone"]) == (2.0, False) and reg.status == "FILLED"
@@ -139,7 +152,11 @@ def test_non_monotone_e0b_warns_and_keeps_the_prefix_edge(tmp_path: Path) -> Non
 
 def test_no_stable_multiple_leaves_no_window(tmp_path: Path) -> None:
     inputs, tmpl = write_case(tmp_path)
-    _edit_e0b(inputs, "- {multiple: 1.25, seed: 0, stable: true, sessions: 302}", "- {multiple: 1.25, seed: 0, stable: false, sessions: 302}")
+    _edit_e0b(
+        inputs,
+        "- {multiple: 1.25, seed: 0, stable: true, sessions: 302}",
+        "- {multiple: 1.25, seed: 0, stable: false, sessions: 302}",
+    )
     reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
     assert reg.status == "INCOMPLETE" and reg.fill["window"]["high"] is None and not reg.plans
     assert any("no E0b multiple was stable" in s for s in reg.status_reasons)
@@ -150,8 +167,12 @@ def test_mu_star_binds_when_the_edge_is_higher(tmp_path: Path) -> None:
     """The min's other branch, never exercised by the paper's cells: mu*/lambda_ref below the edge."""
     inputs, tmpl = write_case(tmp_path)
     p = inputs / "stage-c.yaml"
-    p.write_text(p.read_text().replace("mu_sessions: 0.2333", "mu_sessions: 0.1300").replace("mu_sessions: 0.2239", "mu_sessions: 0.1250")
-                 .replace("mu_sessions: 0.1756", "mu_sessions: 0.1100"))  # fmt: skip
+    p.write_text(
+        p.read_text()
+        .replace("mu_sessions: 0.2333", "mu_sessions: 0.1300")
+        .replace("mu_sessions: 0.2239", "mu_sessions: 0.1250")
+        .replace("mu_sessions: 0.1756", "mu_sessions: 0.1100")
+    )
     reg = fill_registration(inputs, tmpl, repo_root=tmp_path).registration
     w = reg.fill["window"]
     assert w["binding"] == "mu_star" and w["high"] == pytest.approx(0.13 / 0.07153)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -28,18 +28,50 @@ def _edit(tmp_path: Path, name: str, fn: Callable[[dict], None]) -> Path:
 
 CASES = [
     ("stage-c.yaml", lambda d: d["points"][2].pop("n"), r"points\[2\]\.n: required field is missing"),
-    ("stage-c.yaml", lambda d: d["points"][1].update(mu_sessions=-0.2), r"points\[1\]\.mu_sessions: got -0\.2; expected .*greater than or equal to 0"),
-    ("stage-c.yaml", lambda d: d["points"][3].update(n=20), r"points\[3\]\.n: got 20 after n = 24 .*expected n strictly increasing"),
+    (
+        "stage-c.yaml",
+        lambda d: d["points"][1].update(mu_sessions=-0.2),
+        r"points\[1\]\.mu_sessions: got -0\.2; expected .*greater than or equal to 0",
+    ),
+    (
+        "stage-c.yaml",
+        lambda d: d["points"][3].update(n=20),
+        r"points\[3\]\.n: got 20 after n = 24 .*expected n strictly increasing",
+    ),
     ("stage-c.yaml", lambda d: d.update(colour="blue"), r"colour: unknown key \(value 'blue'\)"),
     ("stage-c.yaml", lambda d: d["points"][0].update(mu_sesions=0.1), r"points\[0\]\.mu_sesions: unknown key"),
     ("e0b.yaml", lambda d: d["points"].pop(2), r"no run at multiple 1\.75 for seed 0; .*the grid has a hole"),
-    ("e0b.yaml", lambda d: d.update(grid=[1.25, 1.5, 2.0, 1.75, 2.5, 3.0]), r"grid\[3\]: got 1\.75 after 2\.0; expected a strictly increasing grid"),
-    ("e0b.yaml", lambda d: d["points"][0].update(multiple=-1.25), r"points\[0\]\.multiple: got -1\.25; expected .*greater than 0"),
-    ("e0b.yaml", lambda d: d["points"][4].update(stable=True), r"points\[4\]\.stable: got True; expected False by the rule"),
-    ("e0b.yaml", lambda d: d["points"][0].update(multiple=1.3), r"points\[0\]\.multiple: got 1\.3; expected one of the grid"),
+    (
+        "e0b.yaml",
+        lambda d: d.update(grid=[1.25, 1.5, 2.0, 1.75, 2.5, 3.0]),
+        r"grid\[3\]: got 1\.75 after 2\.0; expected a strictly increasing grid",
+    ),
+    (
+        "e0b.yaml",
+        lambda d: d["points"][0].update(multiple=-1.25),
+        r"points\[0\]\.multiple: got -1\.25; expected .*greater than 0",
+    ),
+    (
+        "e0b.yaml",
+        lambda d: d["points"][4].update(stable=True),
+        r"points\[4\]\.stable: got True; expected False by the rule",
+    ),
+    (
+        "e0b.yaml",
+        lambda d: d["points"][0].update(multiple=1.3),
+        r"points\[0\]\.multiple: got 1\.3; expected one of the grid",
+    ),
     ("e0b.yaml", lambda d: d.update(seeds=[0, 1]), r"no run at multiple 1\.25 for seed 1"),
-    ("e0a.yaml", lambda d: d.update(lambda_ref=0.08), r"lambda_ref: got 0\.08; expected the mean of per_seed\.mu_turns = 0\.0715333"),
-    ("e0a.yaml", lambda d: d["per_seed"][1].update(uncached_token_rate=-5.0), r"per_seed\[1\]\.uncached_token_rate: got -5\.0"),
+    (
+        "e0a.yaml",
+        lambda d: d.update(lambda_ref=0.08),
+        r"lambda_ref: got 0\.08; expected the mean of per_seed\.mu_turns = 0\.0715333",
+    ),
+    (
+        "e0a.yaml",
+        lambda d: d["per_seed"][1].update(uncached_token_rate=-5.0),
+        r"per_seed\[1\]\.uncached_token_rate: got -5\.0",
+    ),
     ("e0a.yaml", lambda d: d.update(stage="e0b"), r"stage: got 'e0b'; expected 'e0a' for a file named e0a\.yaml"),
     ("e0a.yaml", lambda d: d.update(format="other"), r"format: got 'other'; expected 'agentload-calibration'"),
 ]

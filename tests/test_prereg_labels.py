@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gitfixture import commit_file, git, make_repo
 
 from prereg.labels import EXPLORATORY, PRE_REGISTERED, REGISTERED, label_for, label_now
-from gitfixture import commit_file, git, make_repo
 
 T_COMMIT = "2026-10-24T20:09:12+00:00"
 T_PUSH = "2026-10-24T20:09:54+00:00"
@@ -15,22 +15,41 @@ T_SUBMIT = "2026-10-24T20:13:39+00:00"
 
 
 def _lab(**kw: object) -> str:
-    base = dict(status="FILLED", committed=True, clean=True, commit_time=T_COMMIT, remote_confirmed_at=T_PUSH, first_submit=T_SUBMIT)
+    base = dict(
+        status="FILLED",
+        committed=True,
+        clean=True,
+        commit_time=T_COMMIT,
+        remote_confirmed_at=T_PUSH,
+        first_submit=T_SUBMIT,
+    )
     base.update(kw)
     return label_for(**base).label  # type: ignore[arg-type]
 
 
 def test_e2_timeline_is_pre_registered() -> None:
     # Table 15: committed 15:09:12, on the remote 15:09:54, submitted 15:13:39 (CDT = UTC-5)
-    lab = label_for(status="FILLED", committed=True, clean=True, commit_time="2026-10-24T15:09:12-05:00",
-                    remote_confirmed_at="2026-10-24T15:09:54-05:00", first_submit="2026-10-24T15:13:39-05:00")
+    lab = label_for(
+        status="FILLED",
+        committed=True,
+        clean=True,
+        commit_time="2026-10-24T15:09:12-05:00",
+        remote_confirmed_at="2026-10-24T15:09:54-05:00",
+        first_submit="2026-10-24T15:13:39-05:00",
+    )
     assert lab.label == PRE_REGISTERED and lab.decisive
 
 
 def test_vllm_timeline_is_registered() -> None:
     # Table 16: committed 16:23:59, submitted 16:24:36, on the remote only at 16:26:35
-    lab = label_for(status="FILLED", committed=True, clean=True, commit_time="2026-10-30T16:23:59-05:00",
-                    remote_confirmed_at="2026-10-30T16:26:35-05:00", first_submit="2026-10-30T16:24:36-05:00")
+    lab = label_for(
+        status="FILLED",
+        committed=True,
+        clean=True,
+        commit_time="2026-10-30T16:23:59-05:00",
+        remote_confirmed_at="2026-10-30T16:26:35-05:00",
+        first_submit="2026-10-30T16:24:36-05:00",
+    )
     assert lab.label == REGISTERED
     assert "16:26" not in lab.reason or "confirmed on the remote only" in lab.reason
 

@@ -17,12 +17,22 @@ def _minimal(status: str = "INCOMPLETE") -> dict[str, Any]:
     cell = load_config(config_ref("sglang-a100-300k", "cells"), CellConfig).model_dump(mode="json")
     cell["cost_file"] = None
     return dict(
-        format=FORMAT, format_version=1, name="x", status=status, status_reasons=["window too narrow"], test="t",
-        cell=cell, workload=load_config(config_ref("standard", "workloads"), WorkloadConfig).model_dump(mode="json"),
+        format=FORMAT,
+        format_version=1,
+        name="x",
+        status=status,
+        status_reasons=["window too narrow"],
+        test="t",
+        cell=cell,
+        workload=load_config(config_ref("standard", "workloads"), WorkloadConfig).model_dump(mode="json"),
         protocol=load_config(config_ref("e2", "protocols"), ProtocolConfig).model_dump(mode="json"),
-        arms=["burst"], rates=[{"multiple": 1.35, "sessions_per_s": 1.35 * 0.07153}], seeds=[0], cap=20,
-        references=dict(lambda_ref=0.07153, lambda_miss=0.07153, all_miss_token_rate=11243.0), rule=load_rule(),
-    )  # fmt: skip
+        arms=["burst"],
+        rates=[{"multiple": 1.35, "sessions_per_s": 1.35 * 0.07153}],
+        seeds=[0],
+        cap=20,
+        references=dict(lambda_ref=0.07153, lambda_miss=0.07153, all_miss_token_rate=11243.0),
+        rule=load_rule(),
+    )
 
 
 def test_round_trip_and_hash(tmp_path: Path) -> None:
@@ -52,7 +62,10 @@ def test_expected_hash_refused(tmp_path: Path) -> None:
         (lambda d: d.update(status="FILLED"), "plans: no plan hash"),
         (lambda d: d.update(status="EXPLORATORY"), "parent: an EXPLORATORY registration"),
         (lambda d: d.update(status_reasons=[]), "status_reasons"),
-        (lambda d: d["rates"][0].update(sessions_per_s=0.2), "rates[0].sessions_per_s: got 0.2; expected multiple x lambda_ref"),
+        (
+            lambda d: d["rates"][0].update(sessions_per_s=0.2),
+            "rates[0].sessions_per_s: got 0.2; expected multiple x lambda_ref",
+        ),
         (lambda d: d["rule"].pop("states"), "rule: expected a valid rule spec"),
         (lambda d: d["cell"].update(kv_pool_tokens="many"), "cell.kv_pool_tokens: got 'many'"),
     ],

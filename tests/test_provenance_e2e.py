@@ -16,20 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gitfixture import git, make_repo
+from provfixture import commit_registration, record_submission, run_all, write_test
+
 from cli.main import main
 from harness.config import load_test
-from runs.arms import execute_run
-from runs.backend import BackendResult, RunContext, register_backend
 from prereg.predict_makers import model_f_predictions, simulator_predictions
 from prereg.predictions import write_predictions
 from provenance.git import Repo
-from provenance.proofs import prove
 from provenance.proofcheck import verify_proof
+from provenance.proofs import prove
 from review.timeline import build_timeline
 from review.verify import verify_test
-from provfixture import commit_registration, record_submission, run_all, write_test
+from runs.arms import execute_run
+from runs.backend import BackendResult, RunContext, register_backend
 
 
 def _interrupted_backend(ctx: RunContext) -> BackendResult:
@@ -49,21 +49,47 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     binding = commit_registration(work, bundle)
     reg_file = work / binding["path"]
     testdir = root / "results" / "tiny-e2"
-    sim = write_predictions(simulator_predictions(test_path, n_seeds=2, registration=reg_file), work / "predictions" / "tiny-sim.yaml")
-    mf = write_predictions(model_f_predictions(test_path, registration=reg_file, intervals=[(600.0, 1800.0)], wave=True, trap_state=True),
-                           work / "predictions" / "tiny-mf.yaml")  # fmt: skip
+    sim = write_predictions(
+        simulator_predictions(test_path, n_seeds=2, registration=reg_file), work / "predictions" / "tiny-sim.yaml"
+    )
+    mf = write_predictions(
+        model_f_predictions(test_path, registration=reg_file, intervals=[(600.0, 1800.0)], wave=True, trap_state=True),
+        work / "predictions" / "tiny-mf.yaml",
+    )
     values = work / "predictions" / "tiny-values.json"  # a rule's model-value file, frozen beside them
-    values.write_text(json.dumps({"format": "agentload-predictions", "format_version": 1, "name": "tiny-values",
-                                  "runs": [{"arm": "burst", "rate": 1.35, "seed": s, "values": {"slope": 0.01}} for s in (0, 1)]}))  # fmt: skip
-    assert main(["predict", "freeze", str(sim), str(mf), str(values), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
+    values.write_text(
+        json.dumps(
+            {
+                "format": "agentload-predictions",
+                "format_version": 1,
+                "name": "tiny-values",
+                "runs": [{"arm": "burst", "rate": 1.35, "seed": s, "values": {"slope": 0.01}} for s in (0, 1)],
+            }
+        )
+    )
+    assert (
+        main(["predict", "freeze", str(sim), str(mf), str(values), "--tag", "pred-tiny", "--testdir", str(testdir)])
+        == 0
+    )
     time.sleep(1.1)  # run times are recorded to the second: start strictly after the confirmation
     record_submission(testdir, work, binding, label="pre-registered")
     runs = run_all(test_path, testdir, binding)
     late = work / "predictions" / "tiny-sim-late.yaml"
     shutil.copyfile(sim, late)
     assert main(["predict", "freeze", str(late), "--tag", "pred-tiny-late", "--testdir", str(testdir)]) == 0
-    return {"root": root, "work": work, "remote": remote, "test": test_path, "bundle": bundle, "binding": binding,
-            "testdir": testdir, "sim": sim, "mf": mf, "late": late, "runs": runs}  # fmt: skip
+    return {
+        "root": root,
+        "work": work,
+        "remote": remote,
+        "test": test_path,
+        "bundle": bundle,
+        "binding": binding,
+        "testdir": testdir,
+        "sim": sim,
+        "mf": mf,
+        "late": late,
+        "runs": runs,
+    }
 
 
 def _score(world: dict[str, Any], tag: str, monkeypatch: pytest.MonkeyPatch, out: Path) -> dict[str, Any]:
@@ -73,7 +99,9 @@ def _score(world: dict[str, Any], tag: str, monkeypatch: pytest.MonkeyPatch, out
     return json.loads((out / f"{tag}.score.json").read_text())
 
 
-def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     rep = _score(world, "pred-tiny", monkeypatch, tmp_path)
     assert rep["freezes"][0]["blindness"] == "blind in time"
     scored = [s for f in rep["scores"] for s in f["scored"]]
@@ -82,7 +110,10 @@ def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(world:
     assert all(s["blindness"] == "blind in time" for s in scored)
     by_id = {s["id"]: s for s in scored}
     # NOBURST stays good and is predicted to: a hit scored against the run's own verdict
-    assert by_id["sim-noburst-r1.35-s0-stuck"]["result"] == "hit" and by_id["sim-noburst-r1.35-s0-stuck"]["outcome"] is False
+    assert (
+        by_id["sim-noburst-r1.35-s0-stuck"]["result"] == "hit"
+        and by_id["sim-noburst-r1.35-s0-stuck"]["outcome"] is False
+    )
     # every BURST run is stuck in this tiny test, and model F's onset criterion calls it
     assert all(by_id[f"mf-burst-r1.35-s{s}-stuck"]["result"] == "hit" for s in (0, 1))
     # interval quantities, the wave and the trap-state targets are measured on the runs' records
@@ -95,13 +126,17 @@ def test_frozen_before_the_runs_scores_blind_in_time_with_hits_and_misses(world:
     assert "### Misses" in md and "### Hits" in md and "blind in time" in md and "**MISS**" in md and "**HIT**" in md
 
 
-def test_freezing_after_the_runs_is_not_blind(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_freezing_after_the_runs_is_not_blind(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     rep = _score(world, "pred-tiny-late", monkeypatch, tmp_path)
     assert rep["freezes"][0]["blindness"] == "not blind"
     assert all(s["blindness"] == "not blind" for f in rep["scores"] for s in f["scored"])
 
 
-def test_timeline_orders_the_record_and_gives_the_labels(world: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timeline_orders_the_record_and_gives_the_labels(
+    world: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     tl = build_timeline(world["testdir"], repo=Repo(world["work"]))
     assert tl.label == "pre-registered", tl.label_reason
     labels = {f.tag: f.overall.label for f in tl.freezes}
@@ -114,7 +149,11 @@ def test_timeline_orders_the_record_and_gives_the_labels(world: dict[str, Any], 
     assert kinds.index("registration committed") < kinds.index("registration on remote") < kinds.index("run start")
     assert main(["provenance", "timeline", str(world["testdir"]), "--repo", str(world["work"])]) == 0
     out = capsys.readouterr().out
-    assert "registration label: PRE-REGISTERED" in out and "pred-tiny: BLIND IN TIME" in out and "pred-tiny-late: NOT BLIND" in out
+    assert (
+        "registration label: PRE-REGISTERED" in out
+        and "pred-tiny: BLIND IN TIME" in out
+        and "pred-tiny-late: NOT BLIND" in out
+    )
 
 
 def test_the_intact_test_verifies(world: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,7 +163,9 @@ def test_the_intact_test_verifies(world: dict[str, Any], capsys: pytest.CaptureF
     assert "HOLDS" in capsys.readouterr().out
 
 
-def test_editing_a_frozen_file_is_caught_by_the_proof_and_by_score(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_editing_a_frozen_file_is_caught_by_the_proof_and_by_score(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     sim = world["sim"]
     original = sim.read_bytes()
     proof = prove(sim, tmp_path / "proof", tag="pred-tiny")
@@ -141,7 +182,15 @@ def test_editing_a_frozen_file_is_caught_by_the_proof_and_by_score(world: dict[s
         assert strip(after) == strip(before)  # scored from the tag's bytes, not the edit
         assert "EDITED AFTER THE FREEZE" in (tmp_path / "after" / "pred-tiny.score.md").read_text()
         # committed, the edit is an erratum: listed with its time, the tag still scores the frozen bytes
-        git(world["work"], "commit", "-q", "-m", "erratum to the simulator predictions", "--", str(sim.relative_to(world["work"])))
+        git(
+            world["work"],
+            "commit",
+            "-q",
+            "-m",
+            "erratum to the simulator predictions",
+            "--",
+            str(sim.relative_to(world["work"])),
+        )
         errata = _score(world, "pred-tiny", monkeypatch, tmp_path / "erratum")
         f = next(x for x in errata["files"] if x["path"].endswith("tiny-sim.yaml"))
         assert len(f["errata"]) == 1 and f["errata"][0]["committed_at"] and strip(errata) == strip(before)
@@ -195,7 +244,9 @@ def test_break_plan_file_not_the_one_recorded(world: dict[str, Any], tmp_path: P
 def test_break_incomplete_and_missing_runs(world: dict[str, Any], tmp_path: Path) -> None:
     td = _copy(world, tmp_path)
     shutil.rmtree(td / "runs" / "burst-r1.35-s1")
-    execute_run(world["bundle"], "burst", 1.35, 1, "interrupted", td / "runs" / "burst-r1.35-s1", registration=world["binding"])
+    execute_run(
+        world["bundle"], "burst", 1.35, 1, "interrupted", td / "runs" / "burst-r1.35-s1", registration=world["binding"]
+    )
     br = _breaks(td, world)
     assert any("burst-r1.35-s1 completed" in b and "INTERRUPTED" in b for b in br), br
     shutil.rmtree(td / "runs" / "burst-r1.35-s1")
@@ -225,7 +276,9 @@ def test_break_proof_with_one_altered_byte(world: dict[str, Any], tmp_path: Path
     data[10] ^= 0x20
     blob.write_bytes(bytes(data))
     br = _breaks(td, world)
-    assert any(b.startswith("registration (prereg/registrations/tiny-e2.yaml)") and "id recomputed" in b for b in br), br
+    assert any(b.startswith("registration (prereg/registrations/tiny-e2.yaml)") and "id recomputed" in b for b in br), (
+        br
+    )
 
 
 def _accounting(td: Path, submit: datetime) -> None:
@@ -235,10 +288,31 @@ def _accounting(td: Path, submit: datetime) -> None:
     rows, jobs = [], []
     for i, r in enumerate(find_runs(td)):
         jid = str(5000 + i)
-        rows.append({"JobID": jid, "JobName": r.path.name, "Submit": submit.isoformat(),
-                     "Start": max(submit, r.created_at - timedelta(seconds=1)).isoformat(), "End": (r.finished_at + timedelta(seconds=1)).isoformat(),
-                     "State": "COMPLETED", "ExitCode": "0:0", "NodeList": "node1", "Timelimit": "01:00:00", "Elapsed": "00:00:05", "Comment": ""})  # fmt: skip
-        jobs.append({"job_id": jid, "arm": r.arm, "rate": r.rate, "seed": r.seed, "plan_sha256": r.plan_sha256, "run_dir": f"runs/{r.path.name}"})
+        rows.append(
+            {
+                "JobID": jid,
+                "JobName": r.path.name,
+                "Submit": submit.isoformat(),
+                "Start": max(submit, r.created_at - timedelta(seconds=1)).isoformat(),
+                "End": (r.finished_at + timedelta(seconds=1)).isoformat(),
+                "State": "COMPLETED",
+                "ExitCode": "0:0",
+                "NodeList": "node1",
+                "Timelimit": "01:00:00",
+                "Elapsed": "00:00:05",
+                "Comment": "",
+            }
+        )
+        jobs.append(
+            {
+                "job_id": jid,
+                "arm": r.arm,
+                "rate": r.rate,
+                "seed": r.seed,
+                "plan_sha256": r.plan_sha256,
+                "run_dir": f"runs/{r.path.name}",
+            }
+        )
     (td / "provenance").mkdir(exist_ok=True)
     (td / "provenance" / "accounting.json").write_text(json.dumps({"rows": rows}))
     man = json.loads((td / "submission.json").read_text())

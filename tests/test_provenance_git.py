@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gitfixture import commit_file, git, make_repo
+
 from provenance.git import GitError, Repo
 
 

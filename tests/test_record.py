@@ -17,10 +17,25 @@ META = {"arm": "burst", "rate": 1.35, "seed": 0, "plan": {"sha256": "ab" * 32}}
 def _fill(rec: RunRecorder, n: int = 50) -> None:
     for i in range(n):
         rec.session(session=i, kind="base", arrival=float(i), outcome="unfinished", stream=0, index=i, n_turns=3)
-        rec.turn(session=i, kind="base", turn=1, send_time=float(i), done_time=i + 0.5, first_token_time=i + 0.2,
-                 prompt_tokens=2000, cached_tokens=0, completion_tokens=100, n_output_ids=100, request_id=i)  # fmt: skip
-    rec.turn(session=0, kind="base", turn=2, send_time=60.0, done_time=None, status="timeout", error="no reply in 600 s")
-    rec.session(session=0, kind="base", arrival=0.0, outcome="completed", end=61.0, stream=0, index=0, n_turns=3, turns_done=3)
+        rec.turn(
+            session=i,
+            kind="base",
+            turn=1,
+            send_time=float(i),
+            done_time=i + 0.5,
+            first_token_time=i + 0.2,
+            prompt_tokens=2000,
+            cached_tokens=0,
+            completion_tokens=100,
+            n_output_ids=100,
+            request_id=i,
+        )
+    rec.turn(
+        session=0, kind="base", turn=2, send_time=60.0, done_time=None, status="timeout", error="no reply in 600 s"
+    )
+    rec.session(
+        session=0, kind="base", arrival=0.0, outcome="completed", end=61.0, stream=0, index=0, n_turns=3, turns_done=3
+    )
     rec.gate_event(time=1.0, event="admit", session=3, queue_new=0, queue_resume=0, admitted=4, cap=20)
     rec.gauge(time=5.0, running=3, waiting=0, kv_used_tokens=12000, pool_tokens=300000)
 
@@ -48,7 +63,7 @@ def test_complete_run_roundtrip(tmp_path: Path) -> None:
         assert len(run.meta["tables"][name]["sha256"]) == 64
 
 
-def pd_na():  # noqa: ANN201
+def pd_na():
     import pandas as pd
 
     return pd.NA
@@ -114,16 +129,14 @@ def test_status_changes_and_failures(tmp_path: Path) -> None:
 
 
 def test_context_manager_marks_failed_and_interrupted(tmp_path: Path) -> None:
-    with pytest.raises(ZeroDivisionError):
-        with RunRecorder(tmp_path / "f", META) as rec:
-            rec.gauge(time=0.0, running=1)
-            1 / 0  # noqa: B018
+    with pytest.raises(ZeroDivisionError), RunRecorder(tmp_path / "f", META) as rec:
+        rec.gauge(time=0.0, running=1)
+        1 / 0  # noqa: B018
     run = load_run(tmp_path / "f")
     assert run.status == "FAILED" and "ZeroDivisionError" in run.meta["status_reason"] and not run.partial
     assert len(run.gauges) == 1
-    with pytest.raises(KeyboardInterrupt):
-        with RunRecorder(tmp_path / "i", META):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), RunRecorder(tmp_path / "i", META):
+        raise KeyboardInterrupt
     assert load_run(tmp_path / "i").status == "INTERRUPTED"
 
 

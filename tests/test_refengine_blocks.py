@@ -71,7 +71,7 @@ def test_caching_off_registers_nothing():
     assert p.lookup(keys, 2) == [] and p.free_cached == 0
 
 
-def _same(p: BlockPool, r) -> None:  # noqa: ANN001 - the reference pool
+def _same(p: BlockPool, r) -> None:
     assert p.free == list(r.free)
     assert p.free_count() == r.free_count() and p.used_blocks == r.used_blocks
     assert p.free_cached == r.free_cached and p.n_hashed == r.n_hashed
@@ -79,9 +79,21 @@ def _same(p: BlockPool, r) -> None:  # noqa: ANN001 - the reference pool
     assert p.cached == r.cached and p.dups == r.dups
 
 
-@pytest.mark.parametrize("num_blocks,keyspace,seed,slack", [(5, 8, 0, 1024), (40, 30, 1, 1024), (40, 5000, 2, 0), (300, 200, 3, 1024),
-                                                          (300, 4000, 4, 0), (64, 64, 5, 0), (16, 3000, 6, 0)])  # fmt: skip
-def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keyspace: int, seed: int, slack: int, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "num_blocks,keyspace,seed,slack",
+    [
+        (5, 8, 0, 1024),
+        (40, 30, 1, 1024),
+        (40, 5000, 2, 0),
+        (300, 200, 3, 1024),
+        (300, 4000, 4, 0),
+        (64, 64, 5, 0),
+        (16, 3000, 6, 0),
+    ],
+)
+def test_pool_matches_the_reference_operation_by_operation(
+    num_blocks: int, keyspace: int, seed: int, slack: int, monkeypatch
+) -> None:
     """The batched pool against the direct one-block-at-a-time formulation
     (tests/blockpool_reference.py): requests allocate, hash (from a small key space, so content
     is recomputed and duplicated), look up, take hits and are freed, in random order; every
@@ -139,4 +151,8 @@ def test_pool_matches_the_reference_operation_by_operation(num_blocks: int, keys
     r.reset()
     _same(p, r)
     for c, ents in memo.items():  # entries known before a flush find nothing after it
-        assert (p.lookup_entries(chains[c], len(chains[c]), ents) % num_blocks).tolist() == r.lookup(chains[c], len(chains[c])) == []
+        assert (
+            (p.lookup_entries(chains[c], len(chains[c]), ents) % num_blocks).tolist()
+            == r.lookup(chains[c], len(chains[c]))
+            == []
+        )

@@ -10,14 +10,13 @@ import zlib
 
 import numpy as np
 import pytest
+from test_refengine_model import cell, toks
 
 from harness.refengine.model import EngineModel, EngineRequest
 from harness.refengine.radix import RadixCache
 from harness.refengine.request import output_ids
 from harness.refengine.separate import CLIP_MAX_NEW
 from harness.workload.draws import _TOKEN_DOMAIN, _philox_key
-
-from test_refengine_model import cell, toks
 
 
 # -- the Philox keys of the token and session streams -----------------------------------------------
@@ -80,8 +79,13 @@ def _direct_decode_left(e: EngineModel) -> int:
 def test_decode_left_is_the_sum_over_decoders(mixed: bool) -> None:
     """Requests of every size (some above the clip), arriving while others decode, in a pool small
     enough that admission waits on the budget; checked before every iteration."""
-    c = cell(kv_pool_tokens=60_000, context_length=40_000, max_running=12, chunked_prefill=2048,
-             batching="mixed" if mixed else "separate")  # fmt: skip
+    c = cell(
+        kv_pool_tokens=60_000,
+        context_length=40_000,
+        max_running=12,
+        chunked_prefill=2048,
+        batching="mixed" if mixed else "separate",
+    )
     e = EngineModel(c)
     rng = np.random.default_rng(11)
     t, rid, checks, big = 0.0, 0, 0, 0
@@ -148,6 +152,8 @@ def test_evictable_if_locked_is_lock_then_read() -> None:
 
 # -- fused vLLM decode steps --------------------------------------------------------------------------
 def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, history: bool = True, **cell_kw: object):
+    from test_driver_virtual import cell as sim_cell
+
     import harness.refengine.kv as kv_mod
     import harness.refengine.model as model_mod
     from harness.client.openloop import PlanClient
@@ -156,11 +162,11 @@ def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, histo
     from harness.recording.record import RunRecorder, load_run
     from harness.workload.draws import STREAM_BASE, draw_session
 
-    from test_driver_virtual import cell as sim_cell
-
     wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
     specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
-    kw: dict[str, object] = dict(engine={"name": "vllm", "version": "t"}, batching="mixed", page_size=16, kv_pool_tokens=40_000)
+    kw: dict[str, object] = dict(
+        engine={"name": "vllm", "version": "t"}, batching="mixed", page_size=16, kv_pool_tokens=40_000
+    )
     kw.update(cell_kw)
     with monkeypatch.context() as mp:
         if not fuse:
@@ -173,12 +179,18 @@ def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, histo
     return res, load_run(tmp / name)
 
 
-@pytest.mark.parametrize("cell_kw", [
-    {},  # roomy: long decode-only stretches
-    {"kv_pool_tokens": 9_000},  # tight: preemptions, fusion cut short where a block is missing
-    {"prefix_cache": False},
-], ids=["roomy", "tight", "cache-off"])  # fmt: skip
-def test_fused_vllm_decode_gives_the_records_of_stepping(tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict) -> None:
+@pytest.mark.parametrize(
+    "cell_kw",
+    [
+        {},  # roomy: long decode-only stretches
+        {"kv_pool_tokens": 9_000},  # tight: preemptions, fusion cut short where a block is missing
+        {"prefix_cache": False},
+    ],
+    ids=["roomy", "tight", "cache-off"],
+)
+def test_fused_vllm_decode_gives_the_records_of_stepping(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict
+) -> None:
     fused, a = _vllm_run(tmp_path, "fused", True, monkeypatch, **cell_kw)
     stepped, b = _vllm_run(tmp_path, "stepped", False, monkeypatch, **cell_kw)
     assert fused.iterations < stepped.iterations * (0.5 if not cell_kw else 0.9)  # it did fuse
@@ -192,7 +204,9 @@ def test_fused_vllm_decode_gives_the_records_of_stepping(tmp_path, monkeypatch: 
 
 
 @pytest.mark.parametrize("cell_kw", [{}, {"kv_pool_tokens": 9_000}], ids=["roomy", "tight"])
-def test_vllm_lookups_from_the_last_turn_give_the_records_of_full_lookups(tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict) -> None:
+def test_vllm_lookups_from_the_last_turn_give_the_records_of_full_lookups(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict
+) -> None:
     import harness.refengine.blocks as blocks_mod
 
     calls = {"known": 0}

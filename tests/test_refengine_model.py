@@ -327,8 +327,17 @@ def test_gauges_have_the_engine_meanings():
     e.submit(EngineRequest(1, toks(500, 1), 20), 0.0)
     e.complete(e.step(0.0))
     g = e.gauges()
-    assert set(g) == {"running", "waiting", "kv_used_tokens", "kv_evictable_tokens", "pool_tokens",
-                      "prompt_tokens_total", "cached_tokens_total", "generation_tokens_total", "preemptions_total"}
+    assert set(g) == {
+        "running",
+        "waiting",
+        "kv_used_tokens",
+        "kv_evictable_tokens",
+        "pool_tokens",
+        "prompt_tokens_total",
+        "cached_tokens_total",
+        "generation_tokens_total",
+        "preemptions_total",
+    }
     assert g["running"] == 1 and g["kv_used_tokens"] == 500 and g["pool_tokens"] == 300_000
     assert g["prompt_tokens_total"] == 500 and g["generation_tokens_total"] == 1
     assert not e.busy and e.has_work()

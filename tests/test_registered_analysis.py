@@ -9,14 +9,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-
-from review.registered import RegisteredAnalysisError, registered_analysis
 from gitfixture import git, make_repo
-from runs.arms import execute_run, run_name
+from prereg_fixture import write_case
+
 from prereg.fill import fill_to_file
 from prereg.registration import load_registration
-from prereg_fixture import write_case
 from provenance.codepaths import CODE_DIRS
+from review.registered import RegisteredAnalysisError, registered_analysis
+from runs.arms import execute_run, run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = (*(d.rstrip("/") for d in CODE_DIRS), "configs")  # every code package, and the configs
@@ -36,7 +36,9 @@ def project(tmp_path_factory) -> dict[str, object]:
     tmp = tmp_path_factory.mktemp("registered")
     work, _ = make_repo(tmp)
     for d in CODE:
-        shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "inputs", "registrations"))
+        shutil.copytree(
+            ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "inputs", "registrations")
+        )
     inputs, tmpl = write_case(work)
     reg_path = work / "prereg" / "registrations" / "e2-test.yaml"
     fill_to_file(inputs, tmpl, reg_path)
@@ -50,8 +52,11 @@ def project(tmp_path_factory) -> dict[str, object]:
         for seed in reg.seeds:
             rd = runs / run_name(arm, 1.35, seed)
             execute_run(bundle, arm, 1.35, seed, "sim", rd)
-            _patch_meta(rd, registration=reg.binding("prereg/registrations/e2-test.yaml", commit),
-                        provenance={"git": {"commit": commit, "dirty": False}})  # fmt: skip
+            _patch_meta(
+                rd,
+                registration=reg.binding("prereg/registrations/e2-test.yaml", commit),
+                provenance={"git": {"commit": commit, "dirty": False}},
+            )
     # four runs that must not count
     src = runs / run_name("burst", 1.35, 0)
     bad = tmp / "bad"
@@ -92,7 +97,12 @@ def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
     work = p["work"]
     report = work / "analysis" / "report.py"
     text = report.read_text()
-    report.write_text(text.replace('        "runs": [r.to_json() for r in runs],\n', '        "runs": [r.to_json() for r in runs],\n        "marker": "later code",\n'))
+    report.write_text(
+        text.replace(
+            '        "runs": [r.to_json() for r in runs],\n',
+            '        "runs": [r.to_json() for r in runs],\n        "marker": "later code",\n',
+        )
+    )
     assert "later code" in report.read_text()
     git(work, "commit", "-q", "-am", "analysis changed after the registration")
     try:
@@ -102,7 +112,10 @@ def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
         assert "agentload-judge-" in j["module"] and str(work) not in j["module"]
         assert "marker" not in res  # the later code did not judge
         assert len(res["registered"]["runs_counted"]) == 9
-        assert j["registered_grid"] and [x["rate"] for x in res["rates"]] == [1.35, 1.65]  # the registered rates, 1.65 missing
+        assert j["registered_grid"] and [x["rate"] for x in res["rates"]] == [
+            1.35,
+            1.65,
+        ]  # the registered rates, 1.65 missing
         by_rate = {x["rate"]: x for x in res["rates"]}
         assert by_rate[1.65]["verdict"] == "INCOMPLETE"
         assert res["arms"] == ["burst", "noburst", "capped"] and "MISSING" not in by_rate[1.35]["seeds"]["0"].values()
@@ -143,8 +156,15 @@ def test_registrations_inputs_and_freeze_records_are_data_not_code() -> None:
     run or verdict, so runs made after such a commit stay bound; a change under harness/ does not."""
     from provenance.codepaths import is_code_path
 
-    for p in ("prereg/registrations/x.yaml", "prereg/inputs/c/e0a.yaml", "prereg/templates/t.yaml", "prereg/freezes/pred-x.json",
-              "predictions/x.yaml", "docs/x.md", "configs/cells/c.yaml"):  # fmt: skip
+    for p in (
+        "prereg/registrations/x.yaml",
+        "prereg/inputs/c/e0a.yaml",
+        "prereg/templates/t.yaml",
+        "prereg/freezes/pred-x.json",
+        "predictions/x.yaml",
+        "docs/x.md",
+        "configs/cells/c.yaml",
+    ):
         assert not is_code_path(p), p
     for p in ("harness/servers/base.py", "analysis/rules.py", "prereg/fill.py", "slurm/job.py"):
         assert is_code_path(p), p

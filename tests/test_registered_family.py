@@ -11,14 +11,14 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-
-from review.registered import RegisteredAnalysisError, registered_analysis
 from gitfixture import git, make_repo
-from runs.arms import execute_run, run_name
+from prereg_fixture import write_case
+
 from prereg.fill import fill_to_file
 from prereg.registration import load_registration
-from prereg_fixture import write_case
 from provenance.codepaths import CODE_DIRS
+from review.registered import RegisteredAnalysisError, registered_analysis
+from runs.arms import execute_run, run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = (*(d.rstrip("/") for d in CODE_DIRS), "configs")  # every code package, and the configs
@@ -50,7 +50,9 @@ def family(tmp_path_factory) -> dict[str, object]:
     tmp = tmp_path_factory.mktemp("registered-family")
     work, _ = make_repo(tmp)
     for d in CODE:
-        shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "inputs", "registrations"))
+        shutil.copytree(
+            ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "inputs", "registrations")
+        )
     inputs, tmpl = write_case(work)
     (work / "prereg" / "registrations").mkdir(parents=True, exist_ok=True)
     fill_to_file(inputs, tmpl, work / "prereg" / "registrations" / "e2-test.yaml", repo_root=work)
@@ -66,7 +68,11 @@ def family(tmp_path_factory) -> dict[str, object]:
     for arm in reg.arms:
         rd = runs / run_name(arm, 1.65, 0)
         execute_run(reg.bundle(), arm, 1.65, 0, "sim", rd)
-        _patch_meta(rd, registration=reg.binding("prereg/registrations/basin-test.yaml", commit), provenance={"git": {"commit": commit, "dirty": False}})
+        _patch_meta(
+            rd,
+            registration=reg.binding("prereg/registrations/basin-test.yaml", commit),
+            provenance={"git": {"commit": commit, "dirty": False}},
+        )
     return {"work": work, "reg": reg_path, "commit": commit, "runs": runs, "tmp": tmp}
 
 
@@ -92,10 +98,16 @@ def test_family_registration_gets_the_plain_analyze_verdict(family) -> None:
     res = registered_analysis(f["reg"], [f["runs"]], f["tmp"] / "out-reg")
     r = res["registered"]
     assert r["family"] and r["decisive"] and r["judged_by"]["mode"] == "in-process" and len(r["runs_counted"]) == 2
-    assert res["rule_spec"] == reg.rule and res["arms"] == ["basin-n100", "basin-n25"] and res["registered_rates"] == [1.65]
+    assert (
+        res["rule_spec"] == reg.rule
+        and res["arms"] == ["basin-n100", "basin-n25"]
+        and res["registered_rates"] == [1.65]
+    )
     assert all(c["holds"] for x in res["runs"] for c in x["count_if"])  # run.bound among them
     assert res["verdict"] in ("PASS", "FAIL")
-    assert (f["tmp"] / "out-reg" / "figure.png").is_file() and "BASIN" in (f["tmp"] / "out-reg" / "registered-report.md").read_text().upper()
+    assert (f["tmp"] / "out-reg" / "figure.png").is_file() and "BASIN" in (
+        f["tmp"] / "out-reg" / "registered-report.md"
+    ).read_text().upper()
 
     # the plain path: the same runs, unbound, judged by `analyze` with the frozen spec and references
     plain = f["tmp"] / "plain"
@@ -104,8 +116,20 @@ def test_family_registration_gets_the_plain_analyze_verdict(family) -> None:
         _patch_meta(plain / rd.name, registration=None)
     rule_file = f["tmp"] / "rule.yaml"
     rule_file.write_text(yaml.safe_dump(reg.rule, sort_keys=False))
-    rc = main(["analyze", str(plain), "--rule", str(rule_file), "--lambda-ref", repr(reg.references.lambda_ref),
-               "--all-miss-rate", repr(reg.references.all_miss_token_rate), "--out", str(f["tmp"] / "out-plain")])  # fmt: skip
+    rc = main(
+        [
+            "analyze",
+            str(plain),
+            "--rule",
+            str(rule_file),
+            "--lambda-ref",
+            repr(reg.references.lambda_ref),
+            "--all-miss-rate",
+            repr(reg.references.all_miss_token_rate),
+            "--out",
+            str(f["tmp"] / "out-plain"),
+        ]
+    )
     assert rc == 0
     ref = orjson.loads((f["tmp"] / "out-plain" / "verdict.json").read_bytes())
     assert ref["verdict"] == res["verdict"] and _strip(ref["groups"]) == _strip(res["groups"])
@@ -122,7 +146,11 @@ def test_family_registration_gets_the_plain_analyze_verdict(family) -> None:
     # judged by the registration's commit in a worktree: the same verdict
     wt = registered_analysis(f["reg"], [f["runs"]], f["tmp"] / "out-wt", force_worktree=True)
     assert wt["registered"]["judged_by"]["mode"] == "worktree" and wt["registered"]["judged_by"]["registered_grid"]
-    assert wt["verdict"] == res["verdict"] and _strip(wt["groups"]) == _strip(res["groups"]) and _runs_without_dirs(wt) == _runs_without_dirs(res)
+    assert (
+        wt["verdict"] == res["verdict"]
+        and _strip(wt["groups"]) == _strip(res["groups"])
+        and _runs_without_dirs(wt) == _runs_without_dirs(res)
+    )
 
 
 def test_family_rule_with_predictions_needs_the_frozen_file(family, tmp_path: Path) -> None:

@@ -8,20 +8,22 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from datetime import UTC
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote
 
 import orjson
 import pytest
+from reportfixture import build_world, copy_world, squeue_runner
 
-from review.html import write_html
-from review.status import format_status, collect_status
-from review.testdir import open_testdir
 from cli.main import main
 from provenance.git import Repo
-from reportfixture import build_world, copy_world, squeue_runner
+from review.html import write_html
+from review.status import collect_status, format_status
+from review.testdir import open_testdir
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +46,29 @@ STATES = {"101": "COMPLETED", "102": "RUNNING", "103": "PENDING", "104": "TIMEOU
 def test_status_of_a_registered_scored_test(world: dict[str, Any]) -> None:
     st = collect_status(_td(world), runner=squeue_runner(STATES))
     r = st["registration"]
-    assert (r["state"], r["name"], r["status"], r["sha256"]) == ("present", "tiny-e2", "FILLED", world["binding"]["sha256"])
+    assert (r["state"], r["name"], r["status"], r["sha256"]) == (
+        "present",
+        "tiny-e2",
+        "FILLED",
+        world["binding"]["sha256"],
+    )
     assert r["label"] == "pre-registered" and r["label_basis"].startswith("the record"), r
     p = st["predictions"]
-    assert p["frozen"] and [f["tag"] for f in p["freezes"]] == ["pred-tiny"] and p["freezes"][0]["blindness"] == "blind in time"
+    assert (
+        p["frozen"]
+        and [f["tag"] for f in p["freezes"]] == ["pred-tiny"]
+        and p["freezes"][0]["blindness"] == "blind in time"
+    )
     assert p["scored"][0]["tag"] == "pred-tiny" and p["scored"][0]["hits"] + p["scored"][0]["misses"] > 0
     j = st["jobs"]
     assert j["source"].startswith("scheduler")
     assert j["counts"] == {"pending": 1, "running": 1, "done": 1, "failed": 1, "refused": 0, "unknown": 0}
-    assert {x["job_id"]: x["category"] for x in j["jobs"]} == {"101": "done", "102": "running", "103": "pending", "104": "failed"}
+    assert {x["job_id"]: x["category"] for x in j["jobs"]} == {
+        "101": "done",
+        "102": "running",
+        "103": "pending",
+        "104": "failed",
+    }
     ru = st["runs"]
     assert (ru["found"], ru["bound"], ru["registered"], ru["missing"], ru["unbound"]) == (4, 4, 4, [], [])
     v = st["verdict"]
@@ -61,13 +77,23 @@ def test_status_of_a_registered_scored_test(world: dict[str, Any]) -> None:
     pv = st["provenance"]
     assert pv["ok"] is True and pv["breaks"] == [] and pv["checks"] > 10
     text = format_status(st)
-    for line in ("registration  tiny-e2 (FILLED)", "label         PRE-REGISTERED", "predictions   frozen pred-tiny", "blind in time",
-                 "jobs          4: 1 pending, 1 running, 1 done, 1 failed, 0 refused", "job 104 noburst r1.35 s1: failed (state TIMEOUT",
-                 "4 bound of 4 registered", "verdict       INCOMPLETE (registered, decisive", "provenance    holds"):  # fmt: skip
+    for line in (
+        "registration  tiny-e2 (FILLED)",
+        "label         PRE-REGISTERED",
+        "predictions   frozen pred-tiny",
+        "blind in time",
+        "jobs          4: 1 pending, 1 running, 1 done, 1 failed, 0 refused",
+        "job 104 noburst r1.35 s1: failed (state TIMEOUT",
+        "4 bound of 4 registered",
+        "verdict       INCOMPLETE (registered, decisive",
+        "provenance    holds",
+    ):
         assert line in text, (line, text)
 
 
-def test_status_command_json_and_text(world: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_command_json_and_text(
+    world: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("slurm.scheduler.run_command", squeue_runner(STATES))
     assert main(["status", str(world["testdir"]), "--repo", str(world["work"]), "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
@@ -88,21 +114,27 @@ def test_a_refused_job_and_an_edited_run_show_as_such(world: dict[str, Any], tmp
     assert cats["103"] == "refused" and st["jobs"]["counts"]["refused"] == 1
     assert st["runs"]["bound"] == 3 and st["runs"]["missing"] == ["NOBURST r1.35 s0"]
     assert any("only a completed run counts" in r for u in st["runs"]["unbound"] for r in u["reasons"])
-    assert st["provenance"]["ok"] is False and any("noburst-r1.35-s0 completed" == b["name"] for b in st["provenance"]["breaks"])
+    assert st["provenance"]["ok"] is False and any(
+        b["name"] == "noburst-r1.35-s0 completed" for b in st["provenance"]["breaks"]
+    )
     assert st["verdict"].get("stale"), "a run changed after the verdict: the status must say so"
     text = format_status(st)
     assert "1 refused" in text and "BREAK [runs] noburst-r1.35-s0 completed" in text and "STALE" in text
 
 
-def test_job_states_from_the_accounting_export_when_the_scheduler_cannot_be_asked(world: dict[str, Any], tmp_path: Path) -> None:
-    from datetime import datetime, timezone
+def test_job_states_from_the_accounting_export_when_the_scheduler_cannot_be_asked(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    from datetime import datetime
 
     from slurm.scheduler import AccountingRow, write_accounting_export
 
     td_path = copy_world(world, tmp_path / "td")
-    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    rows = [AccountingRow(jid, "agentload", t, t, t, st, st, 0, 0, "node1", "01:00:00", 3600.0, "00:10:00", 600.0, "")
-            for jid, st in (("101", "COMPLETED"), ("102", "COMPLETED"), ("103", "CANCELLED"), ("104", "COMPLETED"))]  # fmt: skip
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = [
+        AccountingRow(jid, "agentload", t, t, t, st, st, 0, 0, "node1", "01:00:00", 3600.0, "00:10:00", 600.0, "")
+        for jid, st in (("101", "COMPLETED"), ("102", "COMPLETED"), ("103", "CANCELLED"), ("104", "COMPLETED"))
+    ]
     write_accounting_export(rows, td_path / "provenance" / "accounting.json")
 
     def no_scheduler(argv: Any, env: Any) -> Any:
@@ -121,8 +153,14 @@ def test_an_empty_test_directory_says_what_has_not_happened(tmp_path: Path) -> N
     assert not st["predictions"]["frozen"] and st["jobs"]["state"] == "absent" and st["runs"]["found"] == 0
     assert st["verdict"]["state"] == "absent" and st["provenance"]["state"] == "absent"
     text = format_status(st)
-    for phrase in ("no registration binds this test", "predictions   not frozen", "jobs          none: no submission manifest",
-                   "runs          0 found", "not scored yet", "provenance    not verified: nothing to verify"):  # fmt: skip
+    for phrase in (
+        "no registration binds this test",
+        "predictions   not frozen",
+        "jobs          none: no submission manifest",
+        "runs          0 found",
+        "not scored yet",
+        "provenance    not verified: nothing to verify",
+    ):
         assert phrase in text, (phrase, text)
 
 
@@ -208,7 +246,9 @@ def test_the_chart_data_is_the_runs_series(world: dict[str, Any], page: tuple[Pa
     assert s["y"][:50] == pytest.approx([round(float(v), 2) for v in want[:50]])
 
 
-def test_report_command_writes_the_page_and_prints_the_markdown(world: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_command_writes_the_page_and_prints_the_markdown(
+    world: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "elsewhere" / "page.html"
     assert main(["report", str(world["testdir"]), "--html", "--out", str(out), "--repo", str(world["work"])]) == 0
     assert out.is_file() and "self-contained" in capsys.readouterr().out
@@ -232,7 +272,9 @@ def _chromium() -> str:
     if bin_ is None:
         if os.environ.get("AGENTLOAD_SKIP_BROWSER") == "1":
             pytest.skip("AGENTLOAD_SKIP_BROWSER=1 and no Chromium installed")
-        pytest.fail("no Chromium: run scripts/setup-chromium.sh (Debian package chromium), or set AGENTLOAD_SKIP_BROWSER=1 to skip")
+        pytest.fail(
+            "no Chromium: run scripts/setup-chromium.sh (Debian package chromium), or set AGENTLOAD_SKIP_BROWSER=1 to skip"
+        )
     return bin_
 
 
@@ -241,7 +283,9 @@ def _open(page_path: Path, name: str, record_property: Any) -> Any:
 
     shot = artifact_dir() / f"{name}.png"
     res = check_page(page_path, screenshot=shot, chromium=_chromium())
-    (artifact_dir() / f"{name}.json").write_text(json.dumps({"problems": res.problems, "zoom": res.zoom, **res.probe}, indent=1))
+    (artifact_dir() / f"{name}.json").write_text(
+        json.dumps({"problems": res.problems, "zoom": res.zoom, **res.probe}, indent=1)
+    )
     print(f"screenshot: {shot}")
     record_property("screenshot", str(shot))
     assert res.problems == [], res.problems
@@ -254,7 +298,9 @@ def test_the_page_renders_in_chromium_without_an_error(page: tuple[Path, str], r
     res = _open(page[0], "report-registered-test", record_property)
     pr = res.probe
     assert pr["imgs"] and all(i["complete"] and i["w"] > 100 and i["h"] > 100 for i in pr["imgs"]), pr["imgs"]
-    assert pr["charts"] and all(c["live"] and c["svg"] and c["paths"] == 8 and c["w"] > 300 and c["h"] > 300 for c in pr["charts"]), pr["charts"]
+    assert pr["charts"] and all(
+        c["live"] and c["svg"] and c["paths"] == 8 and c["w"] > 300 and c["h"] > 300 for c in pr["charts"]
+    ), pr["charts"]
     assert pr["svgs"] and pr["svgs"][0]["marks"] >= 10  # the timeline strip
     rows = {(t["section"], t["cls"]): t["rows"] for t in pr["tables"]}
     assert rows[("verdict", "states")] == 2 and rows[("runs", "runs")] == 4 and rows[("provenance", "timeline")] >= 10
@@ -269,25 +315,50 @@ def test_the_page_renders_in_chromium_without_an_error(page: tuple[Path, str], r
 
 @pytest.mark.browser
 def test_a_page_of_absent_records_renders_and_says_so(tmp_path: Path, record_property: Any) -> None:
-    out = write_html(open_testdir(tmp_path), tmp_path / "report.html", status=collect_status(open_testdir(tmp_path), ask_scheduler=False))
+    out = write_html(
+        open_testdir(tmp_path),
+        tmp_path / "report.html",
+        status=collect_status(open_testdir(tmp_path), ask_scheduler=False),
+    )
     res = _open(out, "report-empty-test", record_property)
     absent = [a for s in res.probe["sections"] for a in s["absent"]]
     assert any("Not scored yet" in a for a in absent) and any("No predictions were frozen" in a for a in absent)
     assert any("No registration" in a for a in absent) and any("No run directory yet" in a for a in absent)
 
 
-def test_before_submission_the_label_is_what_jobs_submitted_now_would_get(world: dict[str, Any], tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_before_submission_the_label_is_what_jobs_submitted_now_would_get(
+    world: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import shutil
 
     td_path = tmp_path / "td"
     shutil.copytree(world["testdir"] / "provenance" / "freezes", td_path / "provenance" / "freezes")
-    st = collect_status(open_testdir(td_path, repo=Repo(world["work"]), registration=world["reg_file"]), ask_scheduler=False)
+    st = collect_status(
+        open_testdir(td_path, repo=Repo(world["work"]), registration=world["reg_file"]), ask_scheduler=False
+    )
     r = st["registration"]
     assert (r["state"], r["status"], r["sha256"]) == ("present", "FILLED", world["binding"]["sha256"])
     assert r["label"] == "pre-registered" and r["label_basis"].startswith("jobs submitted now"), r
-    assert r["git"]["on_remote"] is True and st["predictions"]["frozen"] and st["jobs"]["state"] == "absent" and st["runs"]["found"] == 0
+    assert (
+        r["git"]["on_remote"] is True
+        and st["predictions"]["frozen"]
+        and st["jobs"]["state"] == "absent"
+        and st["runs"]["found"] == 0
+    )
     assert st["runs"]["bound"] == 0 and len(st["runs"]["missing"]) == 4  # every registered run still to come
-    assert main(["status", str(td_path), "--registration", str(world["reg_file"]), "--repo", str(world["work"]), "--no-scheduler"]) == 0
+    assert (
+        main(
+            [
+                "status",
+                str(td_path),
+                "--registration",
+                str(world["reg_file"]),
+                "--repo",
+                str(world["work"]),
+                "--no-scheduler",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "[jobs submitted now (prereg.labels.label_now)]" in out and "0 bound of 4 registered" in out

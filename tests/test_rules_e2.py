@@ -34,11 +34,15 @@ def synth(
     sid = 0
     # a standing population of backlog0 sessions that stay to the end
     for _ in range(int(backlog0)):
-        rows.append({"session": sid, "kind": "base", "arrival": 0.0, "admission": 0.0, "end": np.nan, "outcome": "unfinished"})
+        rows.append(
+            {"session": sid, "kind": "base", "arrival": 0.0, "admission": 0.0, "end": np.nan, "outcome": "unfinished"}
+        )
         sid += 1
     if slope > 0:  # extra arrivals in the window that never end
         for t in np.arange(5700.0, duration, 1.0 / slope):
-            rows.append({"session": sid, "kind": "base", "arrival": t, "admission": t, "end": np.nan, "outcome": "unfinished"})
+            rows.append(
+                {"session": sid, "kind": "base", "arrival": t, "admission": t, "end": np.nan, "outcome": "unfinished"}
+            )
             sid += 1
     elif slope < 0:  # part of the standing population leaves during the window
         leave = np.arange(5700.0, duration, -1.0 / slope)
@@ -46,7 +50,16 @@ def synth(
             rows[i]["end"] = t
             rows[i]["outcome"] = "completed"
     for g in range(gated):
-        rows.append({"session": sid, "kind": "burst", "arrival": 100.0, "admission": np.nan, "end": np.nan, "outcome": "unfinished"})
+        rows.append(
+            {
+                "session": sid,
+                "kind": "burst",
+                "arrival": 100.0,
+                "admission": np.nan,
+                "end": np.nan,
+                "outcome": "unfinished",
+            }
+        )
         sid += 1
     sessions = pd.DataFrame(rows)
     t = np.arange(0.5, duration, 1.0)
@@ -63,15 +76,30 @@ def synth(
     cached = np.where(is_hit, cached, 0.0)
     turns = pd.DataFrame(
         {
-            "session": 0, "kind": "base", "turn": np.where(k % 10 == 0, 1, 2), "send_time": t - 0.4,
-            "first_token_time": t - 0.1, "done_time": t, "prompt_tokens": prompt, "cached_tokens": cached,
+            "session": 0,
+            "kind": "base",
+            "turn": np.where(k % 10 == 0, 1, 2),
+            "send_time": t - 0.4,
+            "first_token_time": t - 0.1,
+            "done_time": t,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
             "status": "ok",
         }
-    )  # fmt: skip
+    )
     opens = pd.DataFrame(
-        {"session": 0, "kind": "base", "turn": 3, "send_time": duration - 400.0 + np.arange(in_flight), "done_time": np.nan,
-         "prompt_tokens": np.nan, "cached_tokens": np.nan, "status": "unfinished", "first_token_time": np.nan}
-    )  # fmt: skip
+        {
+            "session": 0,
+            "kind": "base",
+            "turn": 3,
+            "send_time": duration - 400.0 + np.arange(in_flight),
+            "done_time": np.nan,
+            "prompt_tokens": np.nan,
+            "cached_tokens": np.nan,
+            "status": "unfinished",
+            "first_token_time": np.nan,
+        }
+    )
     return pd.concat([turns, opens], ignore_index=True), sessions
 
 
@@ -149,7 +177,14 @@ def test_draining() -> None:
 
 
 def test_precedence_on_statistics() -> None:
-    base = {"window_len": 3000.0, "token_rate": ALL_MISS, "slope": 0.05, "hit_last": 0.95, "outstanding_last": 3.0, "followup_hit": 0.9}
+    base = {
+        "window_len": 3000.0,
+        "token_rate": ALL_MISS,
+        "slope": 0.05,
+        "hit_last": 0.95,
+        "outstanding_last": 3.0,
+        "followup_hit": 0.9,
+    }
     spec = E2_RULE
     # trapped and recovered conditions both hold: trapped wins
     assert judge_run("BURST", 1.65, 0, base, refs(1.65), spec).state == "TRAPPED"
@@ -163,16 +198,31 @@ def test_precedence_on_statistics() -> None:
 
 
 def test_nan_statistics_never_satisfy_a_condition() -> None:
-    s = {"window_len": 3000.0, "token_rate": float("nan"), "slope": float("nan"), "hit_last": float("nan"),
-         "outstanding_last": 0.0, "followup_hit": float("nan")}  # fmt: skip
+    s = {
+        "window_len": 3000.0,
+        "token_rate": float("nan"),
+        "slope": float("nan"),
+        "hit_last": float("nan"),
+        "outstanding_last": 0.0,
+        "followup_hit": float("nan"),
+    }
     v = judge_run("NOBURST", 1.35, 0, s, refs(1.35), E2_RULE)
     assert v.state == "INDETERMINATE" and not v.flags["stuck"]
 
 
 def test_short_window_is_invalid_and_failed_run_never_counts() -> None:
-    s = {"window_len": 500.0, "token_rate": ALL_MISS, "slope": 1.0, "hit_last": 0.0, "outstanding_last": 300.0, "followup_hit": 0.0}
+    s = {
+        "window_len": 500.0,
+        "token_rate": ALL_MISS,
+        "slope": 1.0,
+        "hit_last": 0.0,
+        "outstanding_last": 300.0,
+        "followup_hit": 0.0,
+    }
     assert judge_run("BURST", 1.35, 0, s, refs(1.35), E2_RULE).state == "INVALID"
-    f = judge_run("BURST", 1.35, 0, {**s, "window_len": 3000.0}, refs(1.35), E2_RULE, status="FAILED", reason="engine died")
+    f = judge_run(
+        "BURST", 1.35, 0, {**s, "window_len": 3000.0}, refs(1.35), E2_RULE, status="FAILED", reason="engine died"
+    )
     assert f.state == "FAILED" and not f.good and "engine died" in f.reason
 
 
@@ -225,12 +275,24 @@ def test_missing_seed_and_failed_run() -> None:
     r = judge_rate(1.35, runs_for({0: ok, 1: ok, 2: ("MISSING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
     assert r.verdict == "PASS" and r.seeds[2]["burst"] == "MISSING"
     # one good seed, one failed run in an otherwise good seed: undecided, not FAIL
-    r = judge_rate(1.35, runs_for({0: ok, 1: ("FAILED", "RECOVERED", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
+    r = judge_rate(
+        1.35,
+        runs_for({0: ok, 1: ("FAILED", "RECOVERED", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")}),
+        ARMS,
+        [0, 1, 2],
+        E2_RULE,
+    )
     assert r.verdict == "INCOMPLETE"
     # a whole seed missing and another bad: cannot pass
     r = judge_rate(1.35, runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
     assert r.verdict == "INCOMPLETE"
-    r = judge_rate(1.35, runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED"), 2: ("TRAPPED", "DRAINING", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
+    r = judge_rate(
+        1.35,
+        runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED"), 2: ("TRAPPED", "DRAINING", "RECOVERED")}),
+        ARMS,
+        [0, 1, 2],
+        E2_RULE,
+    )
     assert r.verdict == "FAIL"
 
 

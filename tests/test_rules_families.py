@@ -16,11 +16,27 @@ REF = {"lambda_ref": 0.0715, "lam_miss": 0.0715, "all_miss_rate": 10000.0}
 
 
 def good(**kw: Any) -> dict[str, Any]:
-    return {"hit": 0.93, "followup_hit": 1.0, "slope": 0.0, "token_rate": 1000.0, "hit_last": 0.93, "outstanding_last": 2.0, **kw}
+    return {
+        "hit": 0.93,
+        "followup_hit": 1.0,
+        "slope": 0.0,
+        "token_rate": 1000.0,
+        "hit_last": 0.93,
+        "outstanding_last": 2.0,
+        **kw,
+    }
 
 
 def stuck(slope: float = 0.03, **kw: Any) -> dict[str, Any]:
-    return {"hit": 0.0, "followup_hit": 0.0, "slope": slope, "token_rate": 10200.0, "hit_last": 0.0, "outstanding_last": 200.0, **kw}
+    return {
+        "hit": 0.0,
+        "followup_hit": 0.0,
+        "slope": slope,
+        "token_rate": 10200.0,
+        "hit_last": 0.0,
+        "outstanding_last": 200.0,
+        **kw,
+    }
 
 
 def row(arm: str, seed: int, q: dict[str, Any] | None, rate: float = 1.65, status: str = "complete") -> dict[str, Any]:
@@ -28,8 +44,13 @@ def row(arm: str, seed: int, q: dict[str, Any] | None, rate: float = 1.65, statu
     return {"arm": arm, "rate": rate, "seed": seed, "quantities": quant, "status": status}
 
 
-def judge(rule: str, rows: list[dict[str, Any]], rates: tuple[float, ...] = (1.65,), seeds: tuple[int, ...] = (0, 1, 2),
-          **over: Any) -> dict[str, Any]:  # fmt: skip
+def judge(
+    rule: str,
+    rows: list[dict[str, Any]],
+    rates: tuple[float, ...] = (1.65,),
+    seeds: tuple[int, ...] = (0, 1, 2),
+    **over: Any,
+) -> dict[str, Any]:
     return judge_quantities(load_rule(rule, over or None), rows, rates=list(rates), seeds=list(seeds))[0]
 
 
@@ -78,7 +99,9 @@ def test_uncounted_and_short_runs_do_not_count() -> None:
 # TOOLSLOW
 # ---------------------------------------------------------------------------------------------
 def test_toolslow_r14_met_and_good_by_slope() -> None:
-    rows = [row("toolslow-d10", s, good(), 1.35) for s in range(3)] + [row("toolslow-d30", s, stuck(), 1.35) for s in range(3)]
+    rows = [row("toolslow-d10", s, good(), 1.35) for s in range(3)] + [
+        row("toolslow-d30", s, stuck(), 1.35) for s in range(3)
+    ]
     assert judge("toolslow", rows, (1.35,))["verdict"] == "MET"
     # r14's GOOD also takes a run that is not RECOVERED but hits with a flat backlog
     rows[0]["quantities"].update(outstanding_last=40.0, slope=0.001)
@@ -98,48 +121,83 @@ def test_toolslow_three_way(kinds: str, outcome: str) -> None:
 
 
 def _scored(slope: float, prompt: float, gap: float, comp: float, arr: float) -> dict[str, Any]:
-    return stuck(slope, prompt_w=prompt, gap_slope_w=gap, sessions_completed_rate=comp, base_arrival_rate_window=arr,
-                 base_arrivals_ref=arr / 0.0715, slope_threshold=0.0125, **{"pred.tilted_prompt": 9000.0, "pred.gamma": 0.02,
-                 "pred.D": 0.085, "pred.alpha": 0.02})  # fmt: skip
+    return stuck(
+        slope,
+        prompt_w=prompt,
+        gap_slope_w=gap,
+        sessions_completed_rate=comp,
+        base_arrival_rate_window=arr,
+        base_arrivals_ref=arr / 0.0715,
+        slope_threshold=0.0125,
+        **{"pred.tilted_prompt": 9000.0, "pred.gamma": 0.02, "pred.D": 0.085, "pred.alpha": 0.02},
+    )
 
 
 def test_trap_scores_refutation_needs_two_runs() -> None:
     # pooled S2 at 2.0 gamma: outside [0.6, 1.4]
-    rows = [row("toolslow-w", s, _scored(0.02, 9000.0, 0.04, 0.086, 0.105), 1.35) for s in range(2)] + [row("toolslow-w", 2, good(), 1.35)]
+    rows = [row("toolslow-w", s, _scored(0.02, 9000.0, 0.04, 0.086, 0.105), 1.35) for s in range(2)] + [
+        row("toolslow-w", 2, good(), 1.35)
+    ]
     g = judge("toolslow-3way", rows, (1.35,))["groups"][0]
     assert g["outcome"] == "TRAPS" and not g["checks"]["S2_pooled"]["holds"] and g["checks"]["refuted"]["holds"]
     one = [rows[0], row("toolslow-w", 1, good(), 1.35), rows[2]]
     g = judge("toolslow-3way", one, (1.35,))["groups"][0]
     assert g["aggregates"]["n_eligible"] == 1 and not g["checks"]["refuted"]["holds"]
     # composition 8.9% off in one run: S1 per run fails, pooled (+4.4%) passes
-    mix = [row("toolslow-w", 0, _scored(0.02, 9800.0, 0.02, 0.086, 0.105), 1.35), row("toolslow-w", 1, _scored(0.02, 9000.0, 0.02, 0.086, 0.105), 1.35), rows[2]]
+    mix = [
+        row("toolslow-w", 0, _scored(0.02, 9800.0, 0.02, 0.086, 0.105), 1.35),
+        row("toolslow-w", 1, _scored(0.02, 9000.0, 0.02, 0.086, 0.105), 1.35),
+        rows[2],
+    ]
     g = judge("toolslow-3way", mix, (1.35,))["groups"][0]
-    assert not g["checks"]["S1_per_run"]["holds"] and g["checks"]["S1_pooled"]["holds"] and not g["checks"]["refuted"]["holds"]
+    assert (
+        not g["checks"]["S1_per_run"]["holds"]
+        and g["checks"]["S1_pooled"]["holds"]
+        and not g["checks"]["refuted"]["holds"]
+    )
     # trap-scores on BURST runs: NOT-APPLICABLE with one trapped run, REFUTED / NOT-REFUTED with two
     b = [row("burst", s, _scored(0.02, 9000.0, 0.04 if s < 2 else 0.02, 0.086, 0.105), 1.35) for s in range(3)]
     assert judge("trap-scores", b, (1.35,))["groups"][0]["outcome"] == "REFUTED"
     b2 = [row("burst", s, _scored(0.02, 9000.0, 0.02, 0.086, 0.105), 1.35) for s in range(3)]
     assert judge("trap-scores", b2, (1.35,))["groups"][0]["outcome"] == "NOT-REFUTED"
-    assert judge("trap-scores", b2[:1] + [row("burst", 1, good(), 1.35), row("burst", 2, good(), 1.35)], (1.35,))["groups"][0]["outcome"] == "NOT-APPLICABLE"
+    assert (
+        judge("trap-scores", b2[:1] + [row("burst", 1, good(), 1.35), row("burst", 2, good(), 1.35)], (1.35,))[
+            "groups"
+        ][0]["outcome"]
+        == "NOT-APPLICABLE"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # SHED
 # ---------------------------------------------------------------------------------------------
 def test_shed_needs_every_seed() -> None:
-    rows = [row("shed-t600", s, stuck(), 1.35) for s in range(2)] + [row("shed-t3600", s, good(), 1.35) for s in range(2)]
+    rows = [row("shed-t600", s, stuck(), 1.35) for s in range(2)] + [
+        row("shed-t3600", s, good(), 1.35) for s in range(2)
+    ]
     assert judge("shed", rows, (1.35,), (0, 1))["verdict"] == "PASS"
     rows[1] = row("shed-t600", 1, good(), 1.35)
     assert judge("shed", rows, (1.35,), (0, 1))["verdict"] == "FAIL"
-    assert judge("shed", rows, (1.35,), (0, 1), shed_fraction=0.5)["verdict"] == "PASS"  # a registration may read it 1 of 2
+    assert (
+        judge("shed", rows, (1.35,), (0, 1), shed_fraction=0.5)["verdict"] == "PASS"
+    )  # a registration may read it 1 of 2
 
 
 # ---------------------------------------------------------------------------------------------
 # rescue
 # ---------------------------------------------------------------------------------------------
 def rescued(release: float = 4500.0, post_min: float = 0.95, **kw: Any) -> dict[str, Any]:
-    q = {"pre_hit": 0.0, "outstanding_on": 150, "gate.engage": 1800.0, "gate.release": release, "post.min": post_min, "post.empty": 0,
-         "post.whole": 0.99, "failed_sessions": 0, "post_tokens": 1000.0}  # fmt: skip
+    q = {
+        "pre_hit": 0.0,
+        "outstanding_on": 150,
+        "gate.engage": 1800.0,
+        "gate.release": release,
+        "post.min": post_min,
+        "post.empty": 0,
+        "post.whole": 0.99,
+        "failed_sessions": 0,
+        "post_tokens": 1000.0,
+    }
     return good(**{**q, **kw})
 
 
@@ -147,7 +205,9 @@ def control(**kw: Any) -> dict[str, Any]:
     return stuck(control_hit_after=0.0, failed_sessions=0, **kw)
 
 
-def _rescue_rows(rates: tuple[float, ...] = (1.35, 1.65), runs: dict[tuple[float, int], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def _rescue_rows(
+    rates: tuple[float, ...] = (1.35, 1.65), runs: dict[tuple[float, int], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     out = []
     for r in rates:
         for s in range(3):
@@ -226,7 +286,14 @@ def test_cut_b_naive_only_and_d_trap_from_control() -> None:
     rows = [row("cut-b085", s, cut(-0.012, -0.006, lam_plan=0.058)) for s in range(3)]
     v = judge("cut-b", rows, d_trap_source="predictions")
     assert v["verdict"] == "PASS" and v["groups"][0]["counts"]["sign"] == 3
-    assert judge("cut-a", [row("cut-a115", s, cut(-0.012, -0.006, lam_plan=0.058)) for s in range(3)], d_trap_source="predictions")["verdict"] == "FAIL"
+    assert (
+        judge(
+            "cut-a",
+            [row("cut-a115", s, cut(-0.012, -0.006, lam_plan=0.058)) for s in range(3)],
+            d_trap_source="predictions",
+        )["verdict"]
+        == "FAIL"
+    )
     # D_trap measured on the same-seed uncut control: required then, and missing controls leave it open
     with_ctrl = rows + [row("burst", s, stuck(d_own=0.095)) for s in range(3)]
     assert judge("cut-b", with_ctrl)["verdict"] == "PASS"
@@ -238,16 +305,25 @@ def test_cut_b_naive_only_and_d_trap_from_control() -> None:
 # ---------------------------------------------------------------------------------------------
 def mirror(c1: float, wave: float, c3: float, slope: float, stuck_run: bool = True) -> dict[str, Any]:
     base = stuck() if stuck_run else good()
-    return {**base, "c_blackout": c1, "wave.time": wave, "c_late": c3, "slope_m4": slope,
-            **{"pred.wave": 5150.0, "pred.slope": 0.085, "pred.qs_slope": 0.045}}  # fmt: skip
+    return {
+        **base,
+        "c_blackout": c1,
+        "wave.time": wave,
+        "c_late": c3,
+        "slope_m4": slope,
+        **{"pred.wave": 5150.0, "pred.slope": 0.085, "pred.qs_slope": 0.045},
+    }
 
 
-@pytest.mark.parametrize("seeds,label,cell", [
-    ([(0.07, 5000, 0.6, 0.083)] * 3, "RENEWAL", "PASS"),
-    ([(0.9, 4000, 0.95, 0.05)] * 3, "CURVE", "FAIL"),
-    ([(0.9, 4000, 0.95, 0.05, False)] * 3, "NOT-TRAPPED", "NO-TRAP"),
-    ([(0.5, 5000, 0.6, 0.083)] * 3, "MIXED", "MIXED"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "seeds,label,cell",
+    [
+        ([(0.07, 5000, 0.6, 0.083)] * 3, "RENEWAL", "PASS"),
+        ([(0.9, 4000, 0.95, 0.05)] * 3, "CURVE", "FAIL"),
+        ([(0.9, 4000, 0.95, 0.05, False)] * 3, "NOT-TRAPPED", "NO-TRAP"),
+        ([(0.5, 5000, 0.6, 0.083)] * 3, "MIXED", "MIXED"),
+    ],
+)
 def test_mirror_labels_and_cells(seeds: list[tuple[Any, ...]], label: str, cell: str) -> None:
     rows = [row("burst", s, mirror(*x)) for s, x in enumerate(seeds)]
     v = judge("mirror", rows)
@@ -255,7 +331,9 @@ def test_mirror_labels_and_cells(seeds: list[tuple[Any, ...]], label: str, cell:
 
 
 def test_mirror_m2_and_m4_each_decide() -> None:
-    late_wave = [row("burst", s, mirror(0.07, 5150 + 0.16 * 3950, 0.6, 0.083)) for s in range(3)]  # 16% of F - 1200 late
+    late_wave = [
+        row("burst", s, mirror(0.07, 5150 + 0.16 * 3950, 0.6, 0.083)) for s in range(3)
+    ]  # 16% of F - 1200 late
     assert judge("mirror", late_wave)["verdict"] == "MIXED"
     qs_side = [row("burst", s, mirror(0.07, 5000, 0.6, 0.06)) for s in range(3)]  # nearer 0.045 than 0.085
     assert judge("mirror", qs_side)["verdict"] == "MIXED"
@@ -279,14 +357,27 @@ def test_e0b_edge_monotone_and_seeds() -> None:
     v = judge("e0b", rows, rates, (0,))
     assert v["verdict"] == "NO-STABLE-RATE" and math.isnan(v["test_derived"]["edge"] or NAN)
     # a rate is stable only if every seed is (AMB-2)
-    two = [row("noburst", s, e0b(0, 0), 1.5) for s in range(2)] + [row("noburst", 0, e0b(0, 0), 2.0), row("noburst", 1, e0b(80, 5), 2.0)]
+    two = [row("noburst", s, e0b(0, 0), 1.5) for s in range(2)] + [
+        row("noburst", 0, e0b(0, 0), 2.0),
+        row("noburst", 1, e0b(80, 5), 2.0),
+    ]
     v = judge("e0b", two, (1.5, 2.0), (0, 1))
     assert [g["outcome"] for g in v["groups"]] == ["STABLE", "UNSTABLE"] and v["test_derived"]["edge"] == 1.5
 
 
 def test_persistence_escape_and_no_onset() -> None:
-    rows = [row("burst", 0, {"persist.onset": 1300.0, "persist.escape": 5000.0, "persist.trapped_s": 3700.0, "persist.max_after": 0.6}),
-            row("burst", 1, {"persist.onset": NAN, "persist.escape": NAN, "persist.trapped_s": 0.0, "persist.max_after": NAN})]
+    rows = [
+        row(
+            "burst",
+            0,
+            {"persist.onset": 1300.0, "persist.escape": 5000.0, "persist.trapped_s": 3700.0, "persist.max_after": 0.6},
+        ),
+        row(
+            "burst",
+            1,
+            {"persist.onset": NAN, "persist.escape": NAN, "persist.trapped_s": 0.0, "persist.max_after": NAN},
+        ),
+    ]
     v = judge("persistence", rows, (1.65,), (0, 1))
     assert v["verdict"] == "ESCAPES" and v["test_aggregates"]["n_onset"] == 1
     labels = [r["labels"]["persistence"] for r in v["runs"]]

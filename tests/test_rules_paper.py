@@ -135,7 +135,9 @@ def test_mirror_paper_renewal_six_of_six_and_w5() -> None:
     assert fails == exp["w5_fails"]
     g165 = next(g for g in verdict["groups"] if g["group"] == "1.65")
     assert g165["checks"]["W9_controls_good"]["holds"]
-    f_cal = next(r for r in verdict["runs"] if r["rate"] == 1.65 and r["seed"] == 2 and r["arm"] == "burst")["derived"]["f_cal"]
+    f_cal = next(r for r in verdict["runs"] if r["rate"] == 1.65 and r["seed"] == 2 and r["arm"] == "burst")["derived"][
+        "f_cal"
+    ]
     assert f_cal == pytest.approx(4850, abs=1)  # the paper's F_cal = 4850 +- 182 s
 
 
@@ -185,8 +187,15 @@ def test_e2_family_state_strings(cell: str, rate: str) -> None:
 def test_e2_family_thresholds_match_table7() -> None:
     """The slope thresholds 0.5 (lambda - lambda_ref) the paper prints, from the rule's own parameter."""
     f = E2_RULE["params"]["slope_factor"]
-    for lam_ref, mult, printed in [(0.071534, 1.35, 0.0125), (0.071534, 1.65, 0.0232), (0.0718, 2.5, 0.0538), (0.0718, 4.0, 0.1077),
-                                   (0.06566, 1.35, 0.0115), (0.06566, 1.65, 0.0213), (0.194, 1.5, 0.04847)]:  # fmt: skip
+    for lam_ref, mult, printed in [
+        (0.071534, 1.35, 0.0125),
+        (0.071534, 1.65, 0.0232),
+        (0.0718, 2.5, 0.0538),
+        (0.0718, 4.0, 0.1077),
+        (0.06566, 1.35, 0.0115),
+        (0.06566, 1.65, 0.0213),
+        (0.194, 1.5, 0.04847),
+    ]:
         assert f * (mult - 1) * lam_ref == pytest.approx(printed, abs=6e-5)
 
 
@@ -194,8 +203,21 @@ def test_persistence_bound_over_fifty_runs() -> None:
     """50 trapped runs, none escaping, highest window after onset 0.164 (App. D): the one-sided 95%
     bound on a run's escape probability is 1 - 0.05^(1/50) = 5.8%."""
     spec = load_rule("persistence")
-    rows = [{"arm": "burst", "rate": 1.65, "seed": i, "quantities": {**RUN_FACTS, "persist.onset": 1300.0, "persist.escape": float("nan"),
-             "persist.trapped_s": 7200.0, "persist.max_after": 0.164 if i == 7 else 0.05}} for i in range(50)]  # fmt: skip
+    rows = [
+        {
+            "arm": "burst",
+            "rate": 1.65,
+            "seed": i,
+            "quantities": {
+                **RUN_FACTS,
+                "persist.onset": 1300.0,
+                "persist.escape": float("nan"),
+                "persist.trapped_s": 7200.0,
+                "persist.max_after": 0.164 if i == 7 else 0.05,
+            },
+        }
+        for i in range(50)
+    ]
     verdict, _ = judge_quantities(spec, rows, rates=[1.65], seeds=list(range(50)))
     assert verdict["verdict"] == "NO-ESCAPE"
     assert verdict["test_aggregates"]["n_onset"] == 50 and verdict["test_aggregates"]["highest_after_onset"] == 0.164

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.expr import Env
-from analysis.expr import Evaluator, RuleError, evaluate, names, truth
+from analysis.expr import Env, Evaluator, RuleError, evaluate, names, truth
 from analysis.rules import E2_RULE, is_staged, load_rule, rule_names
 
 NAN = float("nan")
@@ -38,25 +37,59 @@ def test_missing_data_never_passes() -> None:
     assert math.isnan(Env({"a": 1}, nan_prefixes=("pred",))["pred.slope"])
 
 
-@pytest.mark.parametrize("bad", ["__import__('os')", "x[0]", "(lambda: 1)()", "x.__class__", "f'{x}'", "x if y", "abs(x, key=1)",
-                                 "[1, 2]", "open('f')"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "__import__('os')",
+        "x[0]",
+        "(lambda: 1)()",
+        "x.__class__",
+        "f'{x}'",
+        "x if y",
+        "abs(x, key=1)",
+        "[1, 2]",
+        "open('f')",
+    ],
+)
 def test_what_a_rule_may_not_say(bad: str) -> None:
     with pytest.raises(RuleError):
         Evaluator({"x": 1, "y": 1})(bad)
 
 
 def test_rules_load_by_name_and_resolve_extends() -> None:
-    assert {"e2", "basin-1", "basin-2", "toolslow", "toolslow-3way", "shed", "rescue-r1", "rescue-r4", "cut-a", "cut-b", "mirror",
-            "e0b", "persistence", "trap-scores"} <= set(rule_names())  # fmt: skip
+    assert {
+        "e2",
+        "basin-1",
+        "basin-2",
+        "toolslow",
+        "toolslow-3way",
+        "shed",
+        "rescue-r1",
+        "rescue-r4",
+        "cut-a",
+        "cut-b",
+        "mirror",
+        "e0b",
+        "persistence",
+        "trap-scores",
+    } <= set(rule_names())
     assert load_rule("e2") == E2_RULE and load_rule(None) == E2_RULE and not is_staged(E2_RULE)
     for name in rule_names():
         spec = load_rule(name)
         assert "extends" not in spec and spec["name"] == name
     r4 = load_rule("rescue-r4")
-    assert r4["params"]["t_on"] == 2100.0 and r4["roles"]["rescue"]["arm"] == "rescue-r4" and r4["roles"]["control"]["arm"] == "burst"
+    assert (
+        r4["params"]["t_on"] == 2100.0
+        and r4["roles"]["rescue"]["arm"] == "rescue-r4"
+        and r4["roles"]["control"]["arm"] == "burst"
+    )
     assert r4["based_on"] == ["endpoints", "rescue"] and "STUCK" in [x["name"] for x in r4["run"]["labels"]["endpoint"]]
     cutb = load_rule("cut-b")
-    assert cutb["params"]["use_quasi_static"] == 0 and cutb["roles"]["cut"]["arm"] == "cut-b085" and cutb["predictions"]["arms"] == ["cut-b085"]
+    assert (
+        cutb["params"]["use_quasi_static"] == 0
+        and cutb["roles"]["cut"]["arm"] == "cut-b085"
+        and cutb["predictions"]["arms"] == ["cut-b085"]
+    )
     # a resolved spec (what a registration freezes) loads again to itself
     assert load_rule(dict(load_rule("mirror"))) == load_rule("mirror")
 
@@ -73,18 +106,26 @@ def _write(tmp: Path, spec: dict) -> Path:
     return p
 
 
-@pytest.mark.parametrize("mutate,msg", [
-    (lambda s: s["group"].update(outcomes=[{"name": "A", "all": ["x > 1"]}]), "unconditional fallback"),
-    (lambda s: s.update(measures={"m": {"metric": "nonsense"}}), "metric must be one of"),
-    (lambda s: s["roles"].update(bad={"rate": 1.0}), "needs an arm"),
-    (lambda s: s["seed"]["derive"].update(bad="x[1]"), "not allowed"),
-    (lambda s: s.update(group_by="seed"), "group_by"),
-    (lambda s: s["group"].update(aggregates={"a": {"fn": "mode", "of": "x"}}), "aggregate 'a'"),
-    (lambda s: s.pop("roles"), "no .roles."),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mutate,msg",
+    [
+        (lambda s: s["group"].update(outcomes=[{"name": "A", "all": ["x > 1"]}]), "unconditional fallback"),
+        (lambda s: s.update(measures={"m": {"metric": "nonsense"}}), "metric must be one of"),
+        (lambda s: s["roles"].update(bad={"rate": 1.0}), "needs an arm"),
+        (lambda s: s["seed"]["derive"].update(bad="x[1]"), "not allowed"),
+        (lambda s: s.update(group_by="seed"), "group_by"),
+        (lambda s: s["group"].update(aggregates={"a": {"fn": "mode", "of": "x"}}), "aggregate 'a'"),
+        (lambda s: s.pop("roles"), "no .roles."),
+    ],
+)
 def test_malformed_specs_are_refused(tmp_path: Path, mutate, msg: str) -> None:  # type: ignore[no-untyped-def]
-    spec = {"name": "t", "params": {}, "roles": {"r": {"arm": "burst"}}, "seed": {"derive": {"ok": "r.hit > 0.5"}},
-            "group": {"outcomes": [{"name": "A", "all": ["ok >= 2"]}, {"name": "B", "all": []}]}}  # fmt: skip
+    spec = {
+        "name": "t",
+        "params": {},
+        "roles": {"r": {"arm": "burst"}},
+        "seed": {"derive": {"ok": "r.hit > 0.5"}},
+        "group": {"outcomes": [{"name": "A", "all": ["ok >= 2"]}, {"name": "B", "all": []}]},
+    }
     mutate(spec)
     with pytest.raises(RuleError, match=msg):
         load_rule(_write(tmp_path, spec))

@@ -16,27 +16,35 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from harness.config import CellConfig, ProtocolConfig, WorkloadConfig, load_config
-from harness.errors import ConfigError
-from runs.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
-from harness.recording.record import load_run
-from harness.errors import PlanError
-from harness.workload.plans import make_plan
-from harness.workload.planfile import plan_bytes
-from prereg.fill import fill_registration
-from analysis.calibration_summaries import load_inputs, load_summary
-from prereg.registration import dump_registration, load_registration, registration_from_data
 from prereg_fixture import SHORT_PROTOCOL, template_text, write_case
+
+from analysis.calibration_summaries import load_inputs, load_summary
+from harness.config import CellConfig, ProtocolConfig, WorkloadConfig, load_config
+from harness.errors import ConfigError, PlanError
+from harness.recording.record import load_run
+from harness.workload.planfile import plan_bytes
+from harness.workload.plans import make_plan
+from prereg.fill import fill_registration
+from prereg.registration import dump_registration, load_registration, registration_from_data
+from runs.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
 
 K_TIME, K_POP = 50.0, 64 / 20  # as in tests/test_config.py: times / k, populations x the cap ratio
 
-WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8, turns={"mean": 3.0, "cap": 5}, tool_time={"mean": 0.2})
+WL = WorkloadConfig(
+    name="tiny",
+    first_prompt=256,
+    tool_tokens=64,
+    decode_tokens=8,
+    turns={"mean": 3.0, "cap": 5},
+    tool_time={"mean": 0.2},
+)
 
 
 def fast_cell() -> CellConfig:
     """The CPU cell's engine settings in the simulator (the A100 cost model: only the mechanics matter)."""
-    return load_config("cells/vllm-cpu-tiny-131k", CellConfig).model_copy(update={"kv_pool_tokens": 8192, "context_length": 4096})
+    return load_config("cells/vllm-cpu-tiny-131k", CellConfig).model_copy(
+        update={"kv_pool_tokens": 8192, "context_length": 4096}
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -44,8 +52,17 @@ def fast_cell() -> CellConfig:
 # -------------------------------------------------------------------------------------------------
 def test_the_cpu_e0b_protocol_is_e0b_with_every_time_scaled_by_the_e2_factor() -> None:
     e0b_cfg, cpu = load_config("protocols/e0b", ProtocolConfig), load_config("protocols/e0b-cpu", ProtocolConfig)
-    times = lambda p: [p.duration, p.burst.time, p.burst.width, p.window.start, p.window.end,  # noqa: E731
-                       p.min_window, p.backlog_bin, p.hit_bin, p.recovered_span]  # fmt: skip
+    times = lambda p: [
+        p.duration,
+        p.burst.time,
+        p.burst.width,
+        p.window.start,
+        p.window.end,
+        p.min_window,
+        p.backlog_bin,
+        p.hit_bin,
+        p.recovered_span,
+    ]
     assert times(cpu) == pytest.approx([t / K_TIME for t in times(e0b_cfg)], rel=1e-12)
     assert cpu.burst.size == 0
     # the protocol e0b_protocol builds from it keeps its duration, window and bins
@@ -65,21 +82,51 @@ def test_e0b_above_the_paper_top_rate_needs_the_test_top_rate() -> None:
 
 def test_calibrate_all_records_the_scaled_e0b_protocol_in_its_summary(tmp_path: Path) -> None:
     out = tmp_path / "in"
-    calibrate_all(fast_cell(), WL, out, ns=(4, 8), e0a_seeds=(0, 1), e0a_n=4, check_n=None, warmup=4.0, window=8.0,
-                  grid=(0.5, 3.0), e0b_protocol_ref="e0b-cpu", e0b_duration=12.0, rise_span=6.0, final_max=160.0,
-                  rise_max=32.0, top_rate=40.0)  # fmt: skip
+    calibrate_all(
+        fast_cell(),
+        WL,
+        out,
+        ns=(4, 8),
+        e0a_seeds=(0, 1),
+        e0a_n=4,
+        check_n=None,
+        warmup=4.0,
+        window=8.0,
+        grid=(0.5, 3.0),
+        e0b_protocol_ref="e0b-cpu",
+        e0b_duration=12.0,
+        rise_span=6.0,
+        final_max=160.0,
+        rise_max=32.0,
+        top_rate=40.0,
+    )
     eb = load_summary(out / "e0b.yaml", "e0b")
     assert eb.protocol.config == "e0b-cpu" and eb.protocol.bin_s == 0.2 and eb.protocol.top_rate == 40.0
     assert (eb.protocol.duration_s, eb.protocol.rise_span_s, eb.protocol.final_max) == (12.0, 6.0, 160.0)
     run = load_run(out / "runs" / "e0b-m3-s0")
     assert run.meta["plan"]["top_rate"] == 40.0 and run.meta["protocol"]["backlog_bin"] == 0.2
     # the paper's protocol keeps the summary's first form (no bins, top rate or config written)
-    text = (tmp_path / "paper.yaml")
+    text = tmp_path / "paper.yaml"
     from analysis.calibration_summaries import e0b_summary_dict, write_summary
 
-    write_summary(e0b_summary_dict("c", [], lambda_ref=1.0, grid=[1.0], seeds=[0], duration=3000.0, rise_span=1500.0, final_max=50.0,
-                                   rise_max=10.0, run_dirs=[], folder=tmp_path, source="") | {"points": [{"multiple": 1.0, "seed": 0, "stable": True}]},
-                  text)  # fmt: skip
+    write_summary(
+        e0b_summary_dict(
+            "c",
+            [],
+            lambda_ref=1.0,
+            grid=[1.0],
+            seeds=[0],
+            duration=3000.0,
+            rise_span=1500.0,
+            final_max=50.0,
+            rise_max=10.0,
+            run_dirs=[],
+            folder=tmp_path,
+            source="",
+        )
+        | {"points": [{"multiple": 1.0, "seed": 0, "stable": True}]},
+        text,
+    )
     assert set(yaml.safe_load(text.read_text())["protocol"]) == {"duration_s", "rise_span_s", "final_max", "rise_max"}
 
 
@@ -104,7 +151,9 @@ def test_resume_does_not_take_a_run_of_other_settings(tmp_path: Path) -> None:
     run_closed(cell, WL, 4, warmup=4.0, window=8.0, run_dir=rd)
     want = {"run_kind": "closed", "engine_kind": "sim", "population": 4, "seed": 0, "warmup": 4.0, "window": 8.0}
     assert completed_run(rd, cell, WL, want)
-    assert completed_run(rd, cell.model_copy(update={"lambda_ref": 1.0, "description": "x"}), WL, want)  # references do not count
+    assert completed_run(
+        rd, cell.model_copy(update={"lambda_ref": 1.0, "description": "x"}), WL, want
+    )  # references do not count
     assert not completed_run(rd, cell, WL, want | {"window": 9.0})
     assert not completed_run(rd, cell, WL, want | {"population": 5})
     assert not completed_run(rd, cell.model_copy(update={"max_running": 8}), WL, want)
@@ -121,8 +170,14 @@ def test_resume_does_not_take_a_run_of_other_settings(tmp_path: Path) -> None:
 def _fast_case(tmp_path: Path, top_rate: float | None) -> tuple[Path, Path]:
     """The paper's SGLang 300k inputs with lambda_ref scaled x 100 (a cell a hundred times faster)."""
     inputs, tmpl = write_case(tmp_path)
-    for name, keys in (("e0a.yaml", ("mu_sessions", "mu_turns", "lambda_ref", "lambda_ref_se", "lambda_sessions", "lambda_sessions_se")),
-                       ("stage-c.yaml", ("mu_sessions", "mu_turns")), ("e0b.yaml", ("lambda_ref",))):  # fmt: skip
+    for name, keys in (
+        (
+            "e0a.yaml",
+            ("mu_sessions", "mu_turns", "lambda_ref", "lambda_ref_se", "lambda_sessions", "lambda_sessions_se"),
+        ),
+        ("stage-c.yaml", ("mu_sessions", "mu_turns")),
+        ("e0b.yaml", ("lambda_ref",)),
+    ):
         data = yaml.safe_load((inputs / name).read_text())
 
         def scale(d: object) -> object:
@@ -187,14 +242,33 @@ def test_run_from_a_registration_records_its_binding(tmp_path: Path) -> None:
     path = tmp_path / "reg.yaml"
     sha = write_registration(reg, path)
     out = tmp_path / "run"
-    assert main(["run", "--registration", str(path), "--arm", "noburst", "--rate", str(reg.multiples()[0]), "--seed", "0",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--registration",
+                str(path),
+                "--arm",
+                "noburst",
+                "--rate",
+                str(reg.multiples()[0]),
+                "--seed",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     meta = load_run(out).meta
     assert meta["registration"]["sha256"] == sha and meta["registration"]["name"] == reg.name
     assert meta["registration"]["commit"] is None  # not committed: nothing decisive can come of it
     assert meta["plan"]["sha256"] == reg.plan_sha256("noburst", reg.multiples()[0], 0)
     assert meta["rule"] == reg.rule["name"]
-    assert main(["run", "--registration", str(path), "--config", "x.yaml", "--arm", "burst", "--rate", "1", "--seed", "0"]) == 2
+    assert (
+        main(["run", "--registration", str(path), "--config", "x.yaml", "--arm", "burst", "--rate", "1", "--seed", "0"])
+        == 2
+    )
 
 
 def test_inputs_of_the_committed_cpu_calibration_load() -> None:
@@ -202,7 +276,9 @@ def test_inputs_of_the_committed_cpu_calibration_load() -> None:
     folders = sorted(p for p in root.glob("vllm-cpu-*") if p.is_dir())
     for f in folders:
         inp = load_inputs(f)
-        assert inp.e0b.protocol.config == "e0b-cpu" and inp.e0b.protocol.top_rate >= max(inp.e0b.grid) * inp.e0b.lambda_ref
+        assert (
+            inp.e0b.protocol.config == "e0b-cpu" and inp.e0b.protocol.top_rate >= max(inp.e0b.grid) * inp.e0b.lambda_ref
+        )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -236,8 +312,18 @@ def test_a_stage_summary_says_the_load_its_real_runs_ran_under(tmp_path: Path) -
     for i, (a, b, share) in enumerate(((3.0, 4.5, 0.61), (7.25, 6.0, 0.3))):
         d = tmp_path / f"r{i}"
         d.mkdir()
-        (d / "meta.json").write_text(json.dumps({"host_load": {"cpus": 2, "loadavg_drive_start": [a, 1, 1], "loadavg_drive_end": [b, 1, 1],
-                                                                "engine_cpu_share": share}}))  # fmt: skip
+        (d / "meta.json").write_text(
+            json.dumps(
+                {
+                    "host_load": {
+                        "cpus": 2,
+                        "loadavg_drive_start": [a, 1, 1],
+                        "loadavg_drive_end": [b, 1, 1],
+                        "engine_cpu_share": share,
+                    }
+                }
+            )
+        )
         dirs.append(d)
     assert load_note(dirs) == "; host load (1 min) 3.0-7.2 on 2 CPUs, engine CPU share 0.30-0.61 of a core"
     sim = tmp_path / "sim"

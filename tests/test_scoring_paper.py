@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from gitfixture import make_repo
+
 from cli.main import main
 from prereg.outcomes import load_outcome_file
 from prereg.predictions import load_predictions
@@ -45,7 +45,9 @@ def test_basin2_per_seed_layer(score: Score) -> None:
 def test_rule_probabilities_from_per_seed_probabilities(score: Score) -> None:
     s = _by_id(score)
     tool = s["toolslow-rule"]
-    assert round(tool.probability, 2) == 0.80 and tool.outcome is False and tool.result == "miss"  # "rule 0.80 ... missed"
+    assert (
+        round(tool.probability, 2) == 0.80 and tool.outcome is False and tool.result == "miss"
+    )  # "rule 0.80 ... missed"
     basin = s["basin2-rule"]
     # printed 0.66 from unrounded per-seed values; the printed (rounded) ones give 0.667
     assert basin.probability == pytest.approx(0.66, abs=0.01) and basin.outcome is True and basin.result == "hit"
@@ -70,9 +72,15 @@ def test_value_and_closest_predictions(score: Score) -> None:
     assert [r[f"rescue-r4-4.0-s{i}-release"] for i in range(3)] == ["miss"] * 3  # R4 19-22% late
     errs = [_by_id(score)[f"rescue-r4-4.0-s{i}-release"].error / 5040 for i in range(3)]
     assert [round(100 * e) for e in errs] == [19, 19, 22]  # "19-22% late"
-    assert _results(score, "crossings") == {"crossing-h200-300k": "hit", "crossing-h200-600k": "miss", "crossing-llama": "hit"}
+    assert _results(score, "crossings") == {
+        "crossing-h200-300k": "hit",
+        "crossing-h200-600k": "miss",
+        "crossing-llama": "hit",
+    }
     assert set(_results(score, "cut theory-favoured").values()) == {"hit"}  # 3 of 3 in both arms
-    assert set(_results(score, "mirror M2").values()) == {"hit"} and set(_results(score, "mirror M4").values()) == {"hit"}
+    assert set(_results(score, "mirror M2").values()) == {"hit"} and set(_results(score, "mirror M4").values()) == {
+        "hit"
+    }
     w5 = _results(score, "mirror W5")
     assert [k for k, v in w5.items() if v == "miss"] == ["mirror-1.65-s2-W5"]  # W5 fails only 1.65 seed 2
 
@@ -83,7 +91,12 @@ def test_scoring_the_frozen_paper_file_through_the_command(tmp_path: Path, monke
     shutil.copyfile(DATA / "predictions.yaml", work / "paper.yaml")
     monkeypatch.chdir(work)
     assert main(["predict", "freeze", "paper.yaml", "--tag", "paper-t11"]) == 0
-    assert main(["predict", "score", "paper-t11", "--outcomes", str(DATA / "outcomes.yaml"), "--out", str(tmp_path / "rep")]) == 0
+    assert (
+        main(
+            ["predict", "score", "paper-t11", "--outcomes", str(DATA / "outcomes.yaml"), "--out", str(tmp_path / "rep")]
+        )
+        == 0
+    )
     rep = json.loads((tmp_path / "rep" / "paper-t11.score.json").read_text())
     summ = rep["scores"][0]["summary"]
     assert math.isclose(summ["basin2 per-seed"]["brier"]["probability"], 0.17447, abs_tol=1e-4)

@@ -19,19 +19,34 @@ import yaml
 from aiohttp import web
 
 from harness.config import CellConfig, load_config
-from harness.servers import EngineStartError, FlushError, ResponseError, ServerHandle, free_port, get_adapter, port_in_use
+from harness.servers import (
+    EngineStartError,
+    FlushError,
+    ResponseError,
+    ServerHandle,
+    free_port,
+    get_adapter,
+    port_in_use,
+)
 from harness.servers.emulator import EmulatorAdapter
 from harness.servers.metrics import COMMON_METRICS, SGLANG_RULES, VLLM_RULES, map_metrics, parse_prometheus
 from harness.servers.sglang import SGLangAdapter
-from harness.servers.smoke import CanaryResult, SmokeReport, Check, canary_prompt, expected_cached
+from harness.servers.smoke import CanaryResult, Check, SmokeReport, canary_prompt, expected_cached
 from harness.servers.vllm import ENGINE_CACHE_ENV, VLLMAdapter, private_cache_env
 
 
 def _cell(**over: object) -> CellConfig:
     data: dict[str, object] = dict(
-        name="t", engine={"name": "vllm", "version": "0.32.0"}, model="tiny", gpu="cpu",
-        kv_pool_tokens=32768, page_size=32, context_length=8192, max_running=16, chunked_prefill=4096,
-    )  # fmt: skip
+        name="t",
+        engine={"name": "vllm", "version": "0.32.0"},
+        model="tiny",
+        gpu="cpu",
+        kv_pool_tokens=32768,
+        page_size=32,
+        context_length=8192,
+        max_running=16,
+        chunked_prefill=4096,
+    )
     data.update(over)
     return CellConfig.model_validate(data)
 
@@ -53,7 +68,9 @@ def _no_engine_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vllm_launch_command_paper_cell() -> None:
     cell = load_config("cells/vllm-a100-300k", CellConfig)
     a = VLLMAdapter(server_cmd=["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"])
-    argv, env = a.launch_command(cell, model=cell.model, host="127.0.0.1", port=8123, extra_args=["--dtype", "bfloat16"])
+    argv, env = a.launch_command(
+        cell, model=cell.model, host="127.0.0.1", port=8123, extra_args=["--dtype", "bfloat16"]
+    )
     assert argv[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert _flag(argv, "--num-gpu-blocks-override") == "18750"  # 300,000 / 16
     assert _flag(argv, "--block-size") == "16"
@@ -94,7 +111,9 @@ def test_vllm_python_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sglang_launch_command_paper_cell() -> None:
     cell = load_config("cells/sglang-a100-300k", CellConfig)
-    argv, env = SGLangAdapter(server_cmd=["sgl"]).launch_command(cell, model="/weights/qwen", host="127.0.0.1", port=30000)
+    argv, env = SGLangAdapter(server_cmd=["sgl"]).launch_command(
+        cell, model="/weights/qwen", host="127.0.0.1", port=30000
+    )
     assert argv[0] == "sgl"
     assert _flag(argv, "--model-path") == "/weights/qwen"
     assert _flag(argv, "--max-total-tokens") == "300000"
@@ -167,17 +186,36 @@ def test_completion_request_body(adapter) -> None:  # type: ignore[no-untyped-de
     path, body = adapter.completion_request(np.array([5, 6, 7], dtype=np.int32), 100, "m")
     assert path == "/v1/completions"
     assert orjson.loads(body) == {
-        "model": "m", "prompt": [5, 6, 7], "max_tokens": 100, "temperature": 0.0,
-        "ignore_eos": True, "return_token_ids": True, "stream": False,
-    }  # fmt: skip
+        "model": "m",
+        "prompt": [5, 6, 7],
+        "max_tokens": 100,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": False,
+    }
 
 
 VLLM_BODY = {
-    "id": "cmpl-1", "object": "text_completion", "model": "tiny",
-    "choices": [{"index": 0, "text": " w1 w2", "finish_reason": "length", "token_ids": [11, 12, 13], "prompt_token_ids": [1] * 1080}],
-    "usage": {"prompt_tokens": 1080, "total_tokens": 1083, "completion_tokens": 3,
-              "prompt_tokens_details": {"cached_tokens": 992, "created_cache_tokens": None}},
-}  # fmt: skip
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "model": "tiny",
+    "choices": [
+        {
+            "index": 0,
+            "text": " w1 w2",
+            "finish_reason": "length",
+            "token_ids": [11, 12, 13],
+            "prompt_token_ids": [1] * 1080,
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 1080,
+        "total_tokens": 1083,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 992, "created_cache_tokens": None},
+    },
+}
 
 
 def test_parse_vllm_response() -> None:
@@ -188,7 +226,10 @@ def test_parse_vllm_response() -> None:
 
 
 def test_parse_sglang_omitted_details() -> None:
-    body = {"choices": [{"index": 0, "text": "", "token_ids": [4, 5]}], "usage": {"prompt_tokens": 64, "completion_tokens": 2, "total_tokens": 66}}
+    body = {
+        "choices": [{"index": 0, "text": "", "token_ids": [4, 5]}],
+        "usage": {"prompt_tokens": 64, "completion_tokens": 2, "total_tokens": 66},
+    }
     t = SGLangAdapter().parse_completion(200, orjson.dumps(body))
     assert t.cached_tokens == 0 and t.prompt_tokens == 64
     body["usage"]["prompt_tokens_details"] = None  # type: ignore[index]
@@ -203,8 +244,16 @@ def test_parse_sglang_omitted_details() -> None:
         (200, orjson.dumps({"choices": [{"text": ""}], "usage": {"prompt_tokens": 1}}), "token_ids"),
         (200, orjson.dumps({"choices": [{"token_ids": [1]}], "usage": {}}), "missing usage.prompt_tokens"),
         (200, orjson.dumps({"choices": [{"token_ids": [1]}]}), "missing usage"),
-        (200, orjson.dumps({"choices": [{"token_ids": ["a"]}], "usage": {"prompt_tokens": 1}}), "not a list of integers"),
-        (400, orjson.dumps({"error": {"message": "maximum context length is 8192", "type": "BadRequestError"}}), "maximum context length"),
+        (
+            200,
+            orjson.dumps({"choices": [{"token_ids": ["a"]}], "usage": {"prompt_tokens": 1}}),
+            "not a list of integers",
+        ),
+        (
+            400,
+            orjson.dumps({"error": {"message": "maximum context length is 8192", "type": "BadRequestError"}}),
+            "maximum context length",
+        ),
         (400, orjson.dumps({"object": "error", "message": "input too long", "code": 400}), "input too long"),
         (503, b"", "empty body"),
     ],
@@ -335,9 +384,16 @@ SGLANG_METRICS = textwrap.dedent(
 def test_vllm_metrics_mapping() -> None:
     m = map_metrics(parse_prometheus(VLLM_METRICS), VLLM_RULES)
     assert m == {
-        "running": 3.0, "waiting": 7.0, "pool_tokens": 32768.0, "kv_usage_frac": 0.25, "kv_used_tokens": 8192.0,
-        "prompt_tokens_total": 3160.0, "cached_tokens_total": 992.0, "generation_tokens_total": 48.0, "preemptions_total": 2.0,
-    }  # fmt: skip
+        "running": 3.0,
+        "waiting": 7.0,
+        "pool_tokens": 32768.0,
+        "kv_usage_frac": 0.25,
+        "kv_used_tokens": 8192.0,
+        "prompt_tokens_total": 3160.0,
+        "cached_tokens_total": 992.0,
+        "generation_tokens_total": 48.0,
+        "preemptions_total": 2.0,
+    }
     assert set(m) <= set(COMMON_METRICS) and "kv_evictable_tokens" not in m
 
 
@@ -387,7 +443,9 @@ def _group_alive(pgid: int) -> bool:
 def test_start_and_stop_whole_group(tmp_path: Path) -> None:
     port = free_port()
     a = VLLMAdapter()
-    h = a.start([sys.executable, "-c", HEALTHY_SERVER, str(port)], {}, tmp_path, host="127.0.0.1", port=port, health_timeout=20)
+    h = a.start(
+        [sys.executable, "-c", HEALTHY_SERVER, str(port)], {}, tmp_path, host="127.0.0.1", port=port, health_timeout=20
+    )
     assert isinstance(h, ServerHandle) and h.base_url == f"http://127.0.0.1:{port}"
     assert h.log_path == tmp_path / "server.log" and "agentload start" in h.log_path.read_text()
     time.sleep(0.3)
@@ -408,7 +466,9 @@ def test_start_port_in_use(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         assert port_in_use("127.0.0.1", port)
         with pytest.raises(EngineStartError) as info:
-            SGLangAdapter().start([sys.executable, "-c", "pass"], {}, tmp_path, host="127.0.0.1", port=port, health_timeout=5)
+            SGLangAdapter().start(
+                [sys.executable, "-c", "pass"], {}, tmp_path, host="127.0.0.1", port=port, health_timeout=5
+            )
     assert info.value.reason == "port_in_use" and "already in use" in str(info.value)
     assert not (tmp_path / "server.log").exists()  # nothing was launched
 
@@ -419,8 +479,12 @@ def test_start_never_healthy_is_killed(tmp_path: Path) -> None:
     with pytest.raises(EngineStartError) as info:
         VLLMAdapter().start(
             [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(120)"],
-            {}, tmp_path, host="127.0.0.1", port=port, health_timeout=1.5,
-        )  # fmt: skip
+            {},
+            tmp_path,
+            host="127.0.0.1",
+            port=port,
+            health_timeout=1.5,
+        )
     assert info.value.reason == "never_healthy"
     assert "loading weights" in info.value.log_tail and "did not answer 200" in str(info.value)
     assert time.monotonic() - t0 < 15
@@ -432,8 +496,12 @@ def test_start_exited_early_shows_log(tmp_path: Path) -> None:
     with pytest.raises(EngineStartError) as info:
         VLLMAdapter().start(
             [sys.executable, "-c", "import sys; print('error: unrecognized arguments: --bogus'); sys.exit(2)"],
-            {"AGENTLOAD_TEST": "1"}, tmp_path, host="127.0.0.1", port=port, health_timeout=30,
-        )  # fmt: skip
+            {"AGENTLOAD_TEST": "1"},
+            tmp_path,
+            host="127.0.0.1",
+            port=port,
+            health_timeout=30,
+        )
     assert info.value.reason == "exited" and "code 2" in str(info.value)
     assert "unrecognized arguments: --bogus" in str(info.value)
 
@@ -463,7 +531,12 @@ def test_expected_cached_and_canary_thresholds() -> None:
 
 
 def test_smoke_report_reason() -> None:
-    r = SmokeReport(engine="vllm", base_url="u", cell="c", checks=[Check("a", True), Check("pool_size", False, {"configured": 1, "reported": 2})])
+    r = SmokeReport(
+        engine="vllm",
+        base_url="u",
+        cell="c",
+        checks=[Check("a", True), Check("pool_size", False, {"configured": 1, "reported": 2})],
+    )
     assert not r.passed and "pool_size failed" in r.reason and "reported=2" in r.reason
     assert r.to_dict()["checks"][1]["name"] == "pool_size"
     assert not SmokeReport(engine="e", base_url="u", cell="c").passed  # no checks run = not passed
@@ -480,7 +553,9 @@ def _small_cell(flavor: str = "sglang") -> CellConfig:
 def test_emulator_time_scale_is_passed_exactly() -> None:
     cell = _small_cell("sglang")
     for scale in (4.0, 100.0, 123.456789, 1 / 3):
-        argv, _ = get_adapter("emulator", cell=cell, time_scale=scale).launch_command(cell, model="m", host="127.0.0.1", port=9)
+        argv, _ = get_adapter("emulator", cell=cell, time_scale=scale).launch_command(
+            cell, model="m", host="127.0.0.1", port=9
+        )
         assert float(argv[argv.index("--time-scale") + 1]) == scale
 
 
@@ -500,7 +575,11 @@ def test_sglang_cpu_launch_comes_from_the_cell() -> None:
     assert _flag(argv, "--device") == "cpu" and _flag(argv, "--mem-fraction-static") == "0.5"
     assert env == {"SGLANG_USE_CPU_ENGINE": "1"}
     settings = SGLangAdapter().expected_settings(cpu)
-    assert settings["device"] == "cpu" and settings["mem_fraction_static"] == 0.5 and settings["radix_eviction_policy"] == "lru"
+    assert (
+        settings["device"] == "cpu"
+        and settings["mem_fraction_static"] == 0.5
+        and settings["radix_eviction_policy"] == "lru"
+    )
     # GPU cells (every paper cell): the argv of record, no CPU engine, nothing more to verify
     paper = load_config("cells/sglang-a100-300k", CellConfig)
     assert paper.device is None and paper.mem_fraction_static is None
@@ -513,10 +592,17 @@ def test_sglang_cpu_launch_comes_from_the_cell() -> None:
 
 
 def test_cell_checks_mem_fraction_and_vllm_refuses_it() -> None:
-    from harness.errors import ConfigError
     from harness.config import parse_config
+    from harness.errors import ConfigError
 
-    data = dict(name="t", engine={"name": "sglang", "version": "0.5.22"}, model="m", gpu="cpu", kv_pool_tokens=10, mem_fraction_static=1.5)
+    data = dict(
+        name="t",
+        engine={"name": "sglang", "version": "0.5.22"},
+        model="m",
+        gpu="cpu",
+        kv_pool_tokens=10,
+        mem_fraction_static=1.5,
+    )
     with pytest.raises(ConfigError, match="mem_fraction_static"):
         parse_config(data, CellConfig)
     with pytest.raises(ValueError, match="mem_fraction_static is SGLang's"):
@@ -530,7 +616,9 @@ def test_longest_prompt_per_engine() -> None:
     8,191 and 8,186 refused, 8,185 taken with context 8,192, pool 32,768); vLLM only the latter."""
     assert SGLangAdapter().max_prompt_tokens(_sglang_cell(context_length=8192, kv_pool_tokens=32768), 1) == 8185
     assert SGLangAdapter().max_prompt_tokens(_sglang_cell(context_length=8192, kv_pool_tokens=32768), 100) == 8092
-    assert SGLangAdapter().max_prompt_tokens(_sglang_cell(context_length=49152, kv_pool_tokens=4096), 1) == 4089  # the pool binds
+    assert (
+        SGLangAdapter().max_prompt_tokens(_sglang_cell(context_length=49152, kv_pool_tokens=4096), 1) == 4089
+    )  # the pool binds
     paper = load_config("cells/sglang-a100-300k", CellConfig)
     assert SGLangAdapter().max_prompt_tokens(paper, 1) >= 40_350  # the workload's longest prompt fits
     assert VLLMAdapter().max_prompt_tokens(_cell(context_length=8192), 1) == 8191
@@ -579,8 +667,12 @@ def test_sglang_0522_scrape_before_a_hit_and_without_retractions() -> None:
     )
     assert map_metrics(parse_prometheus(hit), SGLANG_RULES)["cached_tokens_total"] == 6280.0
     # a retraction report without the cumulative counter (not 0.5.22): unknown, not a made-up count
-    odd = SGLANG_0522_METRICS.replace('pid="13878",pp_rank="0",tp_rank="0"} 0.0', 'pid="13878",pp_rank="0",tp_rank="0"} 2.0')
+    odd = SGLANG_0522_METRICS.replace(
+        'pid="13878",pp_rank="0",tp_rank="0"} 0.0', 'pid="13878",pp_rank="0",tp_rank="0"} 2.0'
+    )
     assert "preemptions_total" not in map_metrics(parse_prometheus(odd), SGLANG_RULES)
     # before any request finished the tokenizer has no series at all: both columns missing
-    bare = "\n".join(line for line in SGLANG_0522_METRICS.splitlines() if "tokens_total" not in line and "tokens counter" not in line)
+    bare = "\n".join(
+        line for line in SGLANG_0522_METRICS.splitlines() if "tokens_total" not in line and "tokens counter" not in line
+    )
     assert {"prompt_tokens_total", "cached_tokens_total"}.isdisjoint(map_metrics(parse_prometheus(bare), SGLANG_RULES))

@@ -31,7 +31,9 @@ class _ScriptedAdapter(EngineAdapter):
     def launch_command(self, cell: Any, **kw: Any) -> Any:  # pragma: no cover - never launched
         raise NotImplementedError
 
-    async def complete(self, http: Any, base_url: str, prompt: np.ndarray, max_tokens: int, model_name: str, *, timeout: float = 600.0) -> ParsedTurn:
+    async def complete(
+        self, http: Any, base_url: str, prompt: np.ndarray, max_tokens: int, model_name: str, *, timeout: float = 600.0
+    ) -> ParsedTurn:
         return ParsedTurn(np.zeros(max_tokens, np.int32), len(prompt), self.cached.pop(0), max_tokens)
 
     async def flush_cache(self, http: Any, base_url: str, *, timeout: float = 60.0) -> None:
@@ -46,7 +48,9 @@ def test_canary_threshold_is_the_registered_one(bs: int) -> None:
     floor = 1024 - bs - 1
 
     async def go(before: int) -> Any:
-        return await canary(_ScriptedAdapter([0, before, 0], bs), "http://unused", model_name="m", http=object(), leave_empty=False)  # type: ignore[arg-type]
+        return await canary(
+            _ScriptedAdapter([0, before, 0], bs), "http://unused", model_name="m", http=object(), leave_empty=False
+        )  # type: ignore[arg-type]
 
     ok = asyncio.run(go(full))
     assert ok.passed and ok.min_before == floor and full >= floor

@@ -21,15 +21,25 @@ def _available() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+@pytest.mark.skipif(
+    not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)"
+)
 def test_a_busy_command_under_a_quarter_core_is_throttled_by_the_kernel() -> None:
     name = f"test-{os.getpid()}"
-    proc = subprocess.run(cpuquota.wrap([sys.executable, "-c", BUSY], 0.25, name), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        cpuquota.wrap([sys.executable, "-c", BUSY], 0.25, name), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"agentload/{name}" in proc.stdout, proc.stdout
     # the kernel's own account: a busy loop under a quarter core is throttled in most periods
-    stat = dict(line.split() for line in (cpuquota.quota_group(name, 0.25) / "cpu.stat").read_text().splitlines() if line.strip())
-    assert int(stat.get("nr_throttled", 0)) > 0, f"the busy loop was never throttled: the quota was not enforced ({stat})"
+    stat = dict(
+        line.split()
+        for line in (cpuquota.quota_group(name, 0.25) / "cpu.stat").read_text().splitlines()
+        if line.strip()
+    )
+    assert int(stat.get("nr_throttled", 0)) > 0, (
+        f"the busy loop was never throttled: the quota was not enforced ({stat})"
+    )
     group = cpuquota.quota_group(name, 0.25)
     assert cpuquota.quota_of(group) == pytest.approx(0.25)
     group.rmdir()  # empty once the command exited
@@ -43,23 +53,37 @@ def test_refuses_a_nonpositive_quota_and_a_missing_command() -> None:
 
 
 def test_a_cell_with_a_quota_launches_its_engine_under_the_wrapper() -> None:
-    from harness.config import config_ref, load_config, CellConfig
+    from harness.config import CellConfig, config_ref, load_config
     from harness.servers.vllm import VLLMAdapter
 
-    cell = load_config(config_ref("vllm-cpu-tiny-131k", "cells"), CellConfig).model_copy(update={"engine_cpu_quota": 0.5})
+    cell = load_config(config_ref("vllm-cpu-tiny-131k", "cells"), CellConfig).model_copy(
+        update={"engine_cpu_quota": 0.5}
+    )
     argv, _ = VLLMAdapter().launch_command(cell, model="m", host="127.0.0.1", port=8123)
-    assert argv[1:8] == ["-m", "harness.servers.cpuquota", "--cores", "0.5", "--name", "vllm-8123", "--after-healthy"] and argv[8] == "--"
+    assert (
+        argv[1:8] == ["-m", "harness.servers.cpuquota", "--cores", "0.5", "--name", "vllm-8123", "--after-healthy"]
+        and argv[8] == "--"
+    )
     adapter = VLLMAdapter()
     adapter.launch_command(cell, model="m", host="127.0.0.1", port=8123)
     assert adapter.cpu_quota == ("vllm-8123", 0.5)  # set once the server is healthy (EngineAdapter.start)
-    plain, _ = adapter.launch_command(cell.model_copy(update={"engine_cpu_quota": None}), model="m", host="127.0.0.1", port=8123)
+    plain, _ = adapter.launch_command(
+        cell.model_copy(update={"engine_cpu_quota": None}), model="m", host="127.0.0.1", port=8123
+    )
     assert "harness.servers.cpuquota" not in plain and plain == argv[9:] and adapter.cpu_quota is None
 
 
-@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+@pytest.mark.skipif(
+    not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)"
+)
 def test_after_healthy_starts_unthrottled_and_apply_sets_the_quota() -> None:
     name = f"test-late-{os.getpid()}"
-    proc = subprocess.run(cpuquota.wrap([sys.executable, "-c", "print(1)"], 0.5, name, after_healthy=True), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        cpuquota.wrap([sys.executable, "-c", "print(1)"], 0.5, name, after_healthy=True),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and "once healthy" in proc.stderr, proc.stderr
     group = cpuquota.quota_group(name, None)
     assert cpuquota.quota_of(group) == float("inf")
@@ -77,7 +101,9 @@ http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
 """
 
 
-@pytest.mark.skipif(not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)")
+@pytest.mark.skipif(
+    not _available(), reason="no writable cgroup cpu controller on this host (the quota cannot be enforced here)"
+)
 def test_a_started_server_gets_its_quota_once_healthy_and_loses_its_cgroup_at_stop(tmp_path) -> None:
     """EngineAdapter.start applies the cell's quota after the health check and records the cgroup
     on the handle; stop removes it."""

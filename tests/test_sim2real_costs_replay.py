@@ -20,14 +20,28 @@ TRUE = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-
 
 
 def _cell(**kw: object) -> CellConfig:
-    base = dict(name="t", engine={"name": "vllm", "version": "0.32.0"}, model="m", gpu="g", kv_pool_tokens=131072, page_size=32,
-                chunked_prefill=8192, max_running=64, prefix_cache=False, waiting_prefix_refresh=False, batching="mixed",
-                context_length=8192, cost=TRUE)  # fmt: skip
+    base = dict(
+        name="t",
+        engine={"name": "vllm", "version": "0.32.0"},
+        model="m",
+        gpu="g",
+        kv_pool_tokens=131072,
+        page_size=32,
+        chunked_prefill=8192,
+        max_running=64,
+        prefix_cache=False,
+        waiting_prefix_refresh=False,
+        batching="mixed",
+        context_length=8192,
+        cost=TRUE,
+    )
     base.update(kw)
     return CellConfig(**base)
 
 
-WL = WorkloadConfig(name="w", first_prompt=512, tool_tokens=128, decode_tokens=8, turns={"mean": 8, "cap": 20}, tool_time={"mean": 0.2})
+WL = WorkloadConfig(
+    name="w", first_prompt=512, tool_tokens=128, decode_tokens=8, turns={"mean": 8, "cap": 20}, tool_time={"mean": 0.2}
+)
 
 
 def test_fit_recovers_the_costs_that_made_the_timings(tmp_path: Path) -> None:
@@ -61,15 +75,23 @@ def test_replay_plays_the_runs_own_plan_and_parity_compares(tmp_path: Path) -> N
 
     bundle = load_test("configs/tests/e2-sglang-300k.yaml")
     # a short protocol: the replay must follow the run's meta.json, not the test file
-    short = bundle.protocol.model_copy(update={"duration": 700.0, "burst": bundle.protocol.burst.model_copy(update={"time": 200.0, "size": 20}),
-                                               "window": bundle.protocol.window.model_copy(update={"start": 100.0, "end": 700.0})})  # fmt: skip
+    short = bundle.protocol.model_copy(
+        update={
+            "duration": 700.0,
+            "burst": bundle.protocol.burst.model_copy(update={"time": 200.0, "size": 20}),
+            "window": bundle.protocol.window.model_copy(update={"start": 100.0, "end": 700.0}),
+        }
+    )
     from dataclasses import replace
 
     b = replace(bundle, protocol=short)
     run = Path(execute_run(b, "burst", 1.35, 0, "sim", tmp_path / "run").run_dir)
     rep = replay_run(run, tmp_path / "replay")
     meta = json.loads((rep / "meta.json").read_text())
-    assert meta["replay_of"]["run_dir"] == str(run) and meta["plan"]["sha256"] == json.loads((run / "meta.json").read_text())["plan"]["sha256"]
+    assert (
+        meta["replay_of"]["run_dir"] == str(run)
+        and meta["plan"]["sha256"] == json.loads((run / "meta.json").read_text())["plan"]["sha256"]
+    )
     r = parity.compare(run, rep, hit_bin=100.0, backlog_bin=10.0)
     # the same simulator with the same costs: the replay is the run
     assert r["turns"]["cached_equal"] == 1.0 and r["turns"]["matched"] == r["turns"]["real"]
@@ -87,9 +109,16 @@ def test_replay_plays_the_runs_own_plan_and_parity_compares(tmp_path: Path) -> N
 def test_engine_timings_parsed_from_vllm_metrics() -> None:
     from harness.servers import get_adapter
 
-    body = {"choices": [{"token_ids": [5, 6], "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}},
-            "metrics": {"queue_time_ms": 2.0, "time_to_first_token_ms": 30.0, "generation_time_ms": 12.5, "mean_itl_ms": 12.5}}  # fmt: skip
+    body = {
+        "choices": [{"token_ids": [5, 6], "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}},
+        "metrics": {
+            "queue_time_ms": 2.0,
+            "time_to_first_token_ms": 30.0,
+            "generation_time_ms": 12.5,
+            "mean_itl_ms": 12.5,
+        },
+    }
     t = get_adapter("vllm").parse_completion(200, orjson.dumps(body))
     assert t.extra["queue_time"] == pytest.approx(0.002) and t.extra["engine_ttft"] == pytest.approx(0.03)
     assert t.extra["engine_decode"] == pytest.approx(0.0125)

@@ -73,7 +73,13 @@ def _pair(spec: TraceSpec, perturb: bool = False) -> Any:
 
 
 def test_runner_agrees_with_itself_and_catches_a_planted_difference() -> None:
-    spec = TraceSpec("pressure", sessions=16, arrival_span=10, first_prompt=(60, 300), engine=EngineShape(num_blocks=64, max_num_seqs=8))
+    spec = TraceSpec(
+        "pressure",
+        sessions=16,
+        arrival_span=10,
+        first_prompt=(60, 300),
+        engine=EngineShape(num_blocks=64, max_num_seqs=8),
+    )
     same = _pair(spec)
     assert same.tallies["evict"].total > 0 and same.tallies["preempt"].total > 0
     assert all(t.rate in (None, 1.0) for t in same.tallies.values())
@@ -86,8 +92,17 @@ def test_runner_agrees_with_itself_and_catches_a_planted_difference() -> None:
 
 
 def test_radix_runner_agrees_with_itself() -> None:
-    spec = TraceSpec("workload", sessions=10, turns=(2, 5), first_prompt=(300, 300), tool_tokens=(60, 60), max_tokens=(8, 8),
-                     engine=EngineShape(num_blocks=120, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048))
+    spec = TraceSpec(
+        "workload",
+        sessions=10,
+        turns=(2, 5),
+        first_prompt=(300, 300),
+        tool_tokens=(60, 60),
+        max_tokens=(8, 8),
+        engine=EngineShape(
+            num_blocks=120, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048
+        ),
+    )
     a, b = OurRadixEngine(sglang_cell(spec.engine)), OurRadixEngine(sglang_cell(spec.engine))
     res = run_trace(make_trace(spec), OurSide(a), OurSide(b), a.outputs)
     assert res.tallies["evict"].total > 0 and res.tallies["cached"].total == res.requests

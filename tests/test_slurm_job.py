@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-
 from gitfixture import git
+from slurm_fixture import commit, fill, make_project
+
 from harness.recording.record import load_run
 from prereg.registration import load_registration, registration_dict, write_registration
 from slurm import job as J
 from slurm.budget import Budget, job_time_limit, parse_time_minutes, run_budget, warning_lead_s
 from slurm.manifest import label_from_record
 from slurm.submit import SubmitOptions, SubmitRefused, format_plan, plan_submission
-from slurm_fixture import commit, fill, make_project
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,16 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _spec(p: dict[str, Any], run_dir: Path, **kw: Any) -> J.JobSpec:
     reg = load_registration(p["reg"])
-    base = dict(registration="prereg/registrations/mini-one.yaml", sha256=reg.sha256, arm="noburst", rate=1.75, seed=3,
-                run_dir=str(run_dir), engine="sim", commit=p["commit"])  # fmt: skip
+    base = dict(
+        registration="prereg/registrations/mini-one.yaml",
+        sha256=reg.sha256,
+        arm="noburst",
+        rate=1.75,
+        seed=3,
+        run_dir=str(run_dir),
+        engine="sim",
+        commit=p["commit"],
+    )
     base.update(kw)
     return J.JobSpec(**base)
 
@@ -101,8 +109,11 @@ def test_job_runs_binds_and_says_so(project: dict[str, Any], tmp_path: Path) -> 
     run = load_run(tmp_path / "run")
     m = run.meta
     reg = load_registration(project["reg"])
-    assert m["registration"] == {**reg.binding("prereg/registrations/mini-one.yaml", project["commit"]), "status": "FILLED",
-                                 "expected_sha256": reg.sha256}  # fmt: skip
+    assert m["registration"] == {
+        **reg.binding("prereg/registrations/mini-one.yaml", project["commit"]),
+        "status": "FILLED",
+        "expected_sha256": reg.sha256,
+    }
     assert m["plan"]["sha256"] == reg.plan_sha256("noburst", 1.75, 3) and m["plan_check"]["ok"]
     assert m["code"]["relation"] == "same" and m["code"]["registration_commit"] == project["commit"]
     assert m["time_check"]["source"].startswith("none") and m["time_check"]["needed_s"] == 60.0
@@ -111,7 +122,9 @@ def test_job_runs_binds_and_says_so(project: dict[str, Any], tmp_path: Path) -> 
 
 
 def test_job_refuses_a_missing_registration(project: dict[str, Any], tmp_path: Path) -> None:
-    out = J.run_job(_spec(project, tmp_path / "run", registration="prereg/registrations/gone.yaml"), code_root=project["work"])
+    out = J.run_job(
+        _spec(project, tmp_path / "run", registration="prereg/registrations/gone.yaml"), code_root=project["work"]
+    )
     meta = _refused(out, "registration-missing")
     assert "registration prereg/registrations/gone.yaml is missing" in out.reason and meta["job"]["spec"]["seed"] == 3
 
@@ -122,7 +135,9 @@ def test_job_refuses_another_hash(project: dict[str, Any], tmp_path: Path) -> No
     assert f"expected {'ab' * 32}" in out.reason
 
 
-def test_job_refuses_an_unregistered_run_and_a_status_other_than_filled(project: dict[str, Any], tmp_path: Path) -> None:
+def test_job_refuses_an_unregistered_run_and_a_status_other_than_filled(
+    project: dict[str, Any], tmp_path: Path
+) -> None:
     out = J.run_job(_spec(project, tmp_path / "a", seed=4), code_root=project["work"])
     _refused(out, "not-registered")
     assert "seeds [3]" in out.reason
@@ -138,13 +153,23 @@ def test_job_refuses_a_plan_mismatch(project: dict[str, Any], tmp_path: Path) ->
 
 
 def test_job_refuses_too_little_time(project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    facts = {"in_slurm": True, "job_id": "123", "job_label": "123", "time_left_s": 100.0, "time_left": "1:40", "error": None}
+    facts = {
+        "in_slurm": True,
+        "job_id": "123",
+        "job_label": "123",
+        "time_left_s": 100.0,
+        "time_left": "1:40",
+        "error": None,
+    }
     monkeypatch.setattr(J, "scheduler_facts", lambda: dict(facts))
     out = J.run_job(_spec(project, tmp_path / "run", warning_lead_s=60.0), code_root=project["work"])
     meta = _refused(out, "time")
     assert "100 s left in the job, 120 s needed" in out.reason and meta["time_check"]["required_s"] == 120.0
     facts["time_left_s"] = 120.0  # exactly enough runs
-    assert J.run_job(_spec(project, tmp_path / "run2", warning_lead_s=60.0), code_root=project["work"]).status == "COMPLETED"
+    assert (
+        J.run_job(_spec(project, tmp_path / "run2", warning_lead_s=60.0), code_root=project["work"]).status
+        == "COMPLETED"
+    )
 
 
 def test_job_never_overwrites_a_run(project: dict[str, Any], tmp_path: Path) -> None:
@@ -163,7 +188,11 @@ def test_job_code_check_descendants_and_changes(project: dict[str, Any], tmp_pat
         ok = J.run_job(_spec(project, tmp_path / "a"), code_root=work)
         assert ok.status == "COMPLETED" and "a descendant of the registration's commit" in ok.notes[0]
         code = load_run(tmp_path / "a").meta["code"]
-        assert code["relation"] == "descendant without code changes" and code["head"] == later and code["changed_paths"] == ["NOTES.md", "prereg/registrations/another.yaml"]
+        assert (
+            code["relation"] == "descendant without code changes"
+            and code["head"] == later
+            and code["changed_paths"] == ["NOTES.md", "prereg/registrations/another.yaml"]
+        )
 
         p = work / "harness" / "config" / "models.py"
         p.write_text(p.read_text() + "\n# an uncommitted edit\n")
@@ -181,7 +210,9 @@ def test_job_code_check_descendants_and_changes(project: dict[str, Any], tmp_pat
         git(work, "reset", "-q", "--hard", project["commit"])
 
 
-def test_job_cli_and_entry_exit_statuses(project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_cli_and_entry_exit_statuses(
+    project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(J, "CODE_ROOT", project["work"])
     spec = _spec(project, tmp_path / "run", sha256="cd" * 32)
     f = tmp_path / "spec.json"
@@ -196,16 +227,33 @@ def test_job_cli_and_entry_exit_statuses(project: dict[str, Any], tmp_path: Path
 # ------------------------------------------------------------------------------------ submission
 def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -> None:
     work = project["work"]
-    doc = plan_submission(project["reg"], SubmitOptions(engine="emulator", time_scale=60.0, dry_run=True, out=str(tmp_path / "t")))
+    doc = plan_submission(
+        project["reg"], SubmitOptions(engine="emulator", time_scale=60.0, dry_run=True, out=str(tmp_path / "t"))
+    )
     reg = load_registration(project["reg"])
-    assert doc["registration"]["commit"] == project["commit"] and doc["remote"]["contains"] and doc["remote"]["checked_at"]
+    assert (
+        doc["registration"]["commit"] == project["commit"] and doc["remote"]["contains"] and doc["remote"]["checked_at"]
+    )
     (job,) = doc["jobs"]
-    assert (job["arm"], job["rate"], job["seed"], job["plan_sha256"]) == ("noburst", 1.75, 3, reg.plan_sha256("noburst", 1.75, 3))
-    assert job["spec"]["time_scale"] == 60.0 and job["spec"]["commit"] == project["commit"] and job["run_dir"] == "runs/noburst-r1.75-s3"
+    assert (job["arm"], job["rate"], job["seed"], job["plan_sha256"]) == (
+        "noburst",
+        1.75,
+        3,
+        reg.plan_sha256("noburst", 1.75, 3),
+    )
+    assert (
+        job["spec"]["time_scale"] == 60.0
+        and job["spec"]["commit"] == project["commit"]
+        and job["run_dir"] == "runs/noburst-r1.75-s3"
+    )
     assert doc["time_limit"]["needed_s"] == 1800 / 60 + 60 and doc["comment"].endswith(f"sha256={reg.sha256}")
     assert "label    pre-registered" in format_plan(doc)
     warned: list[str] = []
-    plan_submission(project["reg"], SubmitOptions(engine="emulator", time_scale=60.0, time="1", dry_run=True, out=str(tmp_path / "t")), echo=warned.append)
+    plan_submission(
+        project["reg"],
+        SubmitOptions(engine="emulator", time_scale=60.0, time="1", dry_run=True, out=str(tmp_path / "t")),
+        echo=warned.append,
+    )
     assert any("every job will refuse to run" in w for w in warned)
     # never committed: refused, or exploratory with --exploratory
     new = fill(work, "mini-new", seeds="[3]", arms="[noburst]")
@@ -213,8 +261,12 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
         with pytest.raises(SubmitRefused, match="is not committed"):
             plan_submission(new, SubmitOptions(engine="sim", dry_run=True))
         doc = plan_submission(new, SubmitOptions(engine="sim", dry_run=True, exploratory=True))
-        assert doc["check"]["label_if_submitted_now"]["label"] == "exploratory" and doc["jobs"][0]["spec"]["exploratory"]
-        assert doc["registration"]["commit"] is None and any("not committed" in w for w in doc["check"]["refusals_waived"])
+        assert (
+            doc["check"]["label_if_submitted_now"]["label"] == "exploratory" and doc["jobs"][0]["spec"]["exploratory"]
+        )
+        assert doc["registration"]["commit"] is None and any(
+            "not committed" in w for w in doc["check"]["refusals_waived"]
+        )
     finally:
         new.unlink()
         (work / "prereg" / "templates" / "mini-new.yaml").unlink()
@@ -226,10 +278,18 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
 CDT = timezone(timedelta(hours=-5))
 
 
-def _doc(commit_t: datetime | None, confirmed: datetime | None, contains: bool, status: str = "FILLED") -> dict[str, Any]:
-    return {"registration": {"status": status, "committed": commit_t is not None, "clean": True,
-                             "commit_time": commit_t.isoformat() if commit_t else None},
-            "remote": {"contains": contains, "checked_at": confirmed.isoformat() if confirmed else None}}  # fmt: skip
+def _doc(
+    commit_t: datetime | None, confirmed: datetime | None, contains: bool, status: str = "FILLED"
+) -> dict[str, Any]:
+    return {
+        "registration": {
+            "status": status,
+            "committed": commit_t is not None,
+            "clean": True,
+            "commit_time": commit_t.isoformat() if commit_t else None,
+        },
+        "remote": {"contains": contains, "checked_at": confirmed.isoformat() if confirmed else None},
+    }
 
 
 def test_label_from_the_manifest_and_the_schedulers_submit_times() -> None:
@@ -256,19 +316,41 @@ def test_the_export_is_checked_against_the_manifest() -> None:
     from slurm.collect import agreement
     from slurm.scheduler import AccountingRow
 
-    t = datetime(2026, 12, 1, 6, 19, 7, tzinfo=timezone.utc)
-    doc = {"comment": "agentload registration x sha256=ab", "job_name": "agentload-x", "time_limit": {"seconds": 240.0, "slurm": "00:04:00"},
-           "jobs": [{"job_id": "5_0", "arm": "burst", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()},
-                    {"job_id": "5_1", "arm": "capped", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()}]}  # fmt: skip
+    t = datetime(2026, 12, 1, 6, 19, 7, tzinfo=UTC)
+    doc = {
+        "comment": "agentload registration x sha256=ab",
+        "job_name": "agentload-x",
+        "time_limit": {"seconds": 240.0, "slurm": "00:04:00"},
+        "jobs": [
+            {"job_id": "5_0", "arm": "burst", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()},
+            {"job_id": "5_1", "arm": "capped", "rate": 1.5, "seed": 3, "submit_utc": t.isoformat()},
+        ],
+    }
 
     def row(jid: str, **kw: Any) -> AccountingRow:
-        base = dict(job_id=jid, job_name="agentload-x", submit=t, start=t, end=t, state="COMPLETED", state_raw="COMPLETED", exit_code=0,
-                    exit_signal=0, node_list="vm", timelimit="00:04:00", timelimit_s=240.0, elapsed="00:00:01", elapsed_s=1.0,
-                    comment="agentload registration x sha256=ab")  # fmt: skip
+        base = dict(
+            job_id=jid,
+            job_name="agentload-x",
+            submit=t,
+            start=t,
+            end=t,
+            state="COMPLETED",
+            state_raw="COMPLETED",
+            exit_code=0,
+            exit_signal=0,
+            node_list="vm",
+            timelimit="00:04:00",
+            timelimit_s=240.0,
+            elapsed="00:00:01",
+            elapsed_s=1.0,
+            comment="agentload registration x sha256=ab",
+        )
         base.update(kw)
         return AccountingRow(**base)
 
     assert agreement(doc, [row("5_0"), row("5_1")]) == []
     probs = agreement(doc, [row("5_0", comment="other", timelimit="00:05:00", timelimit_s=300.0), row("7")])
     assert any("5_0: comment 'other'" in p for p in probs) and any("5_0: time limit '00:05:00'" in p for p in probs)
-    assert any("5_1 (capped x 1.5 seed 3): no accounting row" in p for p in probs) and any("not in the manifest: ['7']" in p for p in probs)
+    assert any("5_1 (capped x 1.5 seed 3): no accounting row" in p for p in probs) and any(
+        "not in the manifest: ['7']" in p for p in probs
+    )

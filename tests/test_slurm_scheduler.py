@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timezone
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -96,7 +96,7 @@ def test_parse_time_left() -> None:
 # --------------------------------------------------------------------------------------- timestamps
 def test_parse_timestamp_epoch_is_utc() -> None:
     ts = S.parse_timestamp("1796110587")
-    assert ts == datetime(2026, 12, 1, 7, 36, 27, tzinfo=timezone.utc)
+    assert ts == datetime(2026, 12, 1, 7, 36, 27, tzinfo=UTC)
     assert ts is not None and ts.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
 
 
@@ -108,22 +108,22 @@ def test_parse_timestamp_unset(text: str) -> None:
 def test_parse_timestamp_local_text_in_explicit_zone() -> None:
     ny = ZoneInfo("America/New_York")
     # Standard time (UTC-5) and summer time (UTC-4).
-    assert S.parse_timestamp("2026-12-01T06:19:07", tz=ny) == datetime(2026, 12, 1, 11, 19, 7, tzinfo=timezone.utc)
-    assert S.parse_timestamp("2026-07-01T06:19:07", tz=ny) == datetime(2026, 7, 1, 10, 19, 7, tzinfo=timezone.utc)
+    assert S.parse_timestamp("2026-12-01T06:19:07", tz=ny) == datetime(2026, 12, 1, 11, 19, 7, tzinfo=UTC)
+    assert S.parse_timestamp("2026-07-01T06:19:07", tz=ny) == datetime(2026, 7, 1, 10, 19, 7, tzinfo=UTC)
     # The repeated hour at the end of summer time: the first occurrence (still UTC-4).
-    assert S.parse_timestamp("2026-11-01T01:30:00", tz=ny) == datetime(2026, 11, 1, 5, 30, tzinfo=timezone.utc)
+    assert S.parse_timestamp("2026-11-01T01:30:00", tz=ny) == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
     kolkata = ZoneInfo("Asia/Kolkata")
-    assert S.parse_timestamp("2026-12-01T12:00:00", tz=kolkata) == datetime(2026, 12, 1, 6, 30, tzinfo=timezone.utc)
+    assert S.parse_timestamp("2026-12-01T12:00:00", tz=kolkata) == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
 
 
 def test_parse_timestamp_local_text_uses_tz_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TZ", "Asia/Kolkata")
-    assert S.parse_timestamp("2026-12-01T12:00:00") == datetime(2026, 12, 1, 6, 30, tzinfo=timezone.utc)
+    assert S.parse_timestamp("2026-12-01T12:00:00") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
     assert S.local_timezone() == ZoneInfo("Asia/Kolkata")
 
 
 def test_parse_timestamp_with_offset() -> None:
-    assert S.parse_timestamp("2026-12-01T12:00:00+05:30") == datetime(2026, 12, 1, 6, 30, tzinfo=timezone.utc)
+    assert S.parse_timestamp("2026-12-01T12:00:00+05:30") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
 
 
 def test_parse_timestamp_rejects_garbage() -> None:
@@ -152,7 +152,7 @@ def test_parse_sacct_rows() -> None:
     ok_row = by_id["2"]
     assert ok_row.state == "COMPLETED" and ok_row.exit_code == 0 and ok_row.exit_signal == 0
     assert ok_row.comment == "regsha=a|b c"  # the delimiter inside the last field survives
-    assert ok_row.submit == datetime(2026, 12, 1, 7, 36, 27, tzinfo=timezone.utc)
+    assert ok_row.submit == datetime(2026, 12, 1, 7, 36, 27, tzinfo=UTC)
     assert ok_row.end is not None and ok_row.start is not None
     assert (ok_row.end - ok_row.start).total_seconds() == ok_row.elapsed_s == 2
     assert ok_row.timelimit_s == 300 and ok_row.node_list == "vm"

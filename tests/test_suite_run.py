@@ -10,16 +10,20 @@ import pytest
 
 from cli import main as cli
 
-PROTOCOL = ("kind: protocol\nname: tiny\nduration: 1500.0\nburst: {time: 200.0, size: 20, width: 20.0}\n"
-            "window: {start: 800.0, end: 1500.0}\nmin_window: 600.0\n")  # fmt: skip
+PROTOCOL = (
+    "kind: protocol\nname: tiny\nduration: 1500.0\nburst: {time: 200.0, size: 20, width: 20.0}\n"
+    "window: {start: 800.0, end: 1500.0}\nmin_window: 600.0\n"
+)
 
 
 def _test(folder: Path, name: str, seeds: str) -> Path:
     (folder / "protocols").mkdir(exist_ok=True)
     (folder / "protocols" / "tiny.yaml").write_text(PROTOCOL)
     p = folder / f"{name}.yaml"
-    p.write_text(f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n"
-                 f"arms: [burst, noburst, capped]\nrates: [1.35]\nseeds: {seeds}\ncap: 5\n")  # fmt: skip
+    p.write_text(
+        f"kind: test\nname: {name}\ncell: sglang-a100-300k\nworkload: standard\nprotocol: protocols/tiny.yaml\n"
+        f"arms: [burst, noburst, capped]\nrates: [1.35]\nseeds: {seeds}\ncap: 5\n"
+    )
     return p
 
 
@@ -35,7 +39,9 @@ def _verdict(folder: Path) -> dict:
 
 def test_two_tests_in_one_pool_give_what_each_gives_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = _test(tmp_path, "tiny-a", "[0, 1]"), _test(tmp_path, "tiny-b", "[2]")
-    code = cli.main(["test", "run", str(a), str(b), "--engine", "sim", "--jobs", "2", "--plain", "--out", str(tmp_path / "suite")])
+    code = cli.main(
+        ["test", "run", str(a), str(b), "--engine", "sim", "--jobs", "2", "--plain", "--out", str(tmp_path / "suite")]
+    )
     out = capsys.readouterr().out
     assert code in (0, 1)  # a verdict each (PASS or FAIL), not a crash
     assert "[9/9]" in out and "== tiny-a: 6 runs, 0 not completed" in out and "== tiny-b: 3 runs" in out

@@ -15,11 +15,11 @@ import pytest
 from analysis.report import analyze, markdown_table, runs_table, write_report
 from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import load_test
-from harness.workload.planfile import read_plan
 from harness.recording.record import load_run
+from harness.workload.planfile import read_plan
 from runs.arms import execute_run
-from runs.suite import run_test
 from runs.backend import BackendResult, RunContext, register_backend
+from runs.suite import run_test
 
 
 def _stub_backend(ctx: RunContext) -> BackendResult:
@@ -85,7 +85,9 @@ def test_test_run_and_report(tiny_test: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     results = run_test(tiny_test, "stub", out, jobs=2)
     assert len(results) == 9 and all(r.status == "COMPLETED" for r in results)
-    verdict, analyzed = analyze([r.run_dir for r in results], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    verdict, analyzed = analyze(
+        [r.run_dir for r in results], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]
+    )
     states = {(r["arm"], r["seed"]): r["state"] for r in verdict["runs"]}
     assert all(states[("noburst", s)] == "RECOVERED" for s in range(3))
     assert all(states[("burst", s)] != "TRAPPED" for s in range(3))
@@ -101,7 +103,9 @@ def test_test_run_and_report(tiny_test: Path, tmp_path: Path) -> None:
 def test_missing_run_counts_as_missing(tiny_test: Path, tmp_path: Path) -> None:
     bundle = load_test(tiny_test)
     d = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "a").run_dir
-    verdict, _ = analyze([d, tmp_path / "does-not-exist"], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    verdict, _ = analyze(
+        [d, tmp_path / "does-not-exist"], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]
+    )
     seeds = verdict["rates"][0]["seeds"]
     assert seeds["0"]["burst"] == "MISSING" and seeds["1"]["noburst"] == "MISSING"
     assert verdict["rates"][0]["verdict"] == "INCOMPLETE"  # the missing runs could still make it pass
@@ -165,7 +169,18 @@ def _late_backend(ctx: RunContext) -> BackendResult:
             continue
         sent, c = x
         n = len(c.prompt)
-        r = TurnResponse(c.request_id, "ok", sent, now, now - 1.0, np.zeros(c.max_tokens, np.int32), n, prev.get(c.session, 0), c.max_tokens, 200)
+        r = TurnResponse(
+            c.request_id,
+            "ok",
+            sent,
+            now,
+            now - 1.0,
+            np.zeros(c.max_tokens, np.int32),
+            n,
+            prev.get(c.session, 0),
+            c.max_tokens,
+            200,
+        )
         prev[c.session] = n + c.max_tokens
         push(now, client.on_response(now, r))
     return BackendResult("COMPLETED", None, ctx.duration, {"engine": {"backend": "late"}})
@@ -178,7 +193,9 @@ register_backend("late", _late_backend)
 def test_a_test_whose_runs_all_fail_ends_with_one_line_per_run(tiny_test: Path, tmp_path: Path, capsys) -> None:
     from cli import main as cli
 
-    code = cli.main(["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o")])
+    code = cli.main(
+        ["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o")]
+    )
     out, err = capsys.readouterr()
     assert code != 0
     assert "Traceback" not in out + err
@@ -188,7 +205,21 @@ def test_a_test_whose_runs_all_fail_ends_with_one_line_per_run(tiny_test: Path, 
     assert len(failed) == 9 and tail[-9:] == failed  # the output ends with them, one per run
     assert all(x.strip().endswith("RuntimeError: engine exploded on purpose") for x in failed)
     # asked for, the tracebacks come back
-    code = cli.main(["test", "run", str(tiny_test), "--engine", "boom", "--jobs", "2", "--plain", "--out", str(tmp_path / "o2"), "--debug"])
+    code = cli.main(
+        [
+            "test",
+            "run",
+            str(tiny_test),
+            "--engine",
+            "boom",
+            "--jobs",
+            "2",
+            "--plain",
+            "--out",
+            str(tmp_path / "o2"),
+            "--debug",
+        ]
+    )
     assert code != 0 and "Traceback" in capsys.readouterr().err
 
 
@@ -212,14 +243,29 @@ def test_arms_given_by_file_are_recorded_and_judged_by_name(tiny_test: Path, tmp
 
     arms = Path(__file__).resolve().parents[1] / "configs" / "arms"
     t = tmp_path / "by-file.yaml"
-    t.write_text(tiny_test.read_text().replace("arms: [burst, noburst, capped]", f"arms: [{arms / 'burst.yaml'}, {arms / 'noburst.yaml'}, capped]"))
+    t.write_text(
+        tiny_test.read_text().replace(
+            "arms: [burst, noburst, capped]", f"arms: [{arms / 'burst.yaml'}, {arms / 'noburst.yaml'}, capped]"
+        )
+    )
     results = run_test(t, "stub", tmp_path / "out", jobs=2)
     assert all(r.status == "COMPLETED" for r in results)
-    assert {json.loads((Path(r.run_dir) / "meta.json").read_text())["arm"] for r in results} == {"burst", "noburst", "capped"}
+    assert {json.loads((Path(r.run_dir) / "meta.json").read_text())["arm"] for r in results} == {
+        "burst",
+        "noburst",
+        "capped",
+    }
     assert {Path(r.run_dir).name.split("-")[0] for r in results} == {"burst", "noburst", "capped"}
     # the verdict now finds an expectation for every arm (it used to raise RuleError after the runs)
-    assert report_runs([r.run_dir for r in results], tmp_path / "out" / "analysis", test_path=str(t), rule=None, refs=None) == 1
-    assert json.loads((tmp_path / "out" / "analysis" / "verdict.json").read_text())["arms"] == ["burst", "noburst", "capped"]
+    assert (
+        report_runs([r.run_dir for r in results], tmp_path / "out" / "analysis", test_path=str(t), rule=None, refs=None)
+        == 1
+    )
+    assert json.loads((tmp_path / "out" / "analysis" / "verdict.json").read_text())["arms"] == [
+        "burst",
+        "noburst",
+        "capped",
+    ]
 
 
 def test_an_arm_the_rule_does_not_know_is_refused_before_any_run(tiny_test: Path, tmp_path: Path) -> None:
@@ -232,7 +278,8 @@ def test_an_arm_the_rule_does_not_know_is_refused_before_any_run(tiny_test: Path
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     # and a cell without lambda_ref is refused once, not once per run
     (tmp_path / "cell.yaml").write_text(
-        "kind: cell\nname: nolam\nengine: {name: sglang, version: x}\nmodel: m\ngpu: g\nkv_pool_tokens: 1000\n")
+        "kind: cell\nname: nolam\nengine: {name: sglang, version: x}\nmodel: m\ngpu: g\nkv_pool_tokens: 1000\n"
+    )
     t2 = tmp_path / "nolam.yaml"
     t2.write_text(tiny_test.read_text().replace("cell: sglang-a100-300k", f"cell: {tmp_path / 'cell.yaml'}"))
     with pytest.raises(ConfigError, match="lambda_ref and all_miss_token_rate are needed"):
@@ -249,7 +296,9 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
     ol = meta["open_loop"]
     assert ol["p50_s"] == pytest.approx(0.3) and ol["p99_s"] == pytest.approx(0.3) and ol["max_s"] == pytest.approx(0.3)
     assert ol["bound_p99_s"] == bundle.test.start_lateness_p99 == 0.1 and ol["within_bound"] is False
-    assert ol["n"] == meta["client"]["arrived"] and len(meta["warnings"]) == 1 and "not open-loop" in meta["warnings"][0]
+    assert (
+        ol["n"] == meta["client"]["arrived"] and len(meta["warnings"]) == 1 and "not open-loop" in meta["warnings"][0]
+    )
     assert res.warnings == meta["warnings"] and "p99 300.0 ms" in _lateness(res)
     assert ol["judged"] == "base" and ol["burst"]["n"] == 0
     burst = execute_run(bundle, "BURST", 1.35, 0, "late", tmp_path / "late-burst").open_loop
@@ -261,7 +310,9 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
     # no gate: nothing waited at one, however late the client was
     assert by_dir["late"]["stats"]["gate_waited"] == 0 and by_dir["on-time"]["stats"]["gate_waited"] == 0
     assert verdict["open_loop"]["not_within"] == ["late"]
-    assert "not open-loop within the registered bound" in runs_table(verdict) and "p99 300 ms > 100 ms" in runs_table(verdict)
+    assert "not open-loop within the registered bound" in runs_table(verdict) and "p99 300 ms > 100 ms" in runs_table(
+        verdict
+    )
 
 
 def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Path) -> None:
@@ -270,7 +321,9 @@ def test_a_scaled_protocol_needs_a_rule_scaled_alike_before_any_run(tmp_path: Pa
     shipped = (Path(__file__).resolve().parents[1] / "configs" / "tests" / "e2-vllm-cpu.yaml").read_text()
     t = tmp_path / "paper-rule.yaml"
     t.write_text(shipped.replace("rule: e2-cpu", "rule: e2"))
-    with pytest.raises(ConfigError, match=r"rule 'e2' does not match protocol 'e2-cpu': min_window 600 \(protocol 12\)"):
+    with pytest.raises(
+        ConfigError, match=r"rule 'e2' does not match protocol 'e2-cpu': min_window 600 \(protocol 12\)"
+    ):
         run_test(t, "stub", tmp_path / "out", jobs=1)
     assert not (tmp_path / "out").exists()
     # the shipped test names its scaled rule and passes the check

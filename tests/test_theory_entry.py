@@ -45,7 +45,7 @@ def test_workload_moments(mom) -> None:
     assert mom.mean_T == pytest.approx(14.761, abs=half_ulp(3))
     assert mom.mean_W == pytest.approx(154_529, abs=half_ulp(0))
     assert mom.E_bar == pytest.approx(10_569, abs=half_ulp(0))
-    assert mom.A1 == pytest.approx(144_960, abs=half_ulp(0))
+    assert pytest.approx(144_960, abs=half_ulp(0)) == mom.A1
     assert mom.mean_ET == pytest.approx(11_045, abs=half_ulp(0))
     assert mom.hit_ceiling == pytest.approx(1 - 1 / mom.mean_T)
     assert mom.w.sum() == pytest.approx(1.0)
@@ -59,7 +59,7 @@ def test_onset_300k(server, mom) -> None:
     assert on.tool_term == pytest.approx(4.94, abs=half_ulp(2))
     assert on.pool_term == pytest.approx(27.76, abs=half_ulp(2))
     assert on.n_b == pytest.approx(32.70, abs=half_ulp(2))
-    assert on.E_S == pytest.approx(10_800, rel=0.01)  # "about 10.8k tokens"
+    assert pytest.approx(10_800, rel=0.01) == on.E_S  # "about 10.8k tokens"
     assert on.mu_b == pytest.approx(on.nu_b / mom.mean_T)
 
 
@@ -70,7 +70,7 @@ def test_onset_h200_and_speed_law(server, mom) -> None:
     # Proposition 3(c) holds exactly in the model: nu_b scales, E_S is invariant
     assert fast.n_b == pytest.approx(onset_speed_law(on1, H200_SPEED, mom.tool_per_turn), rel=1e-9)
     assert fast.nu_b == pytest.approx(H200_SPEED * on1.nu_b, rel=1e-9)
-    assert fast.E_S == pytest.approx(on1.E_S, rel=1e-9)
+    assert pytest.approx(on1.E_S, rel=1e-9) == fast.E_S
 
 
 @pytest.mark.parametrize("M, pool_term, decimals", [(150_000, 13.6, 1), (600_000, 56.1, 1), (955_757, 89.8, 1)])
@@ -102,7 +102,9 @@ def test_queue_free_branch_meets_onset(server) -> None:
 def test_prop4a_capacity_scales_with_speed(mom) -> None:
     base = all_miss_onset(Server(CostModel(), mom), 300_000).mu_b
     for s in (0.5, 2.0, 2.742):
-        assert all_miss_onset(Server(CostModel().scaled(speed=s), mom), 300_000).mu_b == pytest.approx(s * base, rel=1e-9)
+        assert all_miss_onset(Server(CostModel().scaled(speed=s), mom), 300_000).mu_b == pytest.approx(
+            s * base, rel=1e-9
+        )
 
 
 @pytest.mark.parametrize("M, paper", [(300_000, 31.5), (150_000, 16.9), (600_000, 60.0), (955_757, 93.7)])

@@ -44,7 +44,7 @@ def test_all_miss_capacity(std: ModelF, mirror: ModelF) -> None:
 def test_sglang_300k_at_165(std: ModelF) -> None:
     a = std.asymptotics(1.65 * LAMBDA_REF)
     assert a.rho == pytest.approx(1.64, abs=half_ulp(2))
-    assert a.H == pytest.approx(0.989, abs=half_ulp(3))
+    assert pytest.approx(0.989, abs=half_ulp(3)) == a.H
     assert a.Gamma == pytest.approx(1.236, abs=half_ulp(3))
     assert a.D_over_lambda_miss == pytest.approx(1.223, abs=half_ulp(3))
     assert a.D_over_lambda_miss == pytest.approx(a.H * a.Gamma, rel=1e-12)  # Theorem 2's product
@@ -52,10 +52,10 @@ def test_sglang_300k_at_165(std: ModelF) -> None:
 
 def test_mirror_at_165(mirror: ModelF) -> None:
     a = mirror.asymptotics(1.65 * LAMBDA_REF)
-    assert a.H == pytest.approx(0.699, abs=half_ulp(3))
+    assert pytest.approx(0.699, abs=half_ulp(3)) == a.H
     assert a.Gamma == pytest.approx(1.103, abs=half_ulp(3))
     assert a.D_over_lambda_miss == pytest.approx(0.771, abs=half_ulp(3))
-    assert a.D / LAMBDA_REF == pytest.approx(0.81, abs=half_ulp(2))  # "0.81 lambda_ref asymptotically"
+    assert pytest.approx(0.81, abs=half_ulp(2)) == a.D / LAMBDA_REF  # "0.81 lambda_ref asymptotically"
     assert a.alpha_over_excess == pytest.approx(1.4, abs=half_ulp(1))  # "1.4 times asymptotically"
 
 
@@ -69,7 +69,7 @@ def test_table3_and_ps(std: ModelF, mult, rho, prompt, gap, D_ref, alpha_ex, ps_
     assert a.rho == pytest.approx(rho, abs=half_ulp(2))
     assert a.tilted_prompt == pytest.approx(prompt, abs=half_ulp(0))
     assert a.gap_slope_completion == pytest.approx(gap, abs=half_ulp(3))
-    assert a.D / LAMBDA_REF == pytest.approx(D_ref, abs=half_ulp(2))
+    assert pytest.approx(D_ref, abs=half_ulp(2)) == a.D / LAMBDA_REF
     assert a.alpha_over_excess == pytest.approx(alpha_ex, abs=half_ulp(3))
     assert std.ps_backlog_growth(lam) / (lam - std.lambda_miss) == pytest.approx(ps_ex, abs=half_ulp(3))
 
@@ -89,7 +89,7 @@ def test_perron_root_robust(std: ModelF, rho: float) -> None:
     lam = rho * std.lambda_miss
     z = std.perron_root(lam)
     assert z > 1.0
-    phi = lam * float(np.sum(std.c * std.G * z ** -std.k))
+    phi = lam * float(np.sum(std.c * std.G * z**-std.k))
     assert phi == pytest.approx(1.0, abs=1e-12)
 
 
@@ -99,7 +99,9 @@ def test_near_threshold_expansions(std: ModelF) -> None:
     for eps in (1e-2, 1e-3):
         a = std.asymptotics((1 + eps) * std.lambda_miss)
         nt = std.near_threshold(1 + eps)
-        errs.append((abs(a.gamma - nt["gamma"]) / eps**2, abs(a.D_over_lambda_miss - nt["D_over_lambda_miss"]) / eps**2))
+        errs.append(
+            (abs(a.gamma - nt["gamma"]) / eps**2, abs(a.D_over_lambda_miss - nt["D_over_lambda_miss"]) / eps**2)
+        )
         assert a.alpha_over_excess == pytest.approx(nt["alpha_over_excess"], rel=50 * eps)
     for i in range(2):
         assert errs[1][i] < 2 * errs[0][i] + 1e-9  # bounded second-order coefficient
@@ -109,7 +111,7 @@ def test_no_premium_for_geometric_T_with_constant_costs() -> None:
     G = survival(15.0, 3000)  # effectively untruncated
     mf = ModelF(c=np.ones_like(G), G=G, L=np.ones_like(G))
     a = mf.asymptotics(2.0 * mf.lambda_miss)
-    assert a.H == pytest.approx(1.0, abs=1e-9)
+    assert pytest.approx(1.0, abs=1e-9) == a.H
     assert a.Gamma == pytest.approx(1.0, abs=1e-12)
 
 
@@ -119,7 +121,7 @@ def test_truncation_and_cost_growth_monotone(std: ModelF) -> None:
     for rho in np.linspace(1.01, 6.0, 25):
         a = std.asymptotics(rho * std.lambda_miss)
         assert 1 - q**K < a.H < 1.0
-        assert a.H <= prev_H + 1e-15 and a.Gamma >= prev_G - 1e-15
+        assert prev_H + 1e-15 >= a.H and a.Gamma >= prev_G - 1e-15
         prev_H, prev_G = a.H, a.Gamma
 
 

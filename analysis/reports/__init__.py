@@ -8,8 +8,9 @@ rule spec's `report` key names the module (default: the generic tables and Fig. 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import orjson
 
@@ -23,7 +24,9 @@ def module_for(verdict: Mapping[str, Any]) -> Any:
     return importlib.import_module(f"analysis.reports.{name}")
 
 
-def write_staged_report(verdict: Mapping[str, Any], analyzed: Sequence[Any], out_dir: Path | str) -> tuple[dict[str, Path], str]:
+def write_staged_report(
+    verdict: Mapping[str, Any], analyzed: Sequence[Any], out_dir: Path | str
+) -> tuple[dict[str, Path], str]:
     """verdict.json, report.md and figure.png in out_dir; returns the paths and the Markdown."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,34 @@ why each group and the test are what they are, a per-run table, and the Fig. 1-s
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-LETTER = {"STUCK": "S", "GOOD": "G", "NEITHER": "N", "TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I",
-          "RESCUED": "R", "NOT-RESCUED": "x", "RENEWAL": "R", "CURVE": "C", "NOT-TRAPPED": "N", "MIXED": "M", "STABLE": "s",
-          "UNSTABLE": "u", "MISSING": "-", "FAILED": "F", "INVALID": "X", "NOT-COUNTED": "X", "PARTIAL": "P", "NOT-STUCK": "n"}  # fmt: skip
+LETTER = {
+    "STUCK": "S",
+    "GOOD": "G",
+    "NEITHER": "N",
+    "TRAPPED": "T",
+    "RECOVERED": "R",
+    "DRAINING": "D",
+    "INDETERMINATE": "I",
+    "RESCUED": "R",
+    "NOT-RESCUED": "x",
+    "RENEWAL": "R",
+    "CURVE": "C",
+    "NOT-TRAPPED": "N",
+    "MIXED": "M",
+    "STABLE": "s",
+    "UNSTABLE": "u",
+    "MISSING": "-",
+    "FAILED": "F",
+    "INVALID": "X",
+    "NOT-COUNTED": "X",
+    "PARTIAL": "P",
+    "NOT-STUCK": "n",
+}
 
 
 def num(v: Any, fmt: str = "{:.3f}") -> str:
@@ -32,12 +53,15 @@ def rng(vals: Sequence[Any], fmt: str = "{:.3f}") -> str:
     return a if a == b else f"{a}–{b}"
 
 
-def runs_of(verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None = None) -> dict[int, Mapping[str, Any]]:
+def runs_of(
+    verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None = None
+) -> dict[int, Mapping[str, Any]]:
     arms = [arm.lower()] if isinstance(arm, str) else [a.lower() for a in arm]
     return {
-        r["seed"]: r for r in verdict["runs"]
+        r["seed"]: r
+        for r in verdict["runs"]
         if r["arm"].lower() in arms and (rate is None or (r["rate"] is not None and abs(r["rate"] - rate) < 1e-9))
-    }  # fmt: skip
+    }
 
 
 def q(run: Mapping[str, Any] | None, key: str) -> Any:
@@ -105,24 +129,42 @@ def header(verdict: Mapping[str, Any], title: str) -> list[str]:
         f"seeds {', '.join(str(s) for s in verdict['seeds'])}.",
     ]
     if pred:
-        out.append(f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen {pred.get('frozen_at')}).")
+        out.append(
+            f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen {pred.get('frozen_at')})."
+        )
     out.append("")
     return out
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(head) + " |",
+        "| " + " | ".join("---" for _ in head) + " |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
-def per_run_table(verdict: Mapping[str, Any], columns: Sequence[tuple[str, str, str]], lsets: Sequence[str]) -> list[str]:
+def per_run_table(
+    verdict: Mapping[str, Any], columns: Sequence[tuple[str, str, str]], lsets: Sequence[str]
+) -> list[str]:
     """One row per run: arm, rate, seed, status, the named label sets, then (title, key, format)."""
     head = ["arm", "λ/λref", "seed", *lsets, *(c[0] for c in columns)]
     rows = []
     for r in sorted(verdict["runs"], key=lambda r: (r["arm"], r["rate"] if r["rate"] is not None else 0, r["seed"])):
-        rows.append([r["arm"], num(r["rate"], "{:g}"), str(r["seed"]), *(label(r, s) for s in lsets),
-                     *(num(q(r, k), f) for _, k, f in columns)])  # fmt: skip
-    notes = [f"- {r['arm']} {num(r['rate'], '{:g}')} seed {r['seed']}: {r['status']}: {r['reason']}" for r in verdict["runs"]
-             if r["status"] != "complete" or r.get("reason")]  # fmt: skip
+        rows.append(
+            [
+                r["arm"],
+                num(r["rate"], "{:g}"),
+                str(r["seed"]),
+                *(label(r, s) for s in lsets),
+                *(num(q(r, k), f) for _, k, f in columns),
+            ]
+        )
+    notes = [
+        f"- {r['arm']} {num(r['rate'], '{:g}')} seed {r['seed']}: {r['status']}: {r['reason']}"
+        for r in verdict["runs"]
+        if r["status"] != "complete" or r.get("reason")
+    ]
     return [*table(head, rows), *([""] + notes if notes else [])]
 
 
@@ -143,8 +185,14 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def hit_backlog_figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any, *, title: str = "",
-                       marks: Callable[[Any, float], None] | None = None) -> Any:  # fmt: skip
+def hit_backlog_figure(
+    verdict: Mapping[str, Any],
+    analyzed: Sequence[Any],
+    path: Any,
+    *,
+    title: str = "",
+    marks: Callable[[Any, float], None] | None = None,
+) -> Any:
     """Fig. 1 layout for any arms: per rate a column, hit fraction (100 s) on top, sessions in the
     system (log) below, one line per run coloured by arm."""
     import matplotlib

@@ -4,15 +4,20 @@ per 300 s and the backlog, with model F's frozen trajectory dashed)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from analysis.reports.common import header, num, outcome_block, per_run_table, q, runs_of, table
 from analysis.predictions import Predictions
+from analysis.reports.common import header, num, outcome_block, per_run_table, q, runs_of, table
 
-COLUMNS = [("follow-up hit", "followup_hit", "{:.3f}"), ("burst done", "wave.done", "{:.0f}"), ("served prompt", "prompt_w", "{:.0f}"),
-           ("model F prompt", "pred.prompt", "{:.0f}")]  # fmt: skip
+COLUMNS = [
+    ("follow-up hit", "followup_hit", "{:.3f}"),
+    ("burst done", "wave.done", "{:.0f}"),
+    ("served prompt", "prompt_w", "{:.0f}"),
+    ("model F prompt", "pred.prompt", "{:.0f}"),
+]
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -22,16 +27,48 @@ def markdown(verdict: Mapping[str, Any]) -> str:
         rr = runs_of(verdict, arm, rate)
         for s in verdict["seeds"]:
             r = rr.get(s)
-            rows.append([f"{rate:g}, {s}", f"{num(q(r, 'c_blackout'))} ({num(q(r, 'pred.c_blackout'))})",
-                         f"{num(q(r, 'wave.time'), '{:.0f}')} ({num(q(r, 'pred.wave'), '{:.0f}')})",
-                         f"{num(q(r, 'c_late'))} ({num(q(r, 'pred.c_late'))})",
-                         f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / {num(q(r, 'pred.qs_slope'), '{:.4f}')})",
-                         "".join(("✓" if q(r, m) else "✗") for m in ("m1", "m2", "m3", "m4")), r["labels"].get("mirror", "-") if r else "MISSING",
-                         num(q(r, "w5")), num(q(r, "w7")), num(q(r, "w8")), num(q(r, "w10_below"))])  # fmt: skip
-    head = ["rate, seed", "[2400, 3600) × λref", "wave (s)", "[6600, 8700) × λref", "slope [6000, 8700) (F / QS)", "M1–M4", "label",
-            "W5", "W7", "W8", "W10 below"]  # fmt: skip
-    return "\n".join([*header(verdict, "MIRROR"), "Measured, with model F's frozen value in parentheses.", "", *table(head, rows), "",
-                      outcome_block(verdict), "", "#### Per run", "", *per_run_table(verdict, COLUMNS, ["endpoint", "mirror"])])  # fmt: skip
+            rows.append(
+                [
+                    f"{rate:g}, {s}",
+                    f"{num(q(r, 'c_blackout'))} ({num(q(r, 'pred.c_blackout'))})",
+                    f"{num(q(r, 'wave.time'), '{:.0f}')} ({num(q(r, 'pred.wave'), '{:.0f}')})",
+                    f"{num(q(r, 'c_late'))} ({num(q(r, 'pred.c_late'))})",
+                    f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / {num(q(r, 'pred.qs_slope'), '{:.4f}')})",
+                    "".join(("✓" if q(r, m) else "✗") for m in ("m1", "m2", "m3", "m4")),
+                    r["labels"].get("mirror", "-") if r else "MISSING",
+                    num(q(r, "w5")),
+                    num(q(r, "w7")),
+                    num(q(r, "w8")),
+                    num(q(r, "w10_below")),
+                ]
+            )
+    head = [
+        "rate, seed",
+        "[2400, 3600) × λref",
+        "wave (s)",
+        "[6600, 8700) × λref",
+        "slope [6000, 8700) (F / QS)",
+        "M1–M4",
+        "label",
+        "W5",
+        "W7",
+        "W8",
+        "W10 below",
+    ]
+    return "\n".join(
+        [
+            *header(verdict, "MIRROR"),
+            "Measured, with model F's frozen value in parentheses.",
+            "",
+            *table(head, rows),
+            "",
+            outcome_block(verdict),
+            "",
+            "#### Per run",
+            "",
+            *per_run_table(verdict, COLUMNS, ["endpoint", "mirror"]),
+        ]
+    )
 
 
 def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> Any:
@@ -63,7 +100,12 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             # 300 s means of sessions in the system
             k = max(1, int(round(300.0 / np.diff(s["backlog_t"][:2]).sum()))) if len(s["backlog_t"]) > 1 else 1
             n = len(s["in_system"]) // k * k
-            bot.plot(s["backlog_t"][:n].reshape(-1, k).mean(axis=1), s["in_system"][:n].reshape(-1, k).mean(axis=1), color=c, lw=1.0)
+            bot.plot(
+                s["backlog_t"][:n].reshape(-1, k).mean(axis=1),
+                s["in_system"][:n].reshape(-1, k).mean(axis=1),
+                color=c,
+                lw=1.0,
+            )
             tr = preds.trajectory(a.run.arm, a.run.rate, a.run.seed) if preds and is_b else None
             if tr:
                 t = np.asarray(tr["t"])
@@ -71,8 +113,14 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
                 w = 300.0 / max(1e-9, float(t[1] - t[0])) if len(t) > 1 else 1
                 kk = max(1, int(round(w)))
                 m = len(t) // kk * kk
-                top.step(t[:m].reshape(-1, kk).mean(axis=1), np.asarray(tr["completions"])[:m].reshape(-1, kk).mean(axis=1),
-                         where="mid", color=c, ls="--", lw=0.8)  # fmt: skip
+                top.step(
+                    t[:m].reshape(-1, kk).mean(axis=1),
+                    np.asarray(tr["completions"])[:m].reshape(-1, kk).mean(axis=1),
+                    where="mid",
+                    color=c,
+                    ls="--",
+                    lw=0.8,
+                )
         top.set_title(f"{rate:g} × λref")
         top.set_ylabel("completions (λref, 300 s)")
         bot.set_ylabel("sessions in system (300 s means)")

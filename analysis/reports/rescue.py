@@ -3,14 +3,19 @@ outstanding work of the rescue runs against their controls, with t_on and each r
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from analysis.reports.common import header, label, num, outcome_block, per_run_table, q, runs_of, table
 
-COLUMNS = [("follow-up hit [t_on, end)", "control_hit_after", "{:.3f}"), ("hit last 300 s", "hit_last", "{:.3f}"),
-           ("failed sessions", "failed_sessions", "{:.0f}"), ("unmatched pauses", "gate.unmatched_pauses", "{:.0f}")]  # fmt: skip
+COLUMNS = [
+    ("follow-up hit [t_on, end)", "control_hit_after", "{:.3f}"),
+    ("hit last 300 s", "hit_last", "{:.3f}"),
+    ("failed sessions", "failed_sessions", "{:.0f}"),
+    ("unmatched pauses", "gate.unmatched_pauses", "{:.0f}"),
+]
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -23,19 +28,54 @@ def markdown(verdict: Mapping[str, Any]) -> str:
         for s in verdict["seeds"]:
             r = rr.get(s)
             pt = q(r, "post_tokens")
-            rows.append([num(rate, "{:g}"), str(s), num(q(r, "pre_hit"), "{:.3f}"), num(q(r, "outstanding_on"), "{:.0f}"),
-                         num(q(r, "gate.release"), "{:.0f}"), num(q(r, "gate.paused_sessions"), "{:.0f}"), num(q(r, "gate.max_held"), "{:.0f}"),
-                         num(q(r, "gate.delay_h"), "{:.1f}"), num(q(r, "post.min"), "{:.3f}"), num(q(r, "post.whole"), "{:.3f}"),
-                         num(pt / amr if isinstance(pt, float) else None, "{:.2f}"), label(r, "rescue"),
-                         "yes" if r and r.get("flags", {}).get("relapse") else "no", label(cr.get(s), "control")])  # fmt: skip
-    head = ["λ/λref", "seed", "follow-up hit before t_on", "outstanding at t_on", "t_rel (s)", "paused", "held", "delay (h)",
-            "lowest 300 s after", "follow-up hit after", "tokens × all-miss after", "rescue", "relapse", "control"]  # fmt: skip
-    lines = [*header(verdict, "rescue"),
-             "After = over [t_rel + 300, 8700) s. Outstanding: requests in flight plus sessions held at the gate or paused. "
-             "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up hit over "
-             "[t_on, 8700) is below 0.2 and it is not RECOVERED.", "",
-             *table(head, rows), "", outcome_block(verdict), "", "#### Per run", "",
-             *per_run_table(verdict, COLUMNS, ["valid", "released", "postgood", "rescue", "control"])]  # fmt: skip
+            rows.append(
+                [
+                    num(rate, "{:g}"),
+                    str(s),
+                    num(q(r, "pre_hit"), "{:.3f}"),
+                    num(q(r, "outstanding_on"), "{:.0f}"),
+                    num(q(r, "gate.release"), "{:.0f}"),
+                    num(q(r, "gate.paused_sessions"), "{:.0f}"),
+                    num(q(r, "gate.max_held"), "{:.0f}"),
+                    num(q(r, "gate.delay_h"), "{:.1f}"),
+                    num(q(r, "post.min"), "{:.3f}"),
+                    num(q(r, "post.whole"), "{:.3f}"),
+                    num(pt / amr if isinstance(pt, float) else None, "{:.2f}"),
+                    label(r, "rescue"),
+                    "yes" if r and r.get("flags", {}).get("relapse") else "no",
+                    label(cr.get(s), "control"),
+                ]
+            )
+    head = [
+        "λ/λref",
+        "seed",
+        "follow-up hit before t_on",
+        "outstanding at t_on",
+        "t_rel (s)",
+        "paused",
+        "held",
+        "delay (h)",
+        "lowest 300 s after",
+        "follow-up hit after",
+        "tokens × all-miss after",
+        "rescue",
+        "relapse",
+        "control",
+    ]
+    lines = [
+        *header(verdict, "rescue"),
+        "After = over [t_rel + 300, 8700) s. Outstanding: requests in flight plus sessions held at the gate or paused. "
+        "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up hit over "
+        "[t_on, 8700) is below 0.2 and it is not RECOVERED.",
+        "",
+        *table(head, rows),
+        "",
+        outcome_block(verdict),
+        "",
+        "#### Per run",
+        "",
+        *per_run_table(verdict, COLUMNS, ["valid", "released", "postgood", "rescue", "control"]),
+    ]
     return "\n".join(lines)
 
 
@@ -46,7 +86,11 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
     import matplotlib.pyplot as plt
 
     roles = verdict["rule_spec"]["roles"]
-    colors = {roles["rescue"]["arm"].lower(): "#239b56", roles["control"]["arm"].lower(): "#c0392b", "noburst": "#2471a3"}
+    colors = {
+        roles["rescue"]["arm"].lower(): "#239b56",
+        roles["control"]["arm"].lower(): "#c0392b",
+        "noburst": "#2471a3",
+    }
     rates = list(verdict["registered_rates"])
     fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
     t_on = float(verdict["rule_spec"]["params"]["t_on"])

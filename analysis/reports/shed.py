@@ -3,12 +3,28 @@ sessions refused."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from analysis.reports.common import header, hit_backlog_figure, letters, num, outcome_block, per_run_table, q, rng, runs_of, table
+from analysis.reports.common import (
+    header,
+    hit_backlog_figure,
+    letters,
+    num,
+    outcome_block,
+    per_run_table,
+    q,
+    rng,
+    runs_of,
+    table,
+)
 
-COLUMNS = [("hit", "hit", "{:.3f}"), ("slope", "slope", "{:+.4f}"), ("outstanding end", "outstanding_end", "{:.0f}"),
-           ("refused", "gate.refused", "{:.0f}")]  # fmt: skip
+COLUMNS = [
+    ("hit", "hit", "{:.3f}"),
+    ("slope", "slope", "{:+.4f}"),
+    ("outstanding end", "outstanding_end", "{:.0f}"),
+    ("refused", "gate.refused", "{:.0f}"),
+]
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -19,13 +35,32 @@ def markdown(verdict: Mapping[str, Any]) -> str:
             st = [rs[s] for s in verdict["seeds"] if s in rs]
             if not st:
                 continue
-            rows.append([num(rate, "{:g}"), arm, num(q(st[0], "arm.shed.duration"), "{:.0f}"), letters(verdict, arm, rate, "endpoint"),
-                         letters(verdict, arm, rate, "state"), rng([q(r, "hit") for r in st]),
-                         ", ".join(num(q(rs.get(s), "outstanding_end"), "{:.0f}") for s in verdict["seeds"]),
-                         ", ".join(num(q(rs.get(s), "gate.refused"), "{:.0f}") for s in verdict["seeds"])])  # fmt: skip
-    return "\n".join([*header(verdict, "SHED"), "Endpoints per seed: S stuck, G good (r14), N neither.", "",
-                      *table(["λ/λref", "arm", "τ (s)", "endpoints", "states", "hit", "outstanding at end", "refused"], rows),
-                      "", outcome_block(verdict), "", "#### Per run", "", *per_run_table(verdict, COLUMNS, ["endpoint", "state"])])  # fmt: skip
+            rows.append(
+                [
+                    num(rate, "{:g}"),
+                    arm,
+                    num(q(st[0], "arm.shed.duration"), "{:.0f}"),
+                    letters(verdict, arm, rate, "endpoint"),
+                    letters(verdict, arm, rate, "state"),
+                    rng([q(r, "hit") for r in st]),
+                    ", ".join(num(q(rs.get(s), "outstanding_end"), "{:.0f}") for s in verdict["seeds"]),
+                    ", ".join(num(q(rs.get(s), "gate.refused"), "{:.0f}") for s in verdict["seeds"]),
+                ]
+            )
+    return "\n".join(
+        [
+            *header(verdict, "SHED"),
+            "Endpoints per seed: S stuck, G good (r14), N neither.",
+            "",
+            *table(["λ/λref", "arm", "τ (s)", "endpoints", "states", "hit", "outstanding at end", "refused"], rows),
+            "",
+            outcome_block(verdict),
+            "",
+            "#### Per run",
+            "",
+            *per_run_table(verdict, COLUMNS, ["endpoint", "state"]),
+        ]
+    )
 
 
 def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> Any:

@@ -3,14 +3,32 @@ slope against the threshold and slowed calls; for r15 the trap-state scores S1-S
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from analysis.reports.common import header, hit_backlog_figure, letters, num, outcome_block, per_run_table, q, rng, runs_of, table
+from analysis.reports.common import (
+    header,
+    hit_backlog_figure,
+    letters,
+    num,
+    outcome_block,
+    per_run_table,
+    q,
+    rng,
+    runs_of,
+    table,
+)
 from analysis.reports.scores import scores_table
 
-COLUMNS = [("hit", "hit", "{:.3f}"), ("slope", "slope", "{:+.4f}"), ("threshold", "slope_threshold", "{:.4f}"),
-           ("outstanding end", "outstanding_end", "{:.0f}"), ("slowed sessions", "trigger.n", "{:.0f}"),
-           ("last slowed left", "trigger.last_left", "{:.0f}"), ("hits after", "trigger.hits_after", "{:.0f}")]  # fmt: skip
+COLUMNS = [
+    ("hit", "hit", "{:.3f}"),
+    ("slope", "slope", "{:+.4f}"),
+    ("threshold", "slope_threshold", "{:.4f}"),
+    ("outstanding end", "outstanding_end", "{:.0f}"),
+    ("slowed sessions", "trigger.n", "{:.0f}"),
+    ("last slowed left", "trigger.last_left", "{:.0f}"),
+    ("hits after", "trigger.hits_after", "{:.0f}"),
+]
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -22,14 +40,33 @@ def markdown(verdict: Mapping[str, Any]) -> str:
             if not st:
                 continue
             ts = q(st[0], "arm.toolslow.delta")
-            window = f"[{num(q(st[0], 'arm.toolslow.start'), '{:.0f}')}, {num(q(st[0], 'arm.toolslow.end'), '{:.0f}')})" if ts else "-"
-            rows.append([num(rate, "{:g}"), arm, num(ts, "{:.0f}"), window, letters(verdict, arm, rate, "endpoint"),
-                         rng([q(r, "hit") for r in st]), rng([q(r, "slope") for r in st], "{:+.4f}"),
-                         rng([q(r, "slope_threshold") for r in st], "{:.4f}")])  # fmt: skip
-    lines = [*header(verdict, "TOOLSLOW"),
-             "Endpoints per seed: S stuck, G good (RECOVERED, or hit > 0.8 with slope at most 0.5 (λ − λref)), N neither.", "",
-             *table(["λ/λref", "arm", "δ (s)", "slowed calls starting in", "endpoints", "hit", "slope (s⁻¹)", "threshold"], rows),
-             "", outcome_block(verdict)]  # fmt: skip
+            window = (
+                f"[{num(q(st[0], 'arm.toolslow.start'), '{:.0f}')}, {num(q(st[0], 'arm.toolslow.end'), '{:.0f}')})"
+                if ts
+                else "-"
+            )
+            rows.append(
+                [
+                    num(rate, "{:g}"),
+                    arm,
+                    num(ts, "{:.0f}"),
+                    window,
+                    letters(verdict, arm, rate, "endpoint"),
+                    rng([q(r, "hit") for r in st]),
+                    rng([q(r, "slope") for r in st], "{:+.4f}"),
+                    rng([q(r, "slope_threshold") for r in st], "{:.4f}"),
+                ]
+            )
+    lines = [
+        *header(verdict, "TOOLSLOW"),
+        "Endpoints per seed: S stuck, G good (RECOVERED, or hit > 0.8 with slope at most 0.5 (λ − λref)), N neither.",
+        "",
+        *table(
+            ["λ/λref", "arm", "δ (s)", "slowed calls starting in", "endpoints", "hit", "slope (s⁻¹)", "threshold"], rows
+        ),
+        "",
+        outcome_block(verdict),
+    ]
     if any("S1_pooled" in g["checks"] for g in verdict["groups"]):
         lines += ["", "#### Trap-state scores (stuck runs)", "", *scores_table(verdict)]
     lines += ["", "#### Per run", "", *per_run_table(verdict, COLUMNS, ["endpoint", "state", "persistence"])]

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ class ExactFluid:
             return True
         return False
 
-    def run(self, t_end: float, *, min_cycle: float = 0.0, max_generations: int = 1_000_000) -> "ExactFluid":
+    def run(self, t_end: float, *, min_cycle: float = 0.0, max_generations: int = 1_000_000) -> ExactFluid:
         """Build the solution until the frontier passes t_end, the queue empties, or the cycle
         V(b_n) falls below min_cycle (useful for rho < 1, where b_n only converges to the empty time).
         """
@@ -279,9 +280,7 @@ class ExactFluid:
             "backlog_slope": float(np.polyfit(t, tr["backlog"], 1)[0]),
             "completion_rate": float(np.polyfit(t, tr["departures"], 1)[0]),
             "served_prompt": self.served_prompt(t1, t2),
-            "pending_prompt": float(
-                np.dot(self.pending(t2)[0], self.model.L) / self.pending(t2)[0].sum()
-            ),
+            "pending_prompt": float(np.dot(self.pending(t2)[0], self.model.L) / self.pending(t2)[0].sum()),
         }
 
 
@@ -314,7 +313,7 @@ def time_to_backlog(fl: ExactFluid, level: float, t_from: float) -> float:
     """First time >= t_from at which the fluid backlog falls to `level` (nan if not reached)."""
     t = np.linspace(t_from, fl.frontier, 20001)
     N = fl.N(t)
-    idx = np.nonzero(N <= level)[0]
+    idx = np.nonzero(level >= N)[0]
     if idx.size == 0:
         return math.nan
     i = int(idx[0])

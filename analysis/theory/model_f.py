@@ -91,7 +91,7 @@ class ModelF:
     def rho(self, lam: float) -> float:
         return lam / self.lambda_miss
 
-    def scaled(self, speed: float) -> "ModelF":
+    def scaled(self, speed: float) -> ModelF:
         """Every cost divided by `speed` (a uniform GPU speed-up)."""
         return ModelF(c=self.c / speed, G=self.G, L=self.L)
 
@@ -131,10 +131,10 @@ class ModelF:
         return float(np.max(np.abs(others))) if others.size else 0.0
 
     # -- asymptotics ----------------------------------------------------------------------------
-    def asymptotics(self, lam: float) -> "Asymptotics":
+    def asymptotics(self, lam: float) -> Asymptotics:
         """Theorem 1(a) and Theorem 2 at arrival rate lam (rho > 1 for the trapped quantities)."""
         z = self.perron_root(lam)
-        zk = z ** -self.k
+        zk = z**-self.k
         Ez = float(np.dot(self.pmf, zk))
         tilt = self.G * zk
         nu_z = tilt / tilt.sum()
@@ -183,7 +183,7 @@ class ModelF:
         rho = self.rho(lam) if lam > 0 else 0.0
         return V_tot / (1.0 - rho) if rho < 1.0 else math.inf
 
-    def cut_outcome(self, lam_before: float, lam_after: float, V_tot: float) -> "CutOutcome":
+    def cut_outcome(self, lam_before: float, lam_after: float, V_tot: float) -> CutOutcome:
         """Corollary 3: a cut from lam_before to lam_after with remaining work V_tot at the cut."""
         rho_p = self.rho(lam_after)
         D_before = self.asymptotics(lam_before).D if self.rho(lam_before) > 1 else lam_before

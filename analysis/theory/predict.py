@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +32,8 @@ from analysis.theory.fluid import PlanFluidResult, plan_fluid_from_plan
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import TestBundle
-from harness.workload.plans import make_plan
 from harness.workload.planfile import plan_bytes
+from harness.workload.plans import make_plan
 
 NAN = float("nan")
 
@@ -42,7 +43,9 @@ def _arrivals(plan: Any, start: float, end: float) -> float:
     return n / (end - start)
 
 
-def _fluid_value(metric: str, res: PlanFluidResult, plan: Any, mf: ModelF, lambda_ref: float, args: Mapping[str, Any]) -> float:
+def _fluid_value(
+    metric: str, res: PlanFluidResult, plan: Any, mf: ModelF, lambda_ref: float, args: Mapping[str, Any]
+) -> float:
     a, b = args.get("start"), args.get("end")
     if a is not None and b is not None and not float(b) - float(a) >= 2 * float(args.get("width", 10.0)):
         return NAN  # a window this protocol does not have: no prediction rather than a made-up one
@@ -65,7 +68,9 @@ def _fluid_value(metric: str, res: PlanFluidResult, plan: Any, mf: ModelF, lambd
         return _arrivals(plan, float(a), float(b)) - mf.lambda_miss
     if metric == "plan_arrival_rate":
         return _arrivals(plan, float(a), float(b))
-    raise RuleError(f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, plan_arrival_rate)")
+    raise RuleError(
+        f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, plan_arrival_rate)"
+    )
 
 
 def _t_start(how: Any, arm: Any, protocol: Any) -> float | None:
@@ -78,7 +83,9 @@ def _t_start(how: Any, arm: Any, protocol: Any) -> float | None:
     return float(how)
 
 
-def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_ref: float | None = None) -> dict[str, Any]:
+def freeze_predictions(
+    bundle: TestBundle, spec: Mapping[str, Any], *, lambda_ref: float | None = None
+) -> dict[str, Any]:
     """The prediction file's content for every (arm, rate, seed) of the test the spec predicts."""
     ps = spec.get("predictions")
     if not ps:
@@ -89,8 +96,15 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(bundle.cell.cost.model(), mom, bundle.cell.kv_pool_tokens, bundle.cell.batching)
     duration = float(bundle.protocol.duration)
-    ev = Evaluator({**spec["params"], "duration": duration, "window_start": bundle.protocol.window.start,
-                    "window_end": bundle.protocol.window.end, "burst_time": bundle.protocol.burst.time})  # fmt: skip
+    ev = Evaluator(
+        {
+            **spec["params"],
+            "duration": duration,
+            "window_start": bundle.protocol.window.start,
+            "window_end": bundle.protocol.window.end,
+            "burst_time": bundle.protocol.burst.time,
+        }
+    )
     rates_out = []
     if ps.get("asymptotic", False):
         for r in bundle.test.rates:
@@ -98,8 +112,17 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
             vals: dict[str, Any] = {"lambda_miss_model": mf.lambda_miss, "rho": mf.rho(lam)}
             if mf.rho(lam) > 1.0:
                 a = mf.asymptotics(lam)
-                vals.update({"z": a.z, "gamma": a.gamma, "gamma_over_z": a.gap_slope_completion, "alpha": a.alpha, "D": a.D,
-                             "tilted_prompt": a.tilted_prompt, "stationary_prompt": a.stationary_prompt})  # fmt: skip
+                vals.update(
+                    {
+                        "z": a.z,
+                        "gamma": a.gamma,
+                        "gamma_over_z": a.gap_slope_completion,
+                        "alpha": a.alpha,
+                        "D": a.D,
+                        "tilted_prompt": a.tilted_prompt,
+                        "stationary_prompt": a.stationary_prompt,
+                    }
+                )
             rates_out.append({"rate": float(r), "values": vals})
     runs_out = []
     want = [a.lower() for a in ps.get("arms", [])]
@@ -110,18 +133,34 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
             for seed in bundle.test.seeds:
                 plan = make_plan(bundle.workload, bundle.protocol, arm, float(r), lam_ref, int(seed))
                 sha = hashlib.sha256(plan_bytes(plan)).hexdigest()
-                res = plan_fluid_from_plan(mf, plan, t_end=duration, t_start=_t_start(ps.get("t_start"), arm, bundle.protocol))
+                res = plan_fluid_from_plan(
+                    mf, plan, t_end=duration, t_start=_t_start(ps.get("t_start"), arm, bundle.protocol)
+                )
                 vals = {}
                 for name, m in (ps.get("runs") or {}).items():
-                    args = {k: (ev(v) if isinstance(v, str) and k not in ("unit",) else v) for k, v in m.items() if k != "metric"}
+                    args = {
+                        k: (ev(v) if isinstance(v, str) and k not in ("unit",) else v)
+                        for k, v in m.items()
+                        if k != "metric"
+                    }
                     vals[name] = _fluid_value(m["metric"], res, plan, mf, lam_ref, args)
                 tr = res.trajectory(float(ps.get("trajectory_bin", 60.0)))
-                runs_out.append({
-                    "arm": arm.name, "rate": float(r), "seed": int(seed), "plan_sha256": sha,
-                    "values": {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vals.items()},
-                    "trajectory": {"t": (0.5 * (tr["t_lo"] + tr["t_hi"])).round(3).tolist(), "backlog": tr["backlog"].round(4).tolist(),
-                                   "completions": (tr["completion_rate"] / lam_ref).round(5).tolist()},
-                })  # fmt: skip
+                runs_out.append(
+                    {
+                        "arm": arm.name,
+                        "rate": float(r),
+                        "seed": int(seed),
+                        "plan_sha256": sha,
+                        "values": {
+                            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in vals.items()
+                        },
+                        "trajectory": {
+                            "t": (0.5 * (tr["t_lo"] + tr["t_hi"])).round(3).tolist(),
+                            "backlog": tr["backlog"].round(4).tolist(),
+                            "completions": (tr["completion_rate"] / lam_ref).round(5).tolist(),
+                        },
+                    }
+                )
     return {
         "format": FORMAT,
         "format_version": 1,
@@ -133,7 +172,7 @@ def freeze_predictions(bundle: TestBundle, spec: Mapping[str, Any], *, lambda_re
         "workload": bundle.workload.name,
         "lambda_ref": lam_ref,
         "lambda_miss_model": mf.lambda_miss,
-        "frozen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "frozen_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "rates": rates_out,
         "runs": runs_out,
     }

@@ -11,8 +11,8 @@ last value held beyond the last point, so Eq. (2) has unique solutions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class MuCurve:
     mu: np.ndarray
 
     @staticmethod
-    def from_points(n: Sequence[float], mu: Sequence[float]) -> "MuCurve":
+    def from_points(n: Sequence[float], mu: Sequence[float]) -> MuCurve:
         n_a, mu_a = np.asarray(n, float), np.asarray(mu, float)
         if n_a.shape != mu_a.shape or n_a.ndim != 1 or n_a.size < 2:
             raise ValueError("need at least two (n, mu) points of equal length")
@@ -144,7 +144,9 @@ class MuCurve:
             return math.inf if lam >= self.peak[1] else 0.0
         return self.stop_drain_time(x0, n2)
 
-    def integrate(self, n0: float, lam: Callable[[float], float], t_end: float, dt: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    def integrate(
+        self, n0: float, lam: Callable[[float], float], t_end: float, dt: float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Eq. (2) with a time-varying arrival rate (RK4 on a fixed step; the curve is Lipschitz)."""
         steps = max(int(math.ceil(t_end / dt)), 1)
         dt = t_end / steps

@@ -11,10 +11,11 @@ client keeps them in a ListSink, which the calibration statistics read directly.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
-from harness.client.openloop import ListSink, RecordSink
 from harness.client.contract import Command, Send, Timer, TurnResponse
+from harness.client.openloop import ListSink, RecordSink
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
 from harness.workload.draws import STREAM_CLOSED, draw_session
@@ -65,15 +66,24 @@ class ClosedClient:
         ok = response.status == "ok"
         outcome = m.on_output(response.output_ids, ok)
         self.sink.turn(
-            session=sid, kind="closed", turn=turn, request_id=response.request_id, send_time=send_time,
-            first_token_time=response.first_token_time, done_time=response.done_time,
-            prompt_tokens=response.prompt_tokens, cached_tokens=response.cached_tokens,
+            session=sid,
+            kind="closed",
+            turn=turn,
+            request_id=response.request_id,
+            send_time=send_time,
+            first_token_time=response.first_token_time,
+            done_time=response.done_time,
+            prompt_tokens=response.prompt_tokens,
+            cached_tokens=response.cached_tokens,
             completion_tokens=response.completion_tokens,
-            n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
-            queue_time=(response.extra or {}).get("queue_time"), engine_ttft=(response.extra or {}).get("engine_ttft"),
+            n_output_ids=None if response.output_ids is None else len(response.output_ids),
+            queue_time=(response.extra or {}).get("queue_time"),
+            engine_ttft=(response.extra or {}).get("engine_ttft"),
             engine_decode=(response.extra or {}).get("engine_decode"),
-            status=response.status, http_status=response.http_status, error=response.error,
-        )  # fmt: skip
+            status=response.status,
+            http_status=response.http_status,
+            error=response.error,
+        )
         if not outcome.done:
             return [Timer(now + float(outcome.tool_time or 0.0), (_TOOL, sid))]
         self._end(now, sid, "completed" if m.phase is Phase.DONE else "failed")
@@ -87,7 +97,15 @@ class ClosedClient:
     def close(self, now: float) -> None:
         """Record sessions and requests still open when the driver stopped."""
         for rid, (sid, turn, send_time) in sorted(self._inflight.items()):
-            self.sink.turn(session=sid, kind="closed", turn=turn, request_id=rid, send_time=send_time, done_time=None, status="unfinished")
+            self.sink.turn(
+                session=sid,
+                kind="closed",
+                turn=turn,
+                request_id=rid,
+                send_time=send_time,
+                done_time=None,
+                status="unfinished",
+            )
         for sid in sorted(self._machines):
             self._write_session(sid, "unfinished", None)
 
@@ -117,7 +135,14 @@ class ClosedClient:
         m = self._machines[sid]
         start = self._started.pop(sid) if end is not None else self._started[sid]
         self.sink.session(
-            session=sid, kind="closed", stream=STREAM_CLOSED, index=sid, arrival=start, admission=start,
-            end=end, outcome=outcome, n_turns=m.n_turns,
+            session=sid,
+            kind="closed",
+            stream=STREAM_CLOSED,
+            index=sid,
+            arrival=start,
+            admission=start,
+            end=end,
+            outcome=outcome,
+            n_turns=m.n_turns,
             turns_done=m.turn if m.phase in (Phase.DONE, Phase.TOOL) else max(m.turn - 1, 0),
-        )  # fmt: skip
+        )

@@ -9,8 +9,9 @@ same decisions under both clocks, which is what lets a simulated run predict a r
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -168,7 +168,9 @@ class RescueGate(_CapGate):
 
     kind = "rescue"
 
-    def __init__(self, cap: int, t_on: float, hold: float = 300.0, min_after: float = 600.0, tick: float = 10.0) -> None:
+    def __init__(
+        self, cap: int, t_on: float, hold: float = 300.0, min_after: float = 600.0, tick: float = 10.0
+    ) -> None:
         super().__init__(cap)
         if tick <= 0 or hold <= 0 or min_after < 0:
             raise ValueError(
@@ -254,7 +256,7 @@ def make_gate(spec: object | None, cap_override: int | None = None) -> NoGate:
     resolved cap (`ArmConfig.gate_cap(test.cap)`), which wins over the arm file's own."""
     if spec is None:
         return NoGate()
-    kind = getattr(spec, "kind")
+    kind = spec.kind
     cap = cap_override if cap_override is not None else getattr(spec, "cap", None)
     if cap is None:
         raise ValueError(f"{kind} gate without a cap: give the arm a cap or the test a registered cap")
@@ -264,9 +266,9 @@ def make_gate(spec: object | None, cap_override: int | None = None) -> NoGate:
     if kind == "rescue":
         return RescueGate(
             cap,
-            float(getattr(spec, "t_on")),
-            hold=float(getattr(spec, "release_hold")),
-            min_after=float(getattr(spec, "release_min_after")),
-            tick=float(getattr(spec, "release_tick")),
+            float(spec.t_on),
+            hold=float(spec.release_hold),
+            min_after=float(spec.release_min_after),
+            tick=float(spec.release_tick),
         )
     raise ValueError(f"unknown gate kind {kind!r}")

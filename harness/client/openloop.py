@@ -21,11 +21,12 @@ however late the client was.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Any, Protocol
 
-from harness.client.gates import GateEvent, NoGate, Start
 from harness.client.contract import Command, Send, Timer, TurnResponse
+from harness.client.gates import GateEvent, NoGate, Start
 from harness.client.session import Phase, SessionMachine
 from harness.config import WorkloadConfig
 from harness.workload.draws import SessionSpec
@@ -211,7 +212,7 @@ class PlanClient:
             prompt_tokens=response.prompt_tokens,
             cached_tokens=response.cached_tokens,
             completion_tokens=response.completion_tokens,
-            n_output_ids=None if response.output_ids is None else int(len(response.output_ids)),
+            n_output_ids=None if response.output_ids is None else len(response.output_ids),
             queue_time=response.extra.get("queue_time") if response.extra else None,
             engine_ttft=response.extra.get("engine_ttft") if response.extra else None,
             engine_decode=response.extra.get("engine_decode") if response.extra else None,
@@ -241,8 +242,13 @@ class PlanClient:
         for rid, fl in sorted(self._inflight.items()):
             st = self._state[fl.sid]
             self.sink.turn(
-                session=fl.sid, kind=st.spec.kind, turn=fl.turn, request_id=rid, send_time=fl.send_time,
-                done_time=None, status="unfinished",
+                session=fl.sid,
+                kind=st.spec.kind,
+                turn=fl.turn,
+                request_id=rid,
+                send_time=fl.send_time,
+                done_time=None,
+                status="unfinished",
             )
         for st in self._order:
             if st.arrived and not st.outcome:
@@ -375,6 +381,11 @@ class PlanClient:
             e: GateEvent = ev[self._gate_flushed]
             self._gate_flushed += 1
             self.sink.gate_event(
-                time=e.time, event=e.kind, session=e.session, queue_new=e.queued, queue_resume=e.paused,
-                admitted=e.admitted, cap=cap,
+                time=e.time,
+                event=e.kind,
+                session=e.session,
+                queue_new=e.queued,
+                queue_resume=e.paused,
+                admitted=e.admitted,
+                cap=cap,
             )

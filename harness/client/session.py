@@ -36,7 +36,7 @@ class TurnOutcome:
 class SessionMachine:
     """Walks one frozen SessionSpec. Holds the growing prompt; knows nothing of clocks or sockets."""
 
-    __slots__ = ("spec", "workload", "sid", "turn", "phase", "prompt", "tool_extra", "_prev_len")
+    __slots__ = ("_prev_len", "phase", "prompt", "sid", "spec", "tool_extra", "turn", "workload")
 
     def __init__(self, sid: int, spec: SessionSpec, workload: WorkloadConfig) -> None:
         self.sid = sid

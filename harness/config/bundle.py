@@ -95,8 +95,16 @@ def load_test(path: Path | str) -> TestBundle:
         refs[arm.name] = ref
     _check_top_rate(resolved, test, cell, arms)
     rule_path = _rule_file(test.rule, base)
-    return TestBundle(test=test, cell=cell, workload=workload, protocol=protocol, arms=arms, path=resolved, arm_refs=refs,
-                      rule_path=rule_path)  # fmt: skip
+    return TestBundle(
+        test=test,
+        cell=cell,
+        workload=workload,
+        protocol=protocol,
+        arms=arms,
+        path=resolved,
+        arm_refs=refs,
+        rule_path=rule_path,
+    )
 
 
 def _check_top_rate(path: Path, test: TestConfig, cell: CellConfig, arms: dict[str, ArmConfig]) -> None:
@@ -114,6 +122,6 @@ def _check_top_rate(path: Path, test: TestConfig, cell: CellConfig, arms: dict[s
     for i, r in enumerate(test.rates):
         problem = rate_above_top(r, cell.lambda_ref, test.top_rate)
         if problem:
-            raise ConfigError(f"{path}: rates[{i}]: {problem} (cell {cell.name!r}; top_rate {test.top_rate:g} in the test)")
-
-
+            raise ConfigError(
+                f"{path}: rates[{i}]: {problem} (cell {cell.name!r}; top_rate {test.top_rate:g} in the test)"
+            )

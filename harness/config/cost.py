@@ -9,8 +9,7 @@ token-proportional terms only. Parameters live in cell YAML files, never here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ class CostModel:
             k += 1
         return k, total
 
-    def scaled(self, speed: float | None = None, token_factor: float | None = None) -> "CostModel":
+    def scaled(self, speed: float | None = None, token_factor: float | None = None) -> CostModel:
         """A copy with another speed or token factor (e.g. to fit one factor to a measured all-miss rate)."""
         return replace(
             self,

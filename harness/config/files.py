@@ -45,7 +45,9 @@ def _format_errors(path: Path | str, err: ValidationError) -> str:
     for e in err.errors(include_url=False):
         loc = _fmt_loc(tuple(x for x in e["loc"] if x not in ("function-after", "function-before")))
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its spelling")
+            lines.append(
+                f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its spelling"
+            )
         elif e["type"] == "missing":
             lines.append(f"  {loc}: required field is missing; expected a value")
         elif e["type"] == "value_error":
@@ -95,7 +97,10 @@ class _Loader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (line {line}; first given on line {seen[key]})", key_node.start_mark
+                    None,
+                    None,
+                    f"duplicate key {key!r} (line {line}; first given on line {seen[key]})",
+                    key_node.start_mark,
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -122,7 +127,7 @@ def load_yaml(path: Path | str) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 

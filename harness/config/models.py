@@ -17,6 +17,7 @@ from harness.errors import ConfigError
 
 DEFAULT_TOP_RATE = 2.0  # sessions/s: the paper's base process; a test may register another (TestConfig.top_rate)
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -45,7 +46,7 @@ class TokenRange(_Strict):
     high: int = Field(32000, gt=1)
 
     @model_validator(mode="after")
-    def _order(self) -> "TokenRange":
+    def _order(self) -> TokenRange:
         if self.high <= self.low:
             raise ValueError(f"high > low, got low {self.low} and high {self.high}")
         return self
@@ -167,7 +168,7 @@ class CellConfig(_Strict):
         return {**data, "cost": from_file.model_dump()}
 
     @model_validator(mode="after")
-    def _consistent(self) -> "CellConfig":
+    def _consistent(self) -> CellConfig:
         if self.engine.name == "vllm" and self.schedule_policy == "lpm":
             raise ValueError("schedule_policy 'fcfs' on a vLLM cell ('lpm' is SGLang's)")
         return self
@@ -187,7 +188,7 @@ class WindowSpec(_Strict):
     end: float = Field(..., gt=0)
 
     @model_validator(mode="after")
-    def _order(self) -> "WindowSpec":
+    def _order(self) -> WindowSpec:
         if self.end <= self.start:
             raise ValueError(f"end > start, got start {self.start} and end {self.end}")
         return self
@@ -207,13 +208,12 @@ class ProtocolConfig(_Strict):
     gauge_interval: float = Field(5.0, gt=0, description="engine /metrics scrape period")
 
     @model_validator(mode="after")
-    def _fits(self) -> "ProtocolConfig":
+    def _fits(self) -> ProtocolConfig:
         if self.window.end > self.duration:
             raise ValueError(f"window.end <= duration, got window.end {self.window.end} > duration {self.duration}")
         if self.window.end - self.window.start < self.min_window:
             raise ValueError(
-                f"a window of at least min_window = {self.min_window} s, "
-                f"got [{self.window.start}, {self.window.end})"
+                f"a window of at least min_window = {self.min_window} s, got [{self.window.start}, {self.window.end})"
             )
         if self.burst.size > 0 and self.burst.time + self.burst.width > self.duration:
             raise ValueError(
@@ -238,7 +238,7 @@ class ToolSlow(_Strict):
     delta: float = Field(..., gt=0)
 
     @model_validator(mode="after")
-    def _order(self) -> "ToolSlow":
+    def _order(self) -> ToolSlow:
         if self.end <= self.start:
             raise ValueError(f"end > start, got start {self.start} and end {self.end}")
         return self
@@ -285,7 +285,7 @@ class ArmConfig(_Strict):
     cut: Cut | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ArmConfig":
+    def _consistent(self) -> ArmConfig:
         if not self.burst and self.burst_size not in (None, 0):
             raise ValueError(f"burst_size absent or 0 when burst is false, got burst_size {self.burst_size}")
         return self
@@ -327,10 +327,17 @@ class TestConfig(_Strict):
     kind: Literal["test"] = "test"
     name: str
     description: str = ""
-    rule: str = Field("e2", pattern=r"^[A-Za-z0-9_./-]+$", description="rule spec: a name under analysis/rulespecs or configs/rules, or a YAML path")
-    rule_params: dict[str, float | int | str] | None = Field(None, description="registered overrides of the rule's parameters")
+    rule: str = Field(
+        "e2",
+        pattern=r"^[A-Za-z0-9_./-]+$",
+        description="rule spec: a name under analysis/rulespecs or configs/rules, or a YAML path",
+    )
+    rule_params: dict[str, float | int | str] | None = Field(
+        None, description="registered overrides of the rule's parameters"
+    )
     predictions: str | None = Field(
-        None, description="frozen prediction file the rule reads; 'freeze' = freeze model F's from the plans before the runs"
+        None,
+        description="frozen prediction file the rule reads; 'freeze' = freeze model F's from the plans before the runs",
     )
     references: TestReferences | None = None
     cell: str
@@ -356,7 +363,7 @@ class TestConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _positive(self) -> "TestConfig":
+    def _positive(self) -> TestConfig:
         for r in self.rates:
             if r <= 0:
                 raise ValueError(f"rates to be positive multiples of lambda_ref, got {r}")
@@ -380,8 +387,6 @@ def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
     # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter
     params = {k: v for k, v in data.items() if k not in ("kind", "name", "description", "fit")}
     return parse_config(params, CostConfig, resolved)
-
-
 
 
 def rate_above_top(multiple: float, lambda_ref: float, top_rate: float) -> str | None:

@@ -18,8 +18,9 @@ import heapq
 import inspect
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from harness.client.contract import Client, Command, Send, Timer, TurnResponse
 from harness.refengine.model import EngineModel, EngineRequest
@@ -47,7 +48,10 @@ class SimResult:
         return self.end_time / self.wall_seconds if self.wall_seconds > 0 else math.inf
 
     def as_meta(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("status", "end_time", "wall_seconds", "events", "iterations", "sent", "ok", "errors", "in_flight")}
+        return {
+            k: getattr(self, k)
+            for k in ("status", "end_time", "wall_seconds", "events", "iterations", "sent", "ok", "errors", "in_flight")
+        }
 
 
 def _gauge_writer(recorder: Any) -> Callable[[float, dict[str, float]], None] | None:
@@ -141,12 +145,18 @@ def simulate(
                 for c in engine.complete(now):
                     res.ok += 1
                     r = TurnResponse(
-                        c.req_id, "ok", sent_at.pop(c.req_id, c.submit_time), now,
-                        first_token_time=c.first_token_time, output_ids=c.output_ids,
-                        prompt_tokens=c.prompt_tokens, cached_tokens=c.cached_tokens,
-                        completion_tokens=c.completion_tokens, http_status=200,
+                        c.req_id,
+                        "ok",
+                        sent_at.pop(c.req_id, c.submit_time),
+                        now,
+                        first_token_time=c.first_token_time,
+                        output_ids=c.output_ids,
+                        prompt_tokens=c.prompt_tokens,
+                        cached_tokens=c.cached_tokens,
+                        completion_tokens=c.completion_tokens,
+                        http_status=200,
                         extra=_engine_timings(c),
-                    )  # fmt: skip
+                    )
                     apply(now, client.on_response(now, r))
             elif kind == _TIMER:
                 apply(now, client.on_timer(now, payload))
@@ -180,7 +190,7 @@ def simulate(
     return res
 
 
-__all__ = ["simulate", "SimResult"]
+__all__ = ["SimResult", "simulate"]
 
 
 def _engine_timings(c: Any) -> dict[str, float]:
@@ -188,4 +198,8 @@ def _engine_timings(c: Any) -> dict[str, float]:
     a = getattr(c, "admit_time", float("nan"))
     if a != a:  # nan: unknown
         return {}
-    return {"queue_time": a - c.submit_time, "engine_ttft": c.first_token_time - a, "engine_decode": c.done_time - c.first_token_time}
+    return {
+        "queue_time": a - c.submit_time,
+        "engine_ttft": c.first_token_time - a,
+        "engine_decode": c.done_time - c.first_token_time,
+    }

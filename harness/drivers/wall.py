@@ -33,8 +33,9 @@ import inspect
 import logging
 import signal
 import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -88,11 +89,29 @@ class DriveResult:
         return float(np.quantile(arr, q)) if arr is not None and arr.size else float("nan")
 
     def summary(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("status", "reason", "plan_time", "wall_seconds", "cpu_seconds", "sent", "ok", "errors", "timeouts", "abandoned", "gauge_scrapes", "gauge_failures")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "status",
+                "reason",
+                "plan_time",
+                "wall_seconds",
+                "cpu_seconds",
+                "sent",
+                "ok",
+                "errors",
+                "timeouts",
+                "abandoned",
+                "gauge_scrapes",
+                "gauge_failures",
+            )
+        }
         out["flagged"] = self.flagged
         out["error_reasons"] = dict(self.error_reasons)
         out["lateness_p99_ms"] = {k: round(self.lateness_quantile(k, 0.99) * 1e3, 3) for k in self.lateness}
-        out["lateness_max_ms"] = {k: round(float(v.max()) * 1e3, 3) if v.size else None for k, v in self.lateness.items()}
+        out["lateness_max_ms"] = {
+            k: round(float(v.max()) * 1e3, 3) if v.size else None for k, v in self.lateness.items()
+        }
         return out
 
 
@@ -241,14 +260,25 @@ class _Driver:
                 extra=dict(getattr(parsed, "extra", {}) or {}),
             )
         except ResponseError as exc:
-            tr = self._failed(send, "error", t_send, t_first, exc.reason, exc.http_status if exc.http_status is not None else http_status)
+            tr = self._failed(
+                send,
+                "error",
+                t_send,
+                t_first,
+                exc.reason,
+                exc.http_status if exc.http_status is not None else http_status,
+            )
         except TimeoutError:
-            tr = self._failed(send, "timeout", t_send, t_first, f"no complete response within {self.request_timeout:g} s", http_status)
+            tr = self._failed(
+                send, "timeout", t_send, t_first, f"no complete response within {self.request_timeout:g} s", http_status
+            )
         except asyncio.CancelledError:
             raise  # abandoned at the end of the drive
         except _CONNECTION_ERRORS as exc:
             conn_error = True
-            tr = self._failed(send, "error", t_send, t_first, f"connection: {type(exc).__name__}: {exc}".strip(), http_status)
+            tr = self._failed(
+                send, "error", t_send, t_first, f"connection: {type(exc).__name__}: {exc}".strip(), http_status
+            )
         except Exception as exc:  # anything else about one reply must not end the run
             log.exception("unexpected error on request %d", send.request_id)
             tr = self._failed(send, "error", t_send, t_first, f"client-side: {type(exc).__name__}: {exc}", http_status)
@@ -273,7 +303,9 @@ class _Driver:
             self.loop.create_task(self._probe_server())
         self._check_finished()
 
-    def _failed(self, send: Send, status: str, t_send: float, t_first: float | None, reason: str, http_status: int | None) -> TurnResponse:
+    def _failed(
+        self, send: Send, status: str, t_send: float, t_first: float | None, reason: str, http_status: int | None
+    ) -> TurnResponse:
         return TurnResponse(
             request_id=send.request_id,
             status=status,
@@ -429,7 +461,9 @@ async def drive(
         # No connection cap: an open-loop client must never queue a turn behind another on its
         # own side. Timeouts are per request (asyncio.timeout) so that they cover the whole reply.
         connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
-        session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
+        session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
+        )
     d = _Driver(
         client,
         transport,
@@ -461,6 +495,7 @@ async def drive(
         if progress is not None:
             helpers.append(loop.create_task(d.ticker()))
         if stop_event is not None:
+
             async def _external() -> None:
                 await stop_event.wait()
                 d.finish(INTERRUPTED, "stop requested")
@@ -500,7 +535,14 @@ async def drive(
             await session.close()
         if progress is not None:
             with contextlib.suppress(Exception):
-                progress.update(end_plan, in_system=_attr(client, "in_system"), in_flight=0, held=_attr(client, "held"), errors=d.counts["error"] + d.counts["timeout"], final=True)
+                progress.update(
+                    end_plan,
+                    in_system=_attr(client, "in_system"),
+                    in_flight=0,
+                    held=_attr(client, "held"),
+                    errors=d.counts["error"] + d.counts["timeout"],
+                    final=True,
+                )
     return DriveResult(
         status=d.status or COMPLETED,
         reason=d.reason,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -91,7 +92,10 @@ def completion_body(
 
 def weight_metadata(completion_tokens: int) -> dict[str, Any]:
     """SGLang's `metadata`: which weights produced which output tokens (one version here)."""
-    return {"weight_version": "default", "weight_versions": [{"version": "default", "start": 0, "end": completion_tokens}]}
+    return {
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": completion_tokens}],
+    }
 
 
 def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
@@ -108,8 +112,13 @@ def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Ite
         ids = choice.get("token_ids")
         n = len(ids) if ids is not None else int(body.get("usage", {}).get("completion_tokens", 1))
         for i in range(n):
-            c: dict[str, Any] = {"index": 0, "text": f" w{int(ids[i])}" if ids is not None else "", "logprobs": None,
-                                 "finish_reason": "length" if i == n - 1 else None, "matched_stop": None}  # fmt: skip
+            c: dict[str, Any] = {
+                "index": 0,
+                "text": f" w{int(ids[i])}" if ids is not None else "",
+                "logprobs": None,
+                "finish_reason": "length" if i == n - 1 else None,
+                "matched_stop": None,
+            }
             if ids is not None:
                 c["token_ids"] = ids[i : i + 1]
                 if i == 0:
@@ -132,8 +141,15 @@ def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Ite
 
 
 def generate_body(
-    *, output_ids: np.ndarray, prompt_tokens: int, cached_tokens: int, completion_tokens: int, latency: float,
-    received: float | None = None, queue_time: float = 0.0, first_token_latency: float | None = None,
+    *,
+    output_ids: np.ndarray,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    latency: float,
+    received: float | None = None,
+    queue_time: float = 0.0,
+    first_token_latency: float | None = None,
 ) -> dict[str, Any]:
     """SGLang's native /generate response: ids and counts under meta_info (no cache flag needed).
 
@@ -164,13 +180,17 @@ def generate_body(
             "request_received_ts": received,
             "first_token_latency": ftl,
             "request_finished_ts": finished,
-            "decode_throughput": (completion_tokens - 1) / (latency - ftl) if completion_tokens > 1 and latency > ftl else 0.0,
+            "decode_throughput": (completion_tokens - 1) / (latency - ftl)
+            if completion_tokens > 1 and latency > ftl
+            else 0.0,
             "response_sent_to_client_ts": finished,
         },
     }
 
 
-def error_body(flavor: str, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> dict[str, Any]:
+def error_body(
+    flavor: str, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None
+) -> dict[str, Any]:
     """The engines' error envelopes: SGLang's flat ErrorResponse, vLLM's nested `error` object
     (whose `param` names the rejected request field when vLLM's validation knows it)."""
     if flavor == "sglang":
@@ -232,7 +252,16 @@ def served_max_tokens(flavor: str, prompt_len: int, max_tokens: int, context: in
 def models_body(model: str, context: int) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [{"id": model, "object": "model", "created": int(time.time()), "owned_by": "agentload-emulator", "root": model, "max_model_len": context}],
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "agentload-emulator",
+                "root": model,
+                "max_model_len": context,
+            }
+        ],
     }
 
 
@@ -273,8 +302,14 @@ def server_info(flavor: str, *, model: str, cell: Any, time_scale: float, versio
             **common,
             **args,
             "max_total_num_tokens": cell.kv_pool_tokens,
-            "internal_states": [{**args, "model_path": model, "max_total_num_tokens": cell.kv_pool_tokens,
-                                 "max_req_input_len": sglang_max_input(cell.context_length, cell.kv_pool_tokens)}],
+            "internal_states": [
+                {
+                    **args,
+                    "model_path": model,
+                    "max_total_num_tokens": cell.kv_pool_tokens,
+                    "max_req_input_len": sglang_max_input(cell.context_length, cell.kv_pool_tokens),
+                }
+            ],
         }
     return {
         **common,
@@ -327,12 +362,16 @@ class EngineCollector(Collector):
         yield gauge("kv_used_tokens", "KV pool tokens held by requests.", used)
         yield gauge("kv_available_tokens", "Free KV pool tokens.", max(pool - used - evictable, 0.0))
         yield gauge("kv_evictable_tokens", "Cached KV pool tokens no request holds.", evictable)
-        yield gauge("cache_hit_rate", "The prefix cache hit rate (of the latest prefill batch).", g.get("cache_hit_rate", 0.0))
+        yield gauge(
+            "cache_hit_rate", "The prefix cache hit rate (of the latest prefill batch).", g.get("cache_hit_rate", 0.0)
+        )
         yield gauge("max_total_num_tokens", "Maximum total number of tokens in the KV pool.", pool)
         yield gauge("page_size", "The page size of the KV pool.", float(self.cell.page_size))
         yield gauge("num_pages", "The number of pages in the KV pool.", float(int(pool) // self.cell.page_size))
         yield gauge("context_len", "The context length.", float(self.cell.context_length))
-        retracted = GaugeMetricFamily("sglang:num_retracted_reqs", "The number of retracted requests.", labels=[*sched, "pid"])
+        retracted = GaugeMetricFamily(
+            "sglang:num_retracted_reqs", "The number of retracted requests.", labels=[*sched, "pid"]
+        )
         retracted.add_metric([*sched_v, str(g.get("pid", 0))], float(g.get("retracted_report", 0)))
         yield retracted
         if g.get("preemptions_total", 0) > 0:
@@ -340,8 +379,12 @@ class EngineCollector(Collector):
 
         tok = ["engine_type", "is_streaming", "model_name"]
         families = {
-            "prompt_tokens": CounterMetricFamily("sglang:prompt_tokens", "Number of prefill tokens processed.", labels=tok),
-            "generation_tokens": CounterMetricFamily("sglang:generation_tokens", "Number of generation tokens processed.", labels=tok),
+            "prompt_tokens": CounterMetricFamily(
+                "sglang:prompt_tokens", "Number of prefill tokens processed.", labels=tok
+            ),
+            "generation_tokens": CounterMetricFamily(
+                "sglang:generation_tokens", "Number of generation tokens processed.", labels=tok
+            ),
             "num_requests": CounterMetricFamily("sglang:num_requests", "Number of requests processed.", labels=tok),
         }
         seen = False
@@ -355,7 +398,11 @@ class EngineCollector(Collector):
             yield from families.values()
         cached = float(g.get("tokenizer_cached", 0))
         if cached > 0:
-            fam = CounterMetricFamily("sglang:cached_tokens", "Number of cached prompt tokens.", labels=["cache_source", "engine_type", "model_name"])
+            fam = CounterMetricFamily(
+                "sglang:cached_tokens",
+                "Number of cached prompt tokens.",
+                labels=["cache_source", "engine_type", "model_name"],
+            )
             fam.add_metric(["device", "unified", self.model_name], cached)
             yield fam
 
@@ -370,19 +417,40 @@ class EngineCollector(Collector):
         yield gauge("num_requests_running", "Number of requests in model execution batches.", g.get("running", 0))
         yield gauge("num_requests_waiting", "Number of requests waiting to be processed.", g.get("waiting", 0))
         yield gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", used / pool if pool else 0.0)
-        yield counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", g.get("prompt_tokens_total", 0))
-        yield counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", g.get("cached_tokens_total", 0))
-        yield counter("prompt_tokens_cached", "Number of cached prompt tokens (local prefix cache hits).", g.get("cached_tokens_total", 0))
+        yield counter(
+            "prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            g.get("prompt_tokens_total", 0),
+        )
+        yield counter(
+            "prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            g.get("cached_tokens_total", 0),
+        )
+        yield counter(
+            "prompt_tokens_cached",
+            "Number of cached prompt tokens (local prefix cache hits).",
+            g.get("cached_tokens_total", 0),
+        )
         yield counter("prompt_tokens", "Number of prefill tokens processed.", g.get("prompt_tokens_total", 0))
-        yield counter("generation_tokens", "Number of generation tokens processed.", g.get("generation_tokens_total", 0))
-        yield counter("num_preemptions", "Cumulative number of preemption from the engine.", g.get("preemptions_total", 0))
+        yield counter(
+            "generation_tokens", "Number of generation tokens processed.", g.get("generation_tokens_total", 0)
+        )
+        yield counter(
+            "num_preemptions", "Cumulative number of preemption from the engine.", g.get("preemptions_total", 0)
+        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"],
         )
         info.add_metric(
-            [str(self.cell.page_size), str(self.cell.kv_pool_tokens // self.cell.page_size), str(self.cell.prefix_cache), "0"],
+            [
+                str(self.cell.page_size),
+                str(self.cell.kv_pool_tokens // self.cell.page_size),
+                str(self.cell.prefix_cache),
+                "0",
+            ],
             1.0,
         )
         yield info

@@ -12,20 +12,23 @@ import errno
 import logging
 import signal
 import sys
-from typing import Any
 
 from harness.config import CellConfig, load_config
-from harness.errors import ConfigError
 from harness.emulator.server import Emulator, Faults, serve
+from harness.errors import ConfigError
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
-    p.add_argument("--flavor", choices=("sglang", "vllm"), default=None, help="API dialect (default: the cell's engine)")
+    p.add_argument(
+        "--flavor", choices=("sglang", "vllm"), default=None, help="API dialect (default: the cell's engine)"
+    )
     p.add_argument("--time-scale", type=float, default=1.0, help="engine seconds per wall second (default 1)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--served-model-name", default=None, help="model name in responses and /v1/models (default: the cell's model)")
+    p.add_argument(
+        "--served-model-name", default=None, help="model name in responses and /v1/models (default: the cell's model)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--fault",

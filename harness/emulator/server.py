@@ -38,8 +38,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -49,8 +50,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from harness.config import CellConfig
 from harness.emulator import flavors
-from harness.refengine.model import EngineModel
-from harness.refengine.model import EngineRequest
+from harness.refengine.model import EngineModel, EngineRequest
 
 log = logging.getLogger("agentload.emulator")
 
@@ -81,10 +81,16 @@ class Faults:
     unhealthy: bool = False
 
     @classmethod
-    def parse(cls, specs: list[str] | tuple[str, ...] | None) -> "Faults":
+    def parse(cls, specs: list[str] | tuple[str, ...] | None) -> Faults:
         """Parse `KIND[:N]` strings (see the module docstring)."""
         kw: dict[str, Any] = {}
-        names = {"die-after": "die_after", "5xx": "every_5xx", "malformed": "every_malformed", "no-usage": "every_no_usage", "hang": "every_hang"}
+        names = {
+            "die-after": "die_after",
+            "5xx": "every_5xx",
+            "malformed": "every_malformed",
+            "no-usage": "every_no_usage",
+            "hang": "every_hang",
+        }
         for spec in specs or ():
             kind, _, arg = spec.partition(":")
             if kind == "unhealthy":
@@ -131,7 +137,9 @@ class EmulatorStats:
     tokenizer_cached: int = 0
 
     def count_finished(self, streaming: bool, prompt: int, generated: int, cached: int) -> None:
-        c = self.tokenizer.setdefault("true" if streaming else "false", {"prompt_tokens": 0, "generation_tokens": 0, "num_requests": 0})
+        c = self.tokenizer.setdefault(
+            "true" if streaming else "false", {"prompt_tokens": 0, "generation_tokens": 0, "num_requests": 0}
+        )
         c["prompt_tokens"] += prompt
         c["generation_tokens"] += generated
         c["num_requests"] += 1
@@ -316,7 +324,13 @@ class Emulator:
     # ------------------------------------------------------------------ request parsing
     def _bad(self, message: str, status: int = 400, kind: str = "BadRequestError", param: str | None = None) -> _Reply:
         self.stats.rejected += 1
-        return _Reply(web.Response(status=status, body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind, param)), content_type="application/json"))
+        return _Reply(
+            web.Response(
+                status=status,
+                body=orjson.dumps(flavors.error_body(self.flavor, message, status, kind, param)),
+                content_type="application/json",
+            )
+        )
 
     def parse_prompt(self, raw: Any) -> np.ndarray:
         """Token ids as sent, or a text prompt split into test-vocabulary words (`w<id>`)."""
@@ -346,7 +360,12 @@ class Emulator:
         f = self.faults
         if f.die_after is not None and n >= f.die_after:
             return "die"
-        for name, every in (("hang", f.every_hang), ("5xx", f.every_5xx), ("malformed", f.every_malformed), ("no-usage", f.every_no_usage)):
+        for name, every in (
+            ("hang", f.every_hang),
+            ("5xx", f.every_5xx),
+            ("malformed", f.every_malformed),
+            ("no-usage", f.every_no_usage),
+        ):
             if f.hits(every, n):
                 self.stats.faults[name] = self.stats.faults.get(name, 0) + 1
                 return name
@@ -381,7 +400,9 @@ async def _load_json(request: web.Request, emu: Emulator) -> dict[str, Any]:
     return body
 
 
-async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int, *, streaming: bool = False) -> tuple[Any, str | None]:
+async def _run_turn(
+    emu: Emulator, prompt: np.ndarray, max_tokens: int, *, streaming: bool = False
+) -> tuple[Any, str | None]:
     """Count the request, apply any injected fault, run it on the engine."""
     emu.stats.requests += 1
     fault = emu.fault_for(emu.stats.requests)
@@ -392,7 +413,13 @@ async def _run_turn(emu: Emulator, prompt: np.ndarray, max_tokens: int, *, strea
     if fault == "hang":
         await asyncio.Event().wait()
     if fault == "5xx":
-        raise _Reply(web.Response(status=500, body=orjson.dumps(flavors.error_body(emu.flavor, "injected server error", 500, "InternalServerError")), content_type="application/json"))
+        raise _Reply(
+            web.Response(
+                status=500,
+                body=orjson.dumps(flavors.error_body(emu.flavor, "injected server error", 500, "InternalServerError")),
+                content_type="application/json",
+            )
+        )
     try:
         comp = await emu.submit(prompt, max_tokens)
     except ValueError as exc:  # the model refuses what the engine would (context overflow)
@@ -439,7 +466,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.Response(status=200, body=raw[: max(len(raw) // 2, 1)], content_type="application/json")
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        sresp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        sresp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await sresp.prepare(request)
         for chunk in flavors.stream_chunks(emu.flavor, resp, include_usage):
             await sresp.write(b"data: " + orjson.dumps(chunk, option=_ORJSON_OPTS) + b"\n\n")
@@ -490,7 +519,14 @@ async def flush_cache(request: web.Request) -> web.Response:
     except ValueError:
         timeout = -1.0
     if not timeout >= 0.0:  # FastAPI's Query(ge=0.0) validation error
-        detail = [{"type": "greater_than_equal", "loc": ["query", "timeout"], "msg": "Input should be greater than or equal to 0", "input": raw}]
+        detail = [
+            {
+                "type": "greater_than_equal",
+                "loc": ["query", "timeout"],
+                "msg": "Input should be greater than or equal to 0",
+                "input": raw,
+            }
+        ]
         return _json({"detail": detail}, 422)
     if emu.flush_pending:
         return web.Response(status=400, text=FLUSH_IN_PROGRESS)
@@ -539,8 +575,15 @@ async def models(request: web.Request) -> web.Response:
 
 async def server_info(request: web.Request) -> web.Response:
     emu = request.app[_EMU]
-    info = flavors.server_info(emu.flavor, model=emu.model_name, cell=emu.cell, time_scale=emu.time_scale, version=VERSION[emu.flavor])
-    info["stats"] = {"requests": emu.stats.requests, "completed": emu.stats.completed, "rejected": emu.stats.rejected, "faults": emu.stats.faults}
+    info = flavors.server_info(
+        emu.flavor, model=emu.model_name, cell=emu.cell, time_scale=emu.time_scale, version=VERSION[emu.flavor]
+    )
+    info["stats"] = {
+        "requests": emu.stats.requests,
+        "completed": emu.stats.completed,
+        "rejected": emu.stats.rejected,
+        "faults": emu.stats.faults,
+    }
     return _json(info)
 
 

@@ -28,12 +28,14 @@ import collections
 import logging
 import sys
 import time
-from typing import IO, Any, Sequence
+from collections.abc import Sequence
+from typing import IO, Any
 
-from harness.recording.schema import HIT_THRESHOLD, is_hit
-from rich.table import Table
 from rich.console import Console
 from rich.live import Live
+from rich.table import Table
+
+from harness.recording.schema import HIT_THRESHOLD, is_hit
 
 log = logging.getLogger("agentload.progress")
 
@@ -85,7 +87,16 @@ class RunProgress:
     def on_gauges(self, t: float, values: dict[str, float]) -> None:
         self._gauges = dict(values)
 
-    def update(self, t: float, *, in_system: int | None = None, in_flight: int | None = None, held: int | None = None, errors: int | None = None, final: bool = False) -> None:
+    def update(
+        self,
+        t: float,
+        *,
+        in_system: int | None = None,
+        in_flight: int | None = None,
+        held: int | None = None,
+        errors: int | None = None,
+        final: bool = False,
+    ) -> None:
         self._t = max(self._t, t)
         self._state = {"in_system": in_system, "in_flight": in_flight, "held": held}
         if errors is not None:
@@ -191,7 +202,7 @@ class RunProgress:
             self._live_obj.stop()
             self._live_obj = None
 
-    def __enter__(self) -> "RunProgress":
+    def __enter__(self) -> RunProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -235,7 +246,13 @@ class TestDisplay:
 
     def finished(self, key: str, res: Any) -> None:
         row = self.rows.setdefault(key, {})
-        row.update({"status": res.status, "t": res.plan_time if res.plan_time == res.plan_time else row.get("t", 0.0), "wall": res.wall_s})
+        row.update(
+            {
+                "status": res.status,
+                "t": res.plan_time if res.plan_time == res.plan_time else row.get("t", 0.0),
+                "wall": res.wall_s,
+            }
+        )
         if not self.live:
             reason = (res.reason or "").strip()
             extra = f" ({reason.splitlines()[0]})" if res.status != "COMPLETED" and reason else ""
@@ -253,8 +270,12 @@ class TestDisplay:
 
     def _summary(self) -> str:
         done = sum(1 for r in self.rows.values() if r.get("status") in ("COMPLETED", "FAILED", "INTERRUPTED"))
-        frac = sum(min(r.get("t", 0.0), self.duration) for r in self.rows.values()) / (self.duration * max(1, len(self.rows)))
-        return f"[{time.monotonic() - self._t0:.0f} s] {done}/{len(self.rows)} runs done, {100 * frac:.0f}% of plan time"
+        frac = sum(min(r.get("t", 0.0), self.duration) for r in self.rows.values()) / (
+            self.duration * max(1, len(self.rows))
+        )
+        return (
+            f"[{time.monotonic() - self._t0:.0f} s] {done}/{len(self.rows)} runs done, {100 * frac:.0f}% of plan time"
+        )
 
     def _refresh(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -270,13 +291,24 @@ class TestDisplay:
 
     def _table(self) -> Any:
         t = Table(title=self._summary(), expand=False)
-        for col, j in (("run", "left"), ("plan time", "right"), ("in system", "right"), ("held", "right"), ("hit (last 50 s)", "right"), ("status", "left")):
+        for col, j in (
+            ("run", "left"),
+            ("plan time", "right"),
+            ("in system", "right"),
+            ("held", "right"),
+            ("hit (last 50 s)", "right"),
+            ("status", "left"),
+        ):
             t.add_column(col, justify=j)  # type: ignore[arg-type]
         for k, r in self.rows.items():
             pct = 100 * min(r.get("t", 0.0), self.duration) / self.duration
             hit = r.get("hit")
             t.add_row(
-                k, f"{r.get('t', 0.0):.0f} s ({pct:.0f}%)", "-" if r.get("in_system") is None else str(r["in_system"]),
-                "-" if not r.get("held") else str(r["held"]), "-" if hit is None else f"{hit:.2f}", str(r.get("status", "")),
-            )  # fmt: skip
+                k,
+                f"{r.get('t', 0.0):.0f} s ({pct:.0f}%)",
+                "-" if r.get("in_system") is None else str(r["in_system"]),
+                "-" if not r.get("held") else str(r["held"]),
+                "-" if hit is None else f"{hit:.2f}",
+                str(r.get("status", "")),
+            )
         return t

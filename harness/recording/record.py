@@ -11,33 +11,54 @@ file's SHA-256 in meta.json and then removes the JSONL: the Parquet file is the 
 from __future__ import annotations
 
 import hashlib
-import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO
 
 import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
+
 from harness.atomic import write_bytes_atomic, write_with
 from harness.errors import RecordError
-
-from harness.recording.schema import COLUMNS, FORMAT_VERSION, OUTCOMES, RESERVED_META, RUN_STATUSES, TABLES, TURN_STATUSES, RunStatus
+from harness.recording.schema import (
+    COLUMNS,
+    FORMAT_VERSION,
+    OUTCOMES,
+    RESERVED_META,
+    RUN_STATUSES,
+    TABLES,
+    TURN_STATUSES,
+    RunStatus,
+)
 
 FLUSH_ROWS = 512
 FLUSH_SECONDS = 1.0
 
 # The Arrow schemas of the tables, in the column order of the files (harness/recording/schema.py).
 SCHEMAS: dict[str, pa.Schema] = {
-    name: pa.schema([pa.field(n, pa.type_for_alias(t), nullable=nullable) for n, t, nullable in cols]) for name, cols in COLUMNS.items()
+    name: pa.schema([pa.field(n, pa.type_for_alias(t), nullable=nullable) for n, t, nullable in cols])
+    for name, cols in COLUMNS.items()
 }
-__all__ = ["FORMAT_VERSION", "OUTCOMES", "RESERVED_META", "RUN_STATUSES", "SCHEMAS", "TABLES", "TURN_STATUSES", "RunFormatError",
-           "RunRecorder", "RunStatus", "load_run"]  # fmt: skip
+__all__ = [
+    "FORMAT_VERSION",
+    "OUTCOMES",
+    "RESERVED_META",
+    "RUN_STATUSES",
+    "SCHEMAS",
+    "TABLES",
+    "TURN_STATUSES",
+    "RunFormatError",
+    "RunRecorder",
+    "RunStatus",
+    "load_run",
+]
 
 
 class RunFormatError(RecordError):
@@ -45,7 +66,7 @@ class RunFormatError(RecordError):
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _json_default(obj: Any) -> Any:
@@ -138,13 +159,28 @@ class RunRecorder:
         """One finished (or failed) request: written when its response is known."""
         if status not in TURN_STATUSES:
             raise ValueError(f"turn status {status!r}; expected one of {TURN_STATUSES}")
-        self._row("turns", {
-            "session": session, "kind": kind, "turn": turn, "request_id": request_id,
-            "send_time": send_time, "first_token_time": first_token_time, "done_time": done_time,
-            "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
-            "completion_tokens": completion_tokens, "n_output_ids": n_output_ids,
-            "queue_time": queue_time, "engine_ttft": engine_ttft, "engine_decode": engine_decode, "status": status, "http_status": http_status, "error": error,
-        })  # fmt: skip
+        self._row(
+            "turns",
+            {
+                "session": session,
+                "kind": kind,
+                "turn": turn,
+                "request_id": request_id,
+                "send_time": send_time,
+                "first_token_time": first_token_time,
+                "done_time": done_time,
+                "prompt_tokens": prompt_tokens,
+                "cached_tokens": cached_tokens,
+                "completion_tokens": completion_tokens,
+                "n_output_ids": n_output_ids,
+                "queue_time": queue_time,
+                "engine_ttft": engine_ttft,
+                "engine_decode": engine_decode,
+                "status": status,
+                "http_status": http_status,
+                "error": error,
+            },
+        )
 
     def session(
         self,
@@ -167,12 +203,24 @@ class RunRecorder:
         so a killed run still lists sessions that had arrived, as 'unfinished'."""
         if outcome not in OUTCOMES:
             raise ValueError(f"session outcome {outcome!r}; expected one of {OUTCOMES}")
-        self._row("sessions", {
-            "session": session, "kind": kind, "stream": stream, "index": index, "arrival": arrival,
-            "admission": admission, "end": end, "outcome": outcome, "n_turns": n_turns,
-            "turns_done": turns_done, "start_lateness": start_lateness, "gate_wait": gate_wait,
-            "paused_time": paused_time,
-        })  # fmt: skip
+        self._row(
+            "sessions",
+            {
+                "session": session,
+                "kind": kind,
+                "stream": stream,
+                "index": index,
+                "arrival": arrival,
+                "admission": admission,
+                "end": end,
+                "outcome": outcome,
+                "n_turns": n_turns,
+                "turns_done": turns_done,
+                "start_lateness": start_lateness,
+                "gate_wait": gate_wait,
+                "paused_time": paused_time,
+            },
+        )
 
     def gate_event(
         self,
@@ -186,10 +234,18 @@ class RunRecorder:
         cap: int | None = None,
     ) -> None:
         """A gate decision (engage, admit, pause, resume, release, refuse, ...) with queue lengths after it."""
-        self._row("gate_events", {
-            "time": time, "event": event, "session": session, "queue_new": queue_new,
-            "queue_resume": queue_resume, "admitted": admitted, "cap": cap,
-        })  # fmt: skip
+        self._row(
+            "gate_events",
+            {
+                "time": time,
+                "event": event,
+                "session": session,
+                "queue_new": queue_new,
+                "queue_resume": queue_resume,
+                "admitted": admitted,
+                "cap": cap,
+            },
+        )
 
     def gauge(
         self,
@@ -206,12 +262,21 @@ class RunRecorder:
         preemptions_total: float | None = None,
     ) -> None:
         """One engine metrics sample; None where the engine does not expose the quantity."""
-        self._row("gauges", {
-            "time": time, "running": running, "waiting": waiting, "kv_used_tokens": kv_used_tokens,
-            "kv_evictable_tokens": kv_evictable_tokens, "pool_tokens": pool_tokens,
-            "prompt_tokens_total": prompt_tokens_total, "cached_tokens_total": cached_tokens_total,
-            "generation_tokens_total": generation_tokens_total, "preemptions_total": preemptions_total,
-        })  # fmt: skip
+        self._row(
+            "gauges",
+            {
+                "time": time,
+                "running": running,
+                "waiting": waiting,
+                "kv_used_tokens": kv_used_tokens,
+                "kv_evictable_tokens": kv_evictable_tokens,
+                "pool_tokens": pool_tokens,
+                "prompt_tokens_total": prompt_tokens_total,
+                "cached_tokens_total": cached_tokens_total,
+                "generation_tokens_total": generation_tokens_total,
+                "preemptions_total": preemptions_total,
+            },
+        )
 
     def flush(self) -> None:
         """Hand buffered rows to the OS: after this, a killed process loses none of them."""
@@ -275,7 +340,7 @@ class RunRecorder:
         for t in TABLES:  # only now: until meta.json names the Parquet files, the JSONL is the record
             (self.dir / f"{t}.jsonl").unlink(missing_ok=True)
 
-    def __enter__(self) -> "RunRecorder":
+    def __enter__(self) -> RunRecorder:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -316,7 +381,9 @@ def _read_table(path: Path, table: str) -> tuple[pa.Table, int]:
     if not data.strip():
         return schema.empty_table(), dropped
     if table == "sessions":  # last row per session wins
-        return pa.Table.from_pylist(_last_per_session([orjson.loads(x) for x in data.splitlines() if x.strip()]), schema=schema), dropped
+        return pa.Table.from_pylist(
+            _last_per_session([orjson.loads(x) for x in data.splitlines() if x.strip()]), schema=schema
+        ), dropped
     try:
         out = pj.read_json(
             pa.BufferReader(data),

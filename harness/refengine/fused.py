@@ -32,7 +32,7 @@ def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None
         return None
     R = m.n_decode
     running = m.running
-    if R == 0 or R != len(running) or R > m.chunk:
+    if R == 0 or len(running) != R or m.chunk < R:
         return None
     kmax = min(m._finish[0][0] - m.dstep, MAX_FUSED) if m._finish else 1
     if kmax < 2:

@@ -34,7 +34,7 @@ from harness.refengine.request import EngineCompletion, EngineRequest, Req
 from harness.refengine.scheduler import WaitingPolicy
 from harness.refengine.separate import CLIP_MAX_NEW, SeparateBatching
 
-__all__ = ["EngineModel", "EngineRequest", "EngineCompletion"]
+__all__ = ["EngineCompletion", "EngineModel", "EngineRequest"]
 
 
 class EngineModel(SeparateBatching):
@@ -82,7 +82,7 @@ class EngineModel(SeparateBatching):
     # -- public API ------------------------------------------------------------------------------
     def submit(self, req: EngineRequest, now: float) -> None:
         """Queue a request. Raises ValueError for requests the engine would refuse (HTTP 400)."""
-        n = int(len(req.prompt))
+        n = len(req.prompt)
         ctx = self.cell.context_length
         if n < 1:
             raise ValueError("prompt: got 0 tokens; expected at least 1")
@@ -367,7 +367,9 @@ class EngineModel(SeparateBatching):
         chunked = self.prefilling[0] if self.prefilling else None
         items: list[tuple[Req, int]] = []
         tokens, pairs = 0, 0.0
-        if (chunked is not None or (self.waiting and not self._batch_full)) and (chunked is not None or self._allocatable(None) > 0):
+        if (chunked is not None or (self.waiting and not self._batch_full)) and (
+            chunked is not None or self._allocatable(None) > 0
+        ):
             self.policy.calc_priority(self.waiting)
             tokens, pairs = self._prefill_round(chunked, items, self.chunk - R)
         elif chunked is None and self.waiting and not self._batch_full:

@@ -24,9 +24,9 @@ _ITEM = 4  # bytes per token id (int32)
 
 
 class Node:
-    __slots__ = ("key", "n", "children", "parent", "lock", "stamp", "alive", "nid")
+    __slots__ = ("alive", "children", "key", "lock", "n", "nid", "parent", "stamp")
 
-    def __init__(self, key: bytes, parent: "Node | None", nid: int) -> None:
+    def __init__(self, key: bytes, parent: Node | None, nid: int) -> None:
         self.key = key
         self.n = len(key) // _ITEM
         self.children: dict[bytes, Node] = {}

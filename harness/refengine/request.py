@@ -79,9 +79,35 @@ class Req:
     """
 
     __slots__ = (
-        "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
-        "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
-        "preemptions", "node", "blocks", "hit", "hit_entries", "reserve", "keys", "keys_len", "ncached", "in_tree", "admitted", "state",
+        "L",
+        "admitted",
+        "blocks",
+        "cached",
+        "done",
+        "first_token",
+        "gen",
+        "hit",
+        "hit_entries",
+        "in_tree",
+        "join",
+        "keys",
+        "keys_len",
+        "max_tokens",
+        "ncached",
+        "node",
+        "out",
+        "outb",
+        "pb",
+        "preemptions",
+        "prefix",
+        "prompt",
+        "reserve",
+        "rid",
+        "seq",
+        "state",
+        "stint",
+        "submit",
+        "target",
     )
 
     def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:

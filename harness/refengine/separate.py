@@ -88,7 +88,9 @@ class SeparateBatching:
             return self._plan_decode(now, horizon)  # type: ignore[attr-defined]
         return None
 
-    def _prefill_round(self, chunked: Req | None, items: list[tuple[Req, int]], budget: int | None = None) -> tuple[int, float]:
+    def _prefill_round(
+        self, chunked: Req | None, items: list[tuple[Req, int]], budget: int | None = None
+    ) -> tuple[int, float]:
         kv = self.kv  # type: ignore[attr-defined]
         page = self.page  # type: ignore[attr-defined]
         if budget is None:
@@ -173,7 +175,9 @@ class SeparateBatching:
             tokens += x
         return tokens, pairs
 
-    def _fits_ignore_eos(self, req: Req, x: int, items: list[tuple[Req, int]], remaining_current: int, remaining_total: int) -> bool:
+    def _fits_ignore_eos(
+        self, req: Req, x: int, items: list[tuple[Req, int]], remaining_current: int, remaining_total: int
+    ) -> bool:
         """PrefillAdder.add_one_req_ignore_eos (radix cache disabled, every request ignore_eos):
         the new chunk must fit now, and replaying the future -- requests finish in order of the
         tokens they still have to decode, each then freeing what it holds now -- must never run the

@@ -23,18 +23,17 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
-from harness.servers.metrics import COMMON_METRICS, map_metrics, parse_prometheus
 from harness.errors import EngineError
-from harness.servers.cpuquota import wrap
-from harness.servers.cpuquota import apply
-from harness.servers.cpuquota import remove
+from harness.servers.cpuquota import apply, remove, wrap
+from harness.servers.metrics import COMMON_METRICS, map_metrics, parse_prometheus
 
 if TYPE_CHECKING:  # aiohttp is imported lazily so launching works in thin environments
     import aiohttp
@@ -151,7 +150,7 @@ def log_tail(path: Path | None, lines: int = 40) -> str:
 
 def _http_status(url: str, timeout: float) -> int | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback URL we built)
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -180,7 +179,9 @@ def wait_healthy(
         if _http_status(base_url + health_path, timeout=min(5.0, max(0.5, deadline - time.monotonic()))) == 200:
             return time.monotonic() - t0
         if time.monotonic() >= deadline:
-            raise EngineStartError("never_healthy", f"{base_url}{health_path} did not answer 200 within {timeout:.0f} s")
+            raise EngineStartError(
+                "never_healthy", f"{base_url}{health_path} did not answer 200 within {timeout:.0f} s"
+            )
         time.sleep(interval)
 
 
@@ -265,16 +266,20 @@ class EngineAdapter(abc.ABC):
         """
         base_url = f"http://{host}:{port}"
         if port_in_use(host, port):
-            raise EngineStartError("port_in_use", f"port {port} on {host} is already in use; another server is running there")
+            raise EngineStartError(
+                "port_in_use", f"port {port} on {host} is already in use; another server is running there"
+            )
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path = run_dir / LOG_NAME
         full_env = {**os.environ, **env}
         with log_path.open("ab") as log:
             added = " ".join(f"{k}={v}" for k, v in env.items())
-            log.write(f"\n=== agentload start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {added} {shlex.join(argv)}\n".encode())
+            log.write(
+                f"\n=== agentload start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {added} {shlex.join(argv)}\n".encode()
+            )
             log.flush()
-            proc = subprocess.Popen(  # noqa: S603 (argv built by launch_command)
+            proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -286,11 +291,12 @@ class EngineAdapter(abc.ABC):
         try:
             wait_healthy(base_url, timeout=health_timeout, process=proc, health_path=self.health_path)
             if self.cpu_quota is not None:  # the cell's CPU quota, from now on (the start is not measured)
-
                 got = apply(*self.cpu_quota)
                 handle = dataclasses.replace(handle, cpu_group=self.cpu_quota[0])
                 with log_path.open("ab") as log:
-                    log.write(f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+                    log.write(
+                        f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
+                    )
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
             raise EngineStartError(exc.reason, str(exc), log_tail(log_path)) from None
@@ -411,8 +417,14 @@ class EngineAdapter(abc.ABC):
         )
 
     async def complete(
-        self, http: aiohttp.ClientSession, base_url: str, prompt: np.ndarray, max_tokens: int, model_name: str,
-        *, timeout: float = 600.0,
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        prompt: np.ndarray,
+        max_tokens: int,
+        model_name: str,
+        *,
+        timeout: float = 600.0,
     ) -> ParsedTurn:
         """One request round trip (smoke, canary, tests); the driver times its own requests."""
         import aiohttp
@@ -473,7 +485,11 @@ def _engine_timings(metrics: Any) -> dict[str, float]:
     if not isinstance(metrics, dict):
         return {}
     out: dict[str, float] = {}
-    for key, name in (("queue_time_ms", "queue_time"), ("time_to_first_token_ms", "engine_ttft"), ("generation_time_ms", "engine_decode")):
+    for key, name in (
+        ("queue_time_ms", "queue_time"),
+        ("time_to_first_token_ms", "engine_ttft"),
+        ("generation_time_ms", "engine_decode"),
+    ):
         v = metrics.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
             out[name] = float(v) / 1000.0

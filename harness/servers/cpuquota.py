@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
 from harness.errors import EngineError
 
 PERIOD_US = 100_000  # the kernel's default CFS period: the quota is granted per 100 ms
@@ -104,17 +105,33 @@ def join(group: Path, pid: int = 0) -> None:
     procs.write_text(str(pid or os.getpid()))
 
 
-def wrap(argv: list[str], cores: float, name: str, python: str | None = None, *, after_healthy: bool = False) -> list[str]:
+def wrap(
+    argv: list[str], cores: float, name: str, python: str | None = None, *, after_healthy: bool = False
+) -> list[str]:
     """The argv that runs `argv` under the quota (the harness's interpreter runs the wrapper)."""
-    return [python or sys.executable, "-m", "harness.servers.cpuquota", "--cores", f"{cores:g}", "--name", name,
-            *(["--after-healthy"] if after_healthy else []), "--", *argv]  # fmt: skip
+    return [
+        python or sys.executable,
+        "-m",
+        "harness.servers.cpuquota",
+        "--cores",
+        f"{cores:g}",
+        "--name",
+        name,
+        *(["--after-healthy"] if after_healthy else []),
+        "--",
+        *argv,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.servers.cpuquota", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", type=float, required=True, help="CPUs the command may use (e.g. 0.5)")
     ap.add_argument("--name", required=True, help="cgroup name under agentload/ (one per concurrent server)")
-    ap.add_argument("--after-healthy", action="store_true", help="start unthrottled; the adapter sets the quota once the server is up")
+    ap.add_argument(
+        "--after-healthy",
+        action="store_true",
+        help="start unthrottled; the adapter sets the quota once the server is up",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to exec")
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command

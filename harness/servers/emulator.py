@@ -14,16 +14,17 @@ import hashlib
 import os
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from harness.config import CellConfig, load_config
+from harness.errors import ConfigError
 from harness.servers.base import EngineAdapter
 from harness.servers.sglang import SGLangAdapter
 from harness.servers.vllm import VLLMAdapter
-from harness.config import CellConfig, load_config
-from harness.errors import ConfigError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -87,7 +88,9 @@ class EmulatorAdapter(EngineAdapter):
         self.time_scale = float(time_scale)
         self.cell_ref = cell_ref
         self._dialect: EngineAdapter = SGLangAdapter() if flavor == "sglang" else VLLMAdapter()
-        super().__init__(server_cmd=server_cmd, block_size=block_size if block_size is not None else self._dialect.block_size)
+        super().__init__(
+            server_cmd=server_cmd, block_size=block_size if block_size is not None else self._dialect.block_size
+        )
 
     def launch_command(
         self,
@@ -102,12 +105,17 @@ class EmulatorAdapter(EngineAdapter):
         self.block_size = cell.page_size
         prefix = self.server_cmd or [sys.executable, "-m", "harness.emulator"]
         argv = [
-            *prefix, "serve",
-            "--cell", cell_file(cell, self.cell_ref),
-            "--flavor", self.flavor,
-            "--time-scale", _exact(self.time_scale),
-            "--port", str(port),
-        ]  # fmt: skip
+            *prefix,
+            "serve",
+            "--cell",
+            cell_file(cell, self.cell_ref),
+            "--flavor",
+            self.flavor,
+            "--time-scale",
+            _exact(self.time_scale),
+            "--port",
+            str(port),
+        ]
         if host not in ("127.0.0.1", "localhost"):
             argv += ["--host", host]
         argv.extend(extra_args)

@@ -11,8 +11,8 @@ same pool, so only rank 0 is kept. Fractions are averaged.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 

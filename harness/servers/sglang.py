@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -61,20 +62,31 @@ class SGLangAdapter(EngineAdapter):
         prefix = self.server_cmd or [engine_python("AGENTLOAD_SGLANG_PYTHON"), "-m", SGLANG_MODULE]
         argv = [
             *prefix,
-            "--model-path", model,
-            "--served-model-name", self.served_model_name(cell),
-            "--host", host,
-            "--port", str(port),
-            "--max-total-tokens", str(cell.kv_pool_tokens),
-            "--context-length", str(cell.context_length),
-            "--page-size", str(cell.page_size),
-            "--schedule-policy", cell.schedule_policy,
-            "--chunked-prefill-size", str(cell.chunked_prefill),
-            "--max-running-requests", str(cell.max_running),
-            "--radix-eviction-policy", "lru",
+            "--model-path",
+            model,
+            "--served-model-name",
+            self.served_model_name(cell),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--max-total-tokens",
+            str(cell.kv_pool_tokens),
+            "--context-length",
+            str(cell.context_length),
+            "--page-size",
+            str(cell.page_size),
+            "--schedule-policy",
+            cell.schedule_policy,
+            "--chunked-prefill-size",
+            str(cell.chunked_prefill),
+            "--max-running-requests",
+            str(cell.max_running),
+            "--radix-eviction-policy",
+            "lru",
             "--enable-cache-report",
             "--enable-metrics",
-        ]  # fmt: skip
+        ]
         if not cell.prefix_cache:
             argv.append("--disable-radix-cache")
         if cell.attention_backend:
@@ -112,7 +124,7 @@ class SGLangAdapter(EngineAdapter):
                     timeout=aiohttp.ClientTimeout(total=wait + 30.0),
                 ) as resp:
                     status, body = resp.status, await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status, body = None, repr(exc).encode()
             if status == 200:
                 return
@@ -155,7 +167,7 @@ class SGLangAdapter(EngineAdapter):
                     if resp.status != 200:
                         continue
                     data = orjson.loads(await resp.read())
-            except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+            except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError):
                 continue
             if isinstance(data, dict):
                 keys = self.expected_settings_keys
@@ -163,7 +175,16 @@ class SGLangAdapter(EngineAdapter):
         return {}
 
     expected_settings_keys = (
-        "max_total_num_tokens", "page_size", "schedule_policy", "chunked_prefill_size",
-        "max_running_requests", "disable_radix_cache", "enable_cache_report", "enable_metrics",
-        "context_length", "radix_eviction_policy", "device", "mem_fraction_static",
-    )  # fmt: skip
+        "max_total_num_tokens",
+        "page_size",
+        "schedule_policy",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "disable_radix_cache",
+        "enable_cache_report",
+        "enable_metrics",
+        "context_length",
+        "radix_eviction_policy",
+        "device",
+        "mem_fraction_static",
+    )

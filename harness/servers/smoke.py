@@ -13,13 +13,9 @@ prompt minus its recomputed last token, rounded down to blocks (1023 on SGLang, 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import shlex
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,7 +111,9 @@ class SmokeReport:
         }
 
     def summary(self) -> str:
-        lines = [f"Stage 0 smoke: {self.engine} at {self.base_url}, cell {self.cell}: {'PASS' if self.passed else 'FAIL'}"]
+        lines = [
+            f"Stage 0 smoke: {self.engine} at {self.base_url}, cell {self.cell}: {'PASS' if self.passed else 'FAIL'}"
+        ]
         for c in self.checks:
             info = ", ".join(f"{k}={v}" for k, v in c.detail.items() if not isinstance(v, (dict, list)))
             lines.append(f"  [{'ok' if c.passed else 'FAIL'}] {c.name}: {info}" + (f" ({c.error})" if c.error else ""))
@@ -173,7 +171,7 @@ async def canary(
             res.after = (await adapter.complete(h, base_url, prompt, 1, model_name)).cached_tokens
             if leave_empty:
                 await adapter.flush_cache(h, base_url, timeout=flush_timeout)
-        except Exception as exc:  # noqa: BLE001 - every failure is a failed canary, with its reason
+        except Exception as exc:
             res.error = f"{type(exc).__name__}: {exc}"
     return res
 
@@ -182,7 +180,7 @@ async def _check(report: SmokeReport, name: str, coro: Any) -> Check:
     try:
         passed, detail = await coro
         c = Check(name, bool(passed), detail)
-    except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check
+    except Exception as exc:
         c = Check(name, False, {}, f"{type(exc).__name__}: {exc}")
     report.checks.append(c)
     return c
@@ -211,7 +209,9 @@ async def run_smoke(adapter: EngineAdapter, base_url: Any, *rest: Any, **kwargs:
     return await _run_smoke(adapter, url, *rest, **kwargs)
 
 
-async def run_canary(adapter: EngineAdapter, base_url: Any, *rest: Any, cell: CellConfig | None = None, **kwargs: Any) -> CanaryResult:
+async def run_canary(
+    adapter: EngineAdapter, base_url: Any, *rest: Any, cell: CellConfig | None = None, **kwargs: Any
+) -> CanaryResult:
     """The canary under the driver's calling convention; `cell` only fixes the block size."""
     url, rest = _http_first(base_url, rest, kwargs)
     if cell is not None:
@@ -260,9 +260,19 @@ async def _run_smoke(
         async def flags() -> tuple[bool, dict[str, Any]]:
             expected = adapter.expected_settings(cell)
             observed = await adapter.server_settings(h, base_url)
-            wrong = {k: {"expected": v, "observed": observed[k]} for k, v in expected.items() if k in observed and observed[k] != v}
+            wrong = {
+                k: {"expected": v, "observed": observed[k]}
+                for k, v in expected.items()
+                if k in observed and observed[k] != v
+            }
             unknown = sorted(k for k in expected if k not in observed)
-            detail = {"launched": launched_argv is not None, "verified": len(expected) - len(unknown) - len(wrong), "mismatched": len(wrong), "unreported": ",".join(unknown) or "-", "mismatches": wrong}
+            detail = {
+                "launched": launched_argv is not None,
+                "verified": len(expected) - len(unknown) - len(wrong),
+                "mismatched": len(wrong),
+                "unreported": ",".join(unknown) or "-",
+                "mismatches": wrong,
+            }
             if launched_argv is not None:
                 detail["argv"] = launched_argv
             return not wrong, detail
@@ -279,8 +289,10 @@ async def _run_smoke(
             second = await send(p, 1)
             want = expected_cached(64, bs)
             return second.cached_tokens == want and first.cached_tokens == 0, {
-                "first": first.cached_tokens, "repeat": second.cached_tokens, "expected": want,
-            }  # fmt: skip
+                "first": first.cached_tokens,
+                "repeat": second.cached_tokens,
+                "expected": want,
+            }
 
         async def follow_up_hit() -> tuple[bool, dict[str, Any]]:
             p = rng.integers(4, 32000, 500, dtype=np.int32)
@@ -294,12 +306,21 @@ async def _run_smoke(
             limit = adapter.max_prompt_tokens(cell, 1)
             n = min(long_prompt, limit)
             turn = await send(rng.integers(4, 32000, n, dtype=np.int32), 1)
-            return turn.prompt_tokens == n, {"requested": long_prompt, "sent": n, "limit": limit, "capped": n < long_prompt, "prompt_tokens": turn.prompt_tokens}
+            return turn.prompt_tokens == n, {
+                "requested": long_prompt,
+                "sent": n,
+                "limit": limit,
+                "capped": n < long_prompt,
+                "prompt_tokens": turn.prompt_tokens,
+            }
 
         async def pool() -> tuple[bool, dict[str, Any]]:
             m = await adapter.scrape_metrics(h, base_url)
             got = m.get("pool_tokens")
-            return got is not None and int(got) == cell.kv_pool_tokens, {"configured": cell.kv_pool_tokens, "reported": got}
+            return got is not None and int(got) == cell.kv_pool_tokens, {
+                "configured": cell.kv_pool_tokens,
+                "reported": got,
+            }
 
         async def gauges() -> tuple[bool, dict[str, Any]]:
             m = await adapter.scrape_metrics(h, base_url)
@@ -315,11 +336,22 @@ async def _run_smoke(
         await _check(report, "pool_size", pool())
         await _check(report, "gauges_scraped", gauges())
         report.checks.append(
-            Check("prompt_length_agreement", not mismatches and n_requests > 0, {"requests": n_requests, "mismatches": len(mismatches), "examples": mismatches[:5]})
+            Check(
+                "prompt_length_agreement",
+                not mismatches and n_requests > 0,
+                {"requests": n_requests, "mismatches": len(mismatches), "examples": mismatches[:5]},
+            )
         )
         res = await canary(adapter, base_url, model_name=name, http=h)
         report.canary = res
-        report.checks.append(Check("flush_empties_cache", res.passed, {"before": res.before, "after": res.after, "min_before": res.min_before, "max_after": res.max_after}, res.error))
+        report.checks.append(
+            Check(
+                "flush_empties_cache",
+                res.passed,
+                {"before": res.before, "after": res.after, "min_before": res.min_before, "max_after": res.max_after},
+                res.error,
+            )
+        )
     report.seconds = time.monotonic() - t0
     return report
 

@@ -14,8 +14,9 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -85,20 +86,30 @@ class VLLMAdapter(EngineAdapter):
         prefix = self.server_cmd or [engine_python("AGENTLOAD_VLLM_PYTHON"), "-m", VLLM_MODULE]
         argv = [
             *prefix,
-            "--model", model,
-            "--served-model-name", self.served_model_name(cell),
-            "--host", host,
-            "--port", str(port),
-            "--max-model-len", str(cell.context_length),
-            "--block-size", str(cell.page_size),
-            "--num-gpu-blocks-override", str(cell.kv_pool_tokens // cell.page_size),
-            "--max-num-seqs", str(cell.max_running),
-            "--max-num-batched-tokens", str(cell.chunked_prefill),
-            "--scheduling-policy", "fcfs",
+            "--model",
+            model,
+            "--served-model-name",
+            self.served_model_name(cell),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(cell.context_length),
+            "--block-size",
+            str(cell.page_size),
+            "--num-gpu-blocks-override",
+            str(cell.kv_pool_tokens // cell.page_size),
+            "--max-num-seqs",
+            str(cell.max_running),
+            "--max-num-batched-tokens",
+            str(cell.chunked_prefill),
+            "--scheduling-policy",
+            "fcfs",
             "--enable-prefix-caching" if cell.prefix_cache else "--no-enable-prefix-caching",
             "--enable-prompt-tokens-details",
             "--enable-per-request-metrics",  # queue / first-token / decode times in each response (cost fits)
-        ]  # fmt: skip
+        ]
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
         argv.extend(extra_args)
@@ -124,7 +135,7 @@ class VLLMAdapter(EngineAdapter):
             try:
                 async with http.post(base_url + RESET_PATH, timeout=aiohttp.ClientTimeout(total=30.0)) as resp:
                     status, body = resp.status, await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status, body = None, repr(exc).encode()
             if status == 200:
                 ok = _success(body)
@@ -172,7 +183,7 @@ class VLLMAdapter(EngineAdapter):
             models = data.get("data") or []
             if models and isinstance(models[0].get("max_model_len"), int):
                 out["max_model_len"] = models[0]["max_model_len"]
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, AttributeError):
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, AttributeError):
             pass
         return out
 

@@ -118,8 +118,14 @@ def _scratch_generator(*key: int) -> np.random.Generator:
     g = getattr(_local, "g", None)
     if g is None:
         g = _local.g = np.random.Generator(np.random.Philox(key=_ZERO4[:2]))
-    g.bit_generator.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": np.array(_philox_key(key), dtype=np.uint64)}, "buffer": _ZERO4,
-                             "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}  # fmt: skip
+    g.bit_generator.state = {
+        "bit_generator": "Philox",
+        "state": {"counter": _ZERO4, "key": np.array(_philox_key(key), dtype=np.uint64)},
+        "buffer": _ZERO4,
+        "buffer_pos": 4,
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
     return g
 
 
@@ -172,7 +178,9 @@ def turn_count(u: float, mean: float, cap: int) -> int:
     return int(min(max(t, 1), cap))
 
 
-def draw_session(workload: WorkloadConfig, seed: int, stream: int, index: int, arrival: float = float("nan")) -> SessionSpec:
+def draw_session(
+    workload: WorkloadConfig, seed: int, stream: int, index: int, arrival: float = float("nan")
+) -> SessionSpec:
     """The index-th session of `stream` under `seed`: turn count, tool times and token seed.
 
     Turn count and tool times come from uniforms by inverse CDF, so a change of turn law (MIRROR) or
@@ -184,7 +192,15 @@ def draw_session(workload: WorkloadConfig, seed: int, stream: int, index: int, a
     n = turn_count(float(u[0]), workload.turns.mean, workload.turns.cap)
     mean_z = workload.tool_time.mean
     tools = tuple(float(-mean_z * math.log1p(-x)) for x in u[1:n])
-    return SessionSpec(stream=stream, index=index, arrival=arrival, n_turns=n, tool_times=tools, token_seed=token_seed, u_turns=float(u[0]))
+    return SessionSpec(
+        stream=stream,
+        index=index,
+        arrival=arrival,
+        n_turns=n,
+        tool_times=tools,
+        token_seed=token_seed,
+        u_turns=float(u[0]),
+    )
 
 
 def turn_tokens(workload: WorkloadConfig, spec: SessionSpec, turn: int) -> np.ndarray:

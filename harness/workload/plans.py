@@ -38,12 +38,22 @@ a fixed writer configuration. The same inputs give the same bytes in any process
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from harness.config import DEFAULT_TOP_RATE, ArmConfig, Cut, ProtocolConfig, Shed, WorkloadConfig, parse_config, rate_above_top
+from harness.config import (
+    DEFAULT_TOP_RATE,
+    ArmConfig,
+    Cut,
+    ProtocolConfig,
+    Shed,
+    WorkloadConfig,
+    parse_config,
+    rate_above_top,
+)
 from harness.errors import PlanError
 from harness.workload.draws import STREAM_BASE, STREAM_BURST, SessionSpec, _generator, draw_session
 from harness.workload.planfile import GENERATOR_VERSION, Plan
@@ -113,7 +123,9 @@ def make_plan(
 ) -> Plan:
     """Build the plan of one (workload, protocol, arm, rate x lambda_ref, seed) from the base
     stream at `top_rate` sessions/s (the test's registered top rate)."""
-    return _build(_config_json(workload), _config_json(protocol), plan_arm(arm, protocol), rate, lambda_ref, seed, top_rate)
+    return _build(
+        _config_json(workload), _config_json(protocol), plan_arm(arm, protocol), rate, lambda_ref, seed, top_rate
+    )
 
 
 def regenerate(plan: Plan) -> Plan:
@@ -124,7 +136,15 @@ def regenerate(plan: Plan) -> Plan:
             f"plan was made by generator version {m.get('generator_version')}; this code is version "
             f"{GENERATOR_VERSION}: check out the commit that made it to regenerate it"
         )
-    return _build(m["workload"], m["protocol"], m["arm"], m["rate"], m["lambda_ref"], m["seed"], m.get("top_rate", DEFAULT_TOP_RATE))
+    return _build(
+        m["workload"],
+        m["protocol"],
+        m["arm"],
+        m["rate"],
+        m["lambda_ref"],
+        m["seed"],
+        m.get("top_rate", DEFAULT_TOP_RATE),
+    )
 
 
 def _build(
@@ -193,7 +213,7 @@ def _build(
         "protocol": protocol_json,
         "arm": arm_part,
         "counts": {
-            "base": int(len(base_t)),
+            "base": len(base_t),
             "burst": n_burst,
             "refused": sum(1 for s in rows if s.refused),
             "turns": sum(s.n_turns for s in rows),
@@ -229,7 +249,11 @@ class WindowRate:
     @property
     def z(self) -> float:
         """Poisson standard deviations from nominal (0 for the burst, which is exact by design)."""
-        return (self.arrivals - self.expected) / math.sqrt(self.expected) if self.kind == "base" and self.expected > 0 else 0.0
+        return (
+            (self.arrivals - self.expected) / math.sqrt(self.expected)
+            if self.kind == "base" and self.expected > 0
+            else 0.0
+        )
 
 
 def default_windows(plan: Plan) -> list[tuple[str, float, float]]:
@@ -269,7 +293,11 @@ def rate_report(plan: Plan, windows: Sequence[tuple[str, float, float]] | None =
         t0 = float(plan.meta["protocol"]["burst"]["time"])
         w = float(plan.meta["protocol"]["burst"]["width"])
         bursts = [s for s in plan.sessions if s.stream == STREAM_BURST]
-        out.append(WindowRate("burst sessions", "burst", t0, t0 + w, len(bursts), sum(s.refused for s in bursts), float(n_burst)))
+        out.append(
+            WindowRate(
+                "burst sessions", "burst", t0, t0 + w, len(bursts), sum(s.refused for s in bursts), float(n_burst)
+            )
+        )
     return out
 
 

@@ -15,19 +15,35 @@ verdict judged (the charts use the figure's own series function).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from review.html.figures import data_uri, fig1_charts, json_script
 from review.html.markdown import render
-from review.html.records import generated_line, predictions_section, provenance_section, raw_records, registration_section, runs_section
+from review.html.records import (
+    generated_line,
+    predictions_section,
+    provenance_section,
+    raw_records,
+    registration_section,
+    runs_section,
+)
 from review.html.verdict import absent, badge, esc, verdict_section
-from review.testdir import PRESENT, TestDir
 from review.status import collect_status
+from review.testdir import PRESENT, TestDir
 
-SECTIONS = [("status", "Where the test stands"), ("verdict", "Verdict"), ("tables", "Tables"), ("figures", "Figures"),
-            ("predictions", "Predictions"), ("provenance", "Provenance"), ("registration", "Registration"), ("runs", "Runs and raw records")]  # fmt: skip
+SECTIONS = [
+    ("status", "Where the test stands"),
+    ("verdict", "Verdict"),
+    ("tables", "Tables"),
+    ("figures", "Figures"),
+    ("predictions", "Predictions"),
+    ("provenance", "Provenance"),
+    ("registration", "Registration"),
+    ("runs", "Runs and raw records"),
+]
 
 
 def _asset(name: str) -> str:
@@ -41,26 +57,66 @@ def _summary(st: Mapping[str, Any]) -> str:
     def item(k: str, body: str) -> None:
         items.append(f"<div class='item'><div class='k'>{esc(k)}</div><div class='v'>{body}</div></div>")
 
-    item("registration", f"{esc(r['name'])} {badge(r['status'], 'PASS' if r['status'] == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r['sha256'])}</code>"
-         if r["state"] == PRESENT else f"<span class='muted'>{esc(r['state'])}: {esc(r['note'])}</span>")  # fmt: skip
-    item("label", f"{badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))}</span>" if r.get("label") else f"<span class='muted'>none: {esc(r.get('label_reason'))}</span>")
-    item("predictions", "; ".join(f"frozen <code>{esc(f['tag'])}</code> {badge(f['blindness'] or '?', 'blind' if (f['blindness'] or '').startswith('blind') else 'notblind')}" for f in p["freezes"])
-         + "".join(f"<br>scored {esc(s.get('tag'))}: {s.get('hits', 0)} hits, {s.get('misses', 0)} misses" for s in p["scored"])
-         if p["frozen"] else "<span class='muted'>not frozen</span>")  # fmt: skip
+    item(
+        "registration",
+        f"{esc(r['name'])} {badge(r['status'], 'PASS' if r['status'] == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r['sha256'])}</code>"
+        if r["state"] == PRESENT
+        else f"<span class='muted'>{esc(r['state'])}: {esc(r['note'])}</span>",
+    )
+    item(
+        "label",
+        f"{badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))}</span>"
+        if r.get("label")
+        else f"<span class='muted'>none: {esc(r.get('label_reason'))}</span>",
+    )
+    item(
+        "predictions",
+        "; ".join(
+            f"frozen <code>{esc(f['tag'])}</code> {badge(f['blindness'] or '?', 'blind' if (f['blindness'] or '').startswith('blind') else 'notblind')}"
+            for f in p["freezes"]
+        )
+        + "".join(
+            f"<br>scored {esc(s.get('tag'))}: {s.get('hits', 0)} hits, {s.get('misses', 0)} misses" for s in p["scored"]
+        )
+        if p["frozen"]
+        else "<span class='muted'>not frozen</span>",
+    )
     if j["state"] == PRESENT:
         c = j["counts"]
-        item("jobs", ", ".join(f"{c[k]} {k}" for k in c if c[k] or k != "unknown") + f"<br><span class='muted'>from {esc(j['source'])}</span>")
+        item(
+            "jobs",
+            ", ".join(f"{c[k]} {k}" for k in c if c[k] or k != "unknown")
+            + f"<br><span class='muted'>from {esc(j['source'])}</span>",
+        )
     else:
         item("jobs", "<span class='muted'>no submission manifest: not submitted to the scheduler</span>")
     bound = f"; {ru['bound']} bound of {ru['registered']} registered" if ru.get("bound") is not None else ""
-    item("runs", f"{ru['found']} found ({esc(', '.join(f'{n} {s}' for s, n in sorted(ru['by_status'].items())) or 'none')}){esc(bound)}")
+    item(
+        "runs",
+        f"{ru['found']} found ({esc(', '.join(f'{n} {s}' for s, n in sorted(ru['by_status'].items())) or 'none')}){esc(bound)}",
+    )
     if v["state"] == PRESENT:
-        kind = ("registered, decisive" if v["decisive"] else "registered, not decisive") if v["registered"] else "not registered"
-        item("verdict", f"{badge(v['verdict'])} <span class='muted'>{esc(kind)}</span>" + (f"<br><strong>{esc(v['stale'])}</strong>" if v.get("stale") else ""))
+        kind = (
+            ("registered, decisive" if v["decisive"] else "registered, not decisive")
+            if v["registered"]
+            else "not registered"
+        )
+        item(
+            "verdict",
+            f"{badge(v['verdict'])} <span class='muted'>{esc(kind)}</span>"
+            + (f"<br><strong>{esc(v['stale'])}</strong>" if v.get("stale") else ""),
+        )
     else:
         item("verdict", "<span class='muted'>not scored yet</span>")
     if pv["state"] == PRESENT:
-        item("provenance", badge("holds") if pv["ok"] else badge(f"{len(pv['breaks'])} BREAK(S)", "FAIL") + "<br>" + "<br>".join(esc(b["name"]) for b in pv["breaks"][:4]))
+        item(
+            "provenance",
+            badge("holds")
+            if pv["ok"]
+            else badge(f"{len(pv['breaks'])} BREAK(S)", "FAIL")
+            + "<br>"
+            + "<br>".join(esc(b["name"]) for b in pv["breaks"][:4]),
+        )
     else:
         item("provenance", f"<span class='muted'>not verified: {esc(pv['note'])}</span>")
     return f"<div class='summary'>{''.join(items)}</div>"
@@ -74,23 +130,33 @@ def _figures(td: TestDir) -> tuple[str, list[dict[str, Any]]]:
     parts = []
     family = (v.value.get("rule_spec") or {}).get("report")
     if charts:
-        parts.append("<p>Fig. 1 layout, one chart per rate: prefix-cache hit fraction per window (top) and sessions in the system, log scale "
-                     "(bottom); one line per run; shaded: the evaluation window; dashed vertical: the burst. Drag across a panel to zoom, "
-                     "double-click to reset, hover for values, tick an arm to hide it.</p>")  # fmt: skip
+        parts.append(
+            "<p>Fig. 1 layout, one chart per rate: prefix-cache hit fraction per window (top) and sessions in the system, log scale "
+            "(bottom); one line per run; shaded: the evaluation window; dashed vertical: the burst. Drag across a panel to zoom, "
+            "double-click to reset, hover for values, tick an arm to hide it.</p>"
+        )
         cells = []
         for i, c in enumerate(charts):
             cid = f"chart-{i}"
-            cells.append(f"<div><h3>{esc(c['title'])}</h3><div class='chart' id='{cid}' data-chart='{cid}-data'>"
-                         f"<noscript><p class='muted'>The interactive chart needs script; the static figure below shows the same series.</p></noscript>"
-                         f"</div>{json_script(c, cid + '-data')}</div>")  # fmt: skip
+            cells.append(
+                f"<div><h3>{esc(c['title'])}</h3><div class='chart' id='{cid}' data-chart='{cid}-data'>"
+                f"<noscript><p class='muted'>The interactive chart needs script; the static figure below shows the same series.</p></noscript>"
+                f"</div>{json_script(c, cid + '-data')}</div>"
+            )
         parts.append(f"<div class='rates'>{''.join(cells)}</div>")
     for n in notes:
         parts.append(f"<p class='muted'>not drawn: {esc(n)}</p>")
     png = td.sibling("figure.png")
     if png is not None:
-        what = f"the {family} report module's figure" if family and family != "generic" else "the Markdown report's figure (Fig. 1 layout)"
-        parts.append(f"<h3>Static figure</h3><p class='muted'>{esc(what)}, <code>{esc(png.name)}</code> beside the verdict</p>"
-                     f"<img class='static' alt='{esc(what)}' src='{data_uri(png)}'>")  # fmt: skip
+        what = (
+            f"the {family} report module's figure"
+            if family and family != "generic"
+            else "the Markdown report's figure (Fig. 1 layout)"
+        )
+        parts.append(
+            f"<h3>Static figure</h3><p class='muted'>{esc(what)}, <code>{esc(png.name)}</code> beside the verdict</p>"
+            f"<img class='static' alt='{esc(what)}' src='{data_uri(png)}'>"
+        )
     else:
         parts.append(absent("No static figure: figure.png is not beside the verdict."))
     return "\n".join(parts), charts
@@ -99,10 +165,16 @@ def _figures(td: TestDir) -> tuple[str, list[dict[str, Any]]]:
 def _tables(td: TestDir) -> str:
     md = td.sibling("report.md")
     if md is None:
-        return absent("No Markdown report beside the verdict (report.md): the tables cannot be shown." if td.verdict.ok else "Not scored yet: no tables.")
+        return absent(
+            "No Markdown report beside the verdict (report.md): the tables cannot be shown."
+            if td.verdict.ok
+            else "Not scored yet: no tables."
+        )
     skip_images = lambda alt, src: ""  # noqa: E731 - the figures section shows them
-    return f"<p class='muted'>Rendered from <code>{esc(md.name)}</code> beside the verdict (the same tables the Markdown report holds).</p>" + render(
-        md.read_text(encoding="utf-8"), image=skip_images, heading_offset=0)
+    return (
+        f"<p class='muted'>Rendered from <code>{esc(md.name)}</code> beside the verdict (the same tables the Markdown report holds).</p>"
+        + render(md.read_text(encoding="utf-8"), image=skip_images, heading_offset=0)
+    )
 
 
 def build_page(td: TestDir, out_path: Path, *, status: Mapping[str, Any] | None = None) -> str:

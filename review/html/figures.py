@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import orjson
 
-from analysis.report import ARM_COLORS, ARM_ORDER
 from analysis.metrics import run_series
+from analysis.report import ARM_COLORS, ARM_ORDER
 from harness.recording.record import RunFormatError, load_run
 
 PALETTE = ["#8e44ad", "#d68910", "#17a589", "#7f8c8d", "#2e4053", "#a04000"]
@@ -73,19 +74,27 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
     backlog_bin = float(params.get("backlog_bin", 10.0))
     threshold = float(params.get("hit_threshold", 0.5))
     arms = list(verdict.get("arms") or [])
-    rates = list(verdict.get("registered_rates") or sorted({r["rate"] for r in verdict.get("runs") or [] if r.get("rate") is not None}))
+    rates = list(
+        verdict.get("registered_rates")
+        or sorted({r["rate"] for r in verdict.get("runs") or [] if r.get("rate") is not None})
+    )
     refs = verdict.get("references") or {}
     notes: list[str] = []
     per_rate: dict[float, list[dict[str, Any]]] = {float(r): [] for r in rates}
     proto: dict[str, Any] | None = None
     order = {a: i for i, a in enumerate(ARM_ORDER)}
-    runs = sorted(verdict.get("runs") or [], key=lambda r: (order.get(str(r.get("arm", "")).upper(), 9), str(r.get("arm")), r.get("seed") or 0))
+    runs = sorted(
+        verdict.get("runs") or [],
+        key=lambda r: (order.get(str(r.get("arm", "")).upper(), 9), str(r.get("arm")), r.get("seed") or 0),
+    )
     for r in runs:
         if r.get("rate") is None or float(r["rate"]) not in per_rate:
             continue
         d = resolve_run_dir(str(r.get("run_dir") or ""), testdir)
         if d is None:
-            notes.append(f"{r.get('arm')} {r.get('rate')} seed {r.get('seed')}: no run directory to draw ({r.get('run_dir') or 'none recorded'})")
+            notes.append(
+                f"{r.get('arm')} {r.get('rate')} seed {r.get('seed')}: no run directory to draw ({r.get('run_dir') or 'none recorded'})"
+            )
             continue
         try:
             run = load_run(d)
@@ -94,14 +103,34 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
             continue
         p = run.meta.get("protocol") or {}
         proto = proto or p
-        s = run_series(run.turns, run.sessions, run.gate_events, float(p.get("duration", 0.0)), float(p.get("hit_bin", 100.0)), backlog_bin, threshold)
+        s = run_series(
+            run.turns,
+            run.sessions,
+            run.gate_events,
+            float(p.get("duration", 0.0)),
+            float(p.get("hit_bin", 100.0)),
+            backlog_bin,
+            threshold,
+        )
         arm = str(r["arm"]).upper()
         label = f"{arm} seed {r.get('seed')} ({run_state(r)})"
         hb = float(p.get("hit_bin", 100.0))
         common = {"group": arm, "color": arm_color(arm, arms), "dash": arm in DASHED, "label": label}
         per_rate[float(r["rate"])] += [
-            {**common, "panel": 0, "what": "hit fraction", "x": _clean(s["hit_t"] + 0.5 * hb, 1), "y": _clean(s["hit"], 4)},
-            {**common, "panel": 1, "what": "sessions in system", "x": _clean(s["backlog_t"], 1), "y": _clean(s["in_system"], 2)},
+            {
+                **common,
+                "panel": 0,
+                "what": "hit fraction",
+                "x": _clean(s["hit_t"] + 0.5 * hb, 1),
+                "y": _clean(s["hit"], 4),
+            },
+            {
+                **common,
+                "panel": 1,
+                "what": "sessions in system",
+                "x": _clean(s["backlog_t"], 1),
+                "y": _clean(s["in_system"], 2),
+            },
         ]
     charts = []
     for rate, series in per_rate.items():
@@ -118,15 +147,28 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
             b = proto.get("burst") or {}
             if b.get("size"):
                 vlines.append({"x": float(b["time"])})
-        charts.append({
-            "title": f"{rate:g} × λref" + (f" (λ = {lam:.4f} sessions/s)" if lam else ""),
-            "rate": rate,
-            "xlabel": "time since start of run (s)",
-            "xmin": 0.0, "xmax": dur,
-            "panels": [{"ylabel": "prefix-cache hit fraction", "ymin": -0.02, "ymax": 1.02},
-                       {"ylabel": "sessions in system", "ylog": True, "ymin": 0.8, "ymax": 10 ** math.ceil(math.log10(top * 1.2)), "yfloor": 0.8}],
-            "bands": bands, "vlines": vlines, "series": series,
-        })  # fmt: skip
+        charts.append(
+            {
+                "title": f"{rate:g} × λref" + (f" (λ = {lam:.4f} sessions/s)" if lam else ""),
+                "rate": rate,
+                "xlabel": "time since start of run (s)",
+                "xmin": 0.0,
+                "xmax": dur,
+                "panels": [
+                    {"ylabel": "prefix-cache hit fraction", "ymin": -0.02, "ymax": 1.02},
+                    {
+                        "ylabel": "sessions in system",
+                        "ylog": True,
+                        "ymin": 0.8,
+                        "ymax": 10 ** math.ceil(math.log10(top * 1.2)),
+                        "yfloor": 0.8,
+                    },
+                ],
+                "bands": bands,
+                "vlines": vlines,
+                "series": series,
+            }
+        )
     return charts, notes
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Callable
+from collections.abc import Callable
 
 ImageHook = Callable[[str, str], str]  # (alt, src) -> HTML
 
@@ -57,7 +57,11 @@ def _cells(line: str) -> list[str]:
 def _table(lines: list[str]) -> str:
     head = _cells(lines[0])
     body = [_cells(x) for x in lines[2:]]
-    out = ['<div class="scroll"><table class="md">', "<thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr></thead>", "<tbody>"]
+    out = [
+        '<div class="scroll"><table class="md">',
+        "<thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr></thead>",
+        "<tbody>",
+    ]
     for row in body:
         row = row + [""] * (len(head) - len(row))
         out.append("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in row) + "</tr>")

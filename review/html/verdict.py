@@ -14,11 +14,12 @@ from __future__ import annotations
 import ast
 import html
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from review.html.figures import run_state
 from analysis.rules import evaluate
+from review.html.figures import run_state
 
 GOOD_WORDS = {"PASS", "holds"}
 
@@ -59,8 +60,14 @@ def _env(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = dict(spec.get("params") or {})
     lam_ref = refs.get("lambda_ref")
     if lam_ref is not None and r.get("rate") is not None:
-        env.update({"lam": float(r["rate"]) * float(lam_ref), "lam_miss": float(refs.get("lambda_miss") or lam_ref), "lambda_ref": float(lam_ref),
-                    "rate": float(r["rate"])})  # fmt: skip
+        env.update(
+            {
+                "lam": float(r["rate"]) * float(lam_ref),
+                "lam_miss": float(refs.get("lambda_miss") or lam_ref),
+                "lambda_ref": float(lam_ref),
+                "rate": float(r["rate"]),
+            }
+        )
     if refs.get("all_miss_token_rate") is not None:
         env["all_miss_rate"] = float(refs["all_miss_token_rate"])
     env.update({k: v for k, v in (r.get("stats") or {}).items() if v is not None})
@@ -104,7 +111,11 @@ def condition_html(c: Mapping[str, Any], env: Mapping[str, Any]) -> str:
 def _state_class(r: Mapping[str, Any]) -> str:
     if r.get("good") is True:
         return "good"
-    if r.get("good") is False or r.get("state") in ("FAILED", "MISSING", "INVALID") or r.get("status") not in (None, "complete"):
+    if (
+        r.get("good") is False
+        or r.get("state") in ("FAILED", "MISSING", "INVALID")
+        or r.get("status") not in (None, "complete")
+    ):
         return "bad"
     return "other"
 
@@ -116,16 +127,24 @@ def run_details(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> str:
     for arm, states in ((verdict.get("rule_spec") or {}).get("arms") or {}).items():
         if arm.upper() == str(r.get("arm", "")).upper():
             expect = f"; the rule expects {' or '.join(states)}"
-    head = (f"{esc(str(r.get('arm')).upper())} {esc(num(r.get('rate'), 6))} × λref seed {esc(r.get('seed'))}: "
-            f"<span class='state {_state_class(r)}'>{esc(run_state(r))}</span>{esc(expect)}")  # fmt: skip
+    head = (
+        f"{esc(str(r.get('arm')).upper())} {esc(num(r.get('rate'), 6))} × λref seed {esc(r.get('seed'))}: "
+        f"<span class='state {_state_class(r)}'>{esc(run_state(r))}</span>{esc(expect)}"
+    )
     body = []
 
     def states(conds_by_state: Mapping[str, Any]) -> None:
         for name, conds in conds_by_state.items():
             if not conds:
-                body.append(f"<div><strong>{esc(name)}</strong>: <span class='muted'>no condition (the fallback)</span></div>")
+                body.append(
+                    f"<div><strong>{esc(name)}</strong>: <span class='muted'>no condition (the fallback)</span></div>"
+                )
                 continue
-            body.append(f"<div><strong>{esc(name)}</strong></div><ul class='conds'>" + "".join(condition_html(c, env) for c in conds) + "</ul>")
+            body.append(
+                f"<div><strong>{esc(name)}</strong></div><ul class='conds'>"
+                + "".join(condition_html(c, env) for c in conds)
+                + "</ul>"
+            )
 
     conditions = r.get("conditions") or {}
     if any(isinstance(v, Mapping) for v in conditions.values()):  # a staged run: {label set: {label: [conditions]}}
@@ -159,24 +178,38 @@ def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
                 cells.append("<td class='cell-missing'>missing</td>")
                 continue
             cls = {"good": "cell-good", "bad": "cell-bad"}.get(_state_class(r), "")
-            cells.append(f"<td class='{cls}'><a class='state {_state_class(r)}' href='#cond-{run_key(r)}'>{esc(run_state(r))}</a></td>")
+            cells.append(
+                f"<td class='{cls}'><a class='state {_state_class(r)}' href='#cond-{run_key(r)}'>{esc(run_state(r))}</a></td>"
+            )
         rows.append(f"<tr><th>{esc(arm.upper())}</th>{''.join(cells)}</tr>")
     details = "".join(run_details(verdict, runs[(a.upper(), s)]) for a in arms for s in seeds if (a.upper(), s) in runs)
-    return (f"<div class='rate'><h3>{esc(num(rate, 6))} × λref: {badge(rv.get('verdict'))}</h3><p>{esc(rv.get('reason'))}</p>"
-            f"<table class='states'><thead><tr><th>arm</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            f"<h4>Conditions of each run</h4>{details}</div>")  # fmt: skip
+    return (
+        f"<div class='rate'><h3>{esc(num(rate, 6))} × λref: {badge(rv.get('verdict'))}</h3><p>{esc(rv.get('reason'))}</p>"
+        f"<table class='states'><thead><tr><th>arm</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<h4>Conditions of each run</h4>{details}</div>"
+    )
 
 
 def _group_block(verdict: Mapping[str, Any], g: Mapping[str, Any]) -> str:
     """A staged family's group (a rate, a burst size, ...): outcome, counts, conditions, seeds."""
-    env = {**((verdict.get("rule_spec") or {}).get("params") or {}), **(g.get("aggregates") or {}), **(g.get("derived") or {})}
-    parts = [f"<div class='rate'><h3>{esc(g.get('group'))}{' × λref' if g.get('rate') is not None else ''}: {badge(g.get('outcome'), 'none')}</h3>",
-             f"<p>{esc(g.get('reason'))}</p>"]  # fmt: skip
+    env = {
+        **((verdict.get("rule_spec") or {}).get("params") or {}),
+        **(g.get("aggregates") or {}),
+        **(g.get("derived") or {}),
+    }
+    parts = [
+        f"<div class='rate'><h3>{esc(g.get('group'))}{' × λref' if g.get('rate') is not None else ''}: {badge(g.get('outcome'), 'none')}</h3>",
+        f"<p>{esc(g.get('reason'))}</p>",
+    ]
     if g.get("counts"):
         parts.append("<p>seed counts: " + ", ".join(f"{esc(k)} {esc(v)}" for k, v in g["counts"].items()) + "</p>")
     for name, conds in (g.get("conditions") or {}).items():
         if conds:
-            parts.append(f"<div><strong>{esc(name)}</strong></div><ul class='conds'>" + "".join(condition_html(c, env) for c in conds) + "</ul>")
+            parts.append(
+                f"<div><strong>{esc(name)}</strong></div><ul class='conds'>"
+                + "".join(condition_html(c, env) for c in conds)
+                + "</ul>"
+            )
     for name, c in (g.get("checks") or {}).items():
         parts.append(f"<div>check <strong>{esc(name)}</strong></div><ul class='conds'>{condition_html(c, env)}</ul>")
     seeds = g.get("seeds") or {}
@@ -187,7 +220,9 @@ def _group_block(verdict: Mapping[str, Any], g: Mapping[str, Any]) -> str:
         for s, d in seeds.items():
             cells = "".join(f"<td>{esc((d.get('roles') or {}).get(x, {}).get('label'))}</td>" for x in roles)
             rows.append(f"<tr><th>seed {esc(s)}{'' if d.get('decided', True) else ' (undecided)'}</th>{cells}</tr>")
-        parts.append(f"<table class='states'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        parts.append(
+            f"<table class='states'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
     rate = g.get("rate")
     runs = [r for r in verdict.get("runs") or [] if rate is None or r.get("rate") == rate]
     parts.append("<h4>Conditions of each run</h4>" + "".join(run_details(verdict, r) for r in runs))
@@ -199,20 +234,36 @@ def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | No
     if verdict is None:
         return absent(note[:1].upper() + note[1:] if note else "Not scored yet.")
     refs = verdict.get("references") or {}
-    out = [f"<p>Verdict {badge(verdict.get('verdict'))} by rule <code>{esc(verdict.get('rule'))}</code> "
-           f"(version {esc(verdict.get('rule_version'))}); λ_ref = {esc(refs.get('lambda_ref'))} sessions/s, all-miss rate = "
-           f"{esc(refs.get('all_miss_token_rate'))} tokens/s; seeds {esc(', '.join(str(s) for s in verdict.get('seeds') or []))}. "
-           f"From <code>{esc(Path(path).name if path else '')}</code>. Click a state for the conditions that decided it.</p>"]  # fmt: skip
+    out = [
+        f"<p>Verdict {badge(verdict.get('verdict'))} by rule <code>{esc(verdict.get('rule'))}</code> "
+        f"(version {esc(verdict.get('rule_version'))}); λ_ref = {esc(refs.get('lambda_ref'))} sessions/s, all-miss rate = "
+        f"{esc(refs.get('all_miss_token_rate'))} tokens/s; seeds {esc(', '.join(str(s) for s in verdict.get('seeds') or []))}. "
+        f"From <code>{esc(Path(path).name if path else '')}</code>. Click a state for the conditions that decided it.</p>"
+    ]
     blocks = [_rate_block(verdict, rv) for rv in verdict.get("rates") or []]
     blocks += [_group_block(verdict, g) for g in verdict.get("groups") or []]
-    out.append("<div class='rates'>" + "".join(blocks) + "</div>" if blocks else absent("the verdict holds no rate or group"))
-    tests = [(n, c) for n, c in (verdict.get("test_conditions") or {}).items() if c] + [(n, [c]) for n, c in (verdict.get("test_checks") or {}).items()]
+    out.append(
+        "<div class='rates'>" + "".join(blocks) + "</div>" if blocks else absent("the verdict holds no rate or group")
+    )
+    tests = [(n, c) for n, c in (verdict.get("test_conditions") or {}).items() if c] + [
+        (n, [c]) for n, c in (verdict.get("test_checks") or {}).items()
+    ]
     if tests:
-        out.insert(1, f"<p>Test outcome {badge(verdict.get('verdict'))}, from the outcomes tried in order:</p>" + "".join(
-            f"<div><strong>{esc(n)}</strong></div><ul class='conds'>" + "".join(condition_html(c, {}) for c in cs) + "</ul>" for n, cs in tests))
+        out.insert(
+            1,
+            f"<p>Test outcome {badge(verdict.get('verdict'))}, from the outcomes tried in order:</p>"
+            + "".join(
+                f"<div><strong>{esc(n)}</strong></div><ul class='conds'>"
+                + "".join(condition_html(c, {}) for c in cs)
+                + "</ul>"
+                for n, cs in tests
+            ),
+        )
     ol = verdict.get("open_loop") or {}
     if ol.get("not_within"):
-        out.append(f"<p><strong>Open-loop bound exceeded</strong> by {esc(', '.join(map(str, ol['not_within'])))} (session-start lateness p99 above the test's bound; states unchanged).</p>")
+        out.append(
+            f"<p><strong>Open-loop bound exceeded</strong> by {esc(', '.join(map(str, ol['not_within'])))} (session-start lateness p99 above the test's bound; states unchanged).</p>"
+        )
     reg = verdict.get("registered")
     if reg:
         out.append(registered_block(reg))
@@ -222,20 +273,31 @@ def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | No
 def registered_block(reg: Mapping[str, Any]) -> str:
     j = reg.get("judged_by") or {}
     r = reg.get("registration") or {}
-    out = ["<h3>Registered analysis</h3><ul>",
-           f"<li>registration <code>{esc(r.get('path'))}</code> ({esc(r.get('status'))}), SHA-256 <code>{esc(r.get('sha256'))}</code>, commit <code>{esc(r.get('commit') or 'not committed')}</code></li>",
-           f"<li>judged by commit <code>{esc(j.get('commit'))}</code> ({esc(j.get('mode'))}): {esc(j.get('reason'))}</li>",
-           f"<li>decisive: {badge('yes', 'PASS') if reg.get('decisive') else badge('no', 'none')}; rule <code>{esc(reg.get('rule'))}</code>; references from the registration</li>",
-           f"<li>runs counted: {len(reg.get('runs_counted') or [])}; left out: {len(reg.get('runs_excluded') or [])}</li>"]  # fmt: skip
+    out = [
+        "<h3>Registered analysis</h3><ul>",
+        f"<li>registration <code>{esc(r.get('path'))}</code> ({esc(r.get('status'))}), SHA-256 <code>{esc(r.get('sha256'))}</code>, commit <code>{esc(r.get('commit') or 'not committed')}</code></li>",
+        f"<li>judged by commit <code>{esc(j.get('commit'))}</code> ({esc(j.get('mode'))}): {esc(j.get('reason'))}</li>",
+        f"<li>decisive: {badge('yes', 'PASS') if reg.get('decisive') else badge('no', 'none')}; rule <code>{esc(reg.get('rule'))}</code>; references from the registration</li>",
+        f"<li>runs counted: {len(reg.get('runs_counted') or [])}; left out: {len(reg.get('runs_excluded') or [])}</li>",
+    ]
     for x in reg.get("runs_excluded") or []:
-        out.append(f"<li class='muted'>left out <code>{esc(Path(str(x.get('run_dir'))).name)}</code>: {esc('; '.join(x.get('reasons') or []))}</li>")
+        out.append(
+            f"<li class='muted'>left out <code>{esc(Path(str(x.get('run_dir'))).name)}</code>: {esc('; '.join(x.get('reasons') or []))}</li>"
+        )
     out.append("</ul>")
     kills = reg.get("kill_conditions") or []
     if kills:
-        rows = "".join(f"<tr><td>{esc(k.get('id'))}</td><td>{esc(k.get('description'))}</td><td>"
-                       + {True: badge("TRIGGERED", "FAIL"), False: "no", None: "undetermined"}.get(k.get("triggered"), esc(k.get("triggered")))
-                       + f"</td><td>{esc(k.get('detail') or k.get('reason') or '')}</td></tr>" for k in kills)  # fmt: skip
-        out.append(f"<h4>Kill conditions</h4><table><thead><tr><th>id</th><th>condition</th><th>triggered</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>")
+        rows = "".join(
+            f"<tr><td>{esc(k.get('id'))}</td><td>{esc(k.get('description'))}</td><td>"
+            + {True: badge("TRIGGERED", "FAIL"), False: "no", None: "undetermined"}.get(
+                k.get("triggered"), esc(k.get("triggered"))
+            )
+            + f"</td><td>{esc(k.get('detail') or k.get('reason') or '')}</td></tr>"
+            for k in kills
+        )
+        out.append(
+            f"<h4>Kill conditions</h4><table><thead><tr><th>id</th><th>condition</th><th>triggered</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
     else:
         out.append(absent("The registration names no kill condition."))
     return "".join(out)

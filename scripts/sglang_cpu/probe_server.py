@@ -36,7 +36,7 @@ def http(method: str, url: str, body: Any = None, timeout: float = 120.0) -> tup
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read(), time.monotonic() - t0
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(), time.monotonic() - t0
@@ -71,7 +71,9 @@ class Probe:
     def ids(self, n: int) -> list[int]:
         return [self.rng.randrange(*VOCAB) for _ in range(n)]
 
-    def completion(self, prompt: list[int] | str, max_tokens: int = 16, timeout: float = 600.0, **more: Any) -> tuple[int | None, Any, float]:
+    def completion(
+        self, prompt: list[int] | str, max_tokens: int = 16, timeout: float = 600.0, **more: Any
+    ) -> tuple[int | None, Any, float]:
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -86,7 +88,10 @@ class Probe:
         return status, as_json(raw), dt
 
     def generate(self, input_ids: list[int], max_new_tokens: int = 16) -> tuple[int | None, Any, float]:
-        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+        }
         status, raw, dt = http("POST", self.base + "/generate", body)
         return status, as_json(raw), dt
 
@@ -113,18 +118,35 @@ def metric_names(text: str) -> dict[str, Any]:
     return {"types": types, "samples": samples}
 
 
-def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, skip_slow: bool, busy_tokens: int) -> dict[str, Any]:
+def run(
+    argv: list[str], out: Path, log_path: Path, cache: Path, context: int, skip_slow: bool, busy_tokens: int
+) -> dict[str, Any]:
     host = argv[argv.index("--host") + 1]
     port = int(argv[argv.index("--port") + 1])
-    served = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[argv.index("--model-path") + 1]
+    served = (
+        argv[argv.index("--served-model-name") + 1]
+        if "--served-model-name" in argv
+        else argv[argv.index("--model-path") + 1]
+    )
     base = f"http://{host}:{port}"
     for sub in ("tmp", "xdg"):
         (cache / sub).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(cache / "tmp"), "XDG_CACHE_HOME": str(cache / "xdg")}
-    facts: dict[str, Any] = {"argv": argv, "env_added": {k: env[k] for k in ("SGLANG_USE_CPU_ENGINE", "HF_HUB_OFFLINE")}}
+    env = {
+        **os.environ,
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(cache / "tmp"),
+        "XDG_CACHE_HOME": str(cache / "xdg"),
+    }
+    facts: dict[str, Any] = {
+        "argv": argv,
+        "env_added": {k: env[k] for k in ("SGLANG_USE_CPU_ENGINE", "HF_HUB_OFFLINE")},
+    }
     log = log_path.open("wb")
     t_start = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     facts["pid"] = proc.pid
     try:
         health_seen: list[list[Any]] = []
@@ -145,33 +167,91 @@ def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, s
         facts["start"] = {"seconds_to_health_200": round(time.monotonic() - t_start, 1), "health_statuses": health_seen}
         p = Probe(base, served, random.Random(0))
 
-        for path in ("/health", "/health_generate", "/v1/models", "/model_info", "/server_info", "/get_server_info", "/version", "/get_model_info"):
+        for path in (
+            "/health",
+            "/health_generate",
+            "/v1/models",
+            "/model_info",
+            "/server_info",
+            "/get_server_info",
+            "/version",
+            "/get_model_info",
+        ):
             status, raw, dt = http("GET", base + path)
             body = as_json(raw)
-            facts.setdefault("get", {})[path] = {"status": status, "seconds": round(dt, 3), "body": body if not isinstance(body, dict) else sorted(body)}
+            facts.setdefault("get", {})[path] = {
+                "status": status,
+                "seconds": round(dt, 3),
+                "body": body if not isinstance(body, dict) else sorted(body),
+            }
         status, raw, _ = http("GET", base + "/server_info")
         info = as_json(raw) if status == 200 else {}
         if not isinstance(info, dict):
             info = {}
-        keys = ("max_total_num_tokens", "max_total_tokens", "page_size", "schedule_policy", "chunked_prefill_size", "max_running_requests",
-                "disable_radix_cache", "enable_cache_report", "enable_metrics", "context_length", "served_model_name", "model_path",
-                "radix_eviction_policy", "attention_backend", "device", "version", "max_prefill_tokens", "schedule_conservativeness", "dtype")
+        keys = (
+            "max_total_num_tokens",
+            "max_total_tokens",
+            "page_size",
+            "schedule_policy",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "disable_radix_cache",
+            "enable_cache_report",
+            "enable_metrics",
+            "context_length",
+            "served_model_name",
+            "model_path",
+            "radix_eviction_policy",
+            "attention_backend",
+            "device",
+            "version",
+            "max_prefill_tokens",
+            "schedule_conservativeness",
+            "dtype",
+        )
         facts["server_info_top"] = {k: info.get(k, "<absent>") for k in keys}
         internal = info.get("internal_states")
         if isinstance(internal, list) and internal and isinstance(internal[0], dict):
-            facts["server_info_internal_states0"] = {k: v for k, v in internal[0].items() if not isinstance(v, (dict, list)) or k in ("memory_usage",)}
-        facts["server_info_where"] = {k: [loc for loc, d in (("top", info), ("internal_states[0]", (internal or [{}])[0] if isinstance(internal, list) else {})) if isinstance(d, dict) and k in d] for k in ("max_total_num_tokens", "page_size", "context_length", "chunked_prefill_size", "max_running_requests")}
+            facts["server_info_internal_states0"] = {
+                k: v for k, v in internal[0].items() if not isinstance(v, (dict, list)) or k in ("memory_usage",)
+            }
+        facts["server_info_where"] = {
+            k: [
+                loc
+                for loc, d in (
+                    ("top", info),
+                    ("internal_states[0]", (internal or [{}])[0] if isinstance(internal, list) else {}),
+                )
+                if isinstance(d, dict) and k in d
+            ]
+            for k in (
+                "max_total_num_tokens",
+                "page_size",
+                "context_length",
+                "chunked_prefill_size",
+                "max_running_requests",
+            )
+        }
 
         # /v1/completions with ids, exactly as the adapter sends it
         prompt = p.ids(200)
         s1, r1, dt1 = p.completion(prompt)
         facts["completion_first"] = {"status": s1, "seconds": round(dt1, 3), "body": shrink(r1)}
         s2, r2, dt2 = p.completion(prompt)
-        facts["completion_repeat"] = {"status": s2, "cached": p.cached(r2), "usage": r2.get("usage") if isinstance(r2, dict) else r2,
-                                      "same_output": isinstance(r1, dict) and isinstance(r2, dict) and r1["choices"][0].get("token_ids") == r2["choices"][0].get("token_ids")}
+        facts["completion_repeat"] = {
+            "status": s2,
+            "cached": p.cached(r2),
+            "usage": r2.get("usage") if isinstance(r2, dict) else r2,
+            "same_output": isinstance(r1, dict)
+            and isinstance(r2, dict)
+            and r1["choices"][0].get("token_ids") == r2["choices"][0].get("token_ids"),
+        }
         # without return_token_ids
         s, r, _ = p.completion(p.ids(50), 4, return_token_ids=False)
-        facts["completion_without_return_token_ids"] = {"status": s, "choice_keys": sorted(r["choices"][0]) if isinstance(r, dict) else r}
+        facts["completion_without_return_token_ids"] = {
+            "status": s,
+            "choice_keys": sorted(r["choices"][0]) if isinstance(r, dict) else r,
+        }
         # a text prompt
         s, r, _ = p.completion("w5 w6 w7 w8", 4)
         facts["completion_text_prompt"] = {"status": s, "usage": r.get("usage") if isinstance(r, dict) else r}
@@ -179,25 +259,47 @@ def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, s
         s, r, _ = p.completion(p.ids(20), 2, model="not-the-served-name")
         facts["completion_wrong_model_name"] = {"status": s, "body": shrink(r)}
         # streamed, with usage
-        body = {"model": served, "prompt": p.ids(30), "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        body = {
+            "model": served,
+            "prompt": p.ids(30),
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
         st, raw, _ = http("POST", base + "/v1/completions", body)
         chunks = [c[6:] for c in raw.decode().split("\n\n") if c.startswith("data: ")]
-        facts["completion_stream"] = {"status": st, "n_chunks": len(chunks), "first": as_json(chunks[0].encode()) if chunks else None, "last_two": [as_json(c.encode()) for c in chunks[-2:]]}
+        facts["completion_stream"] = {
+            "status": st,
+            "n_chunks": len(chunks),
+            "first": as_json(chunks[0].encode()) if chunks else None,
+            "last_two": [as_json(c.encode()) for c in chunks[-2:]],
+        }
 
         # /generate with input_ids
         gp = p.ids(120)
         s, g1, _ = p.generate(gp)
         facts["generate_first"] = {"status": s, "body": shrink(g1)}
         s, g2, _ = p.generate(gp)
-        facts["generate_repeat_meta"] = {"status": s, "cached_tokens": (g2.get("meta_info") or {}).get("cached_tokens") if isinstance(g2, dict) else g2}
+        facts["generate_repeat_meta"] = {
+            "status": s,
+            "cached_tokens": (g2.get("meta_info") or {}).get("cached_tokens") if isinstance(g2, dict) else g2,
+        }
 
         # follow-ups: L0 2000, d 100, delta 550 (the workload's first turns)
         base_prompt = p.ids(2000)
         s, t1, dt = p.completion(base_prompt, 100)
         out_ids = t1["choices"][0]["token_ids"]
         s, t2, dt2 = p.completion(base_prompt + out_ids + p.ids(550), 100)
-        facts["follow_up_2000_100_550"] = {"turn1_cached": p.cached(t1), "turn1_seconds": round(dt, 3), "turn2_prompt": t2["usage"]["prompt_tokens"],
-                                           "turn2_cached": p.cached(t2), "turn2_seconds": round(dt2, 3)}
+        facts["follow_up_2000_100_550"] = {
+            "turn1_cached": p.cached(t1),
+            "turn1_seconds": round(dt, 3),
+            "turn2_prompt": t2["usage"]["prompt_tokens"],
+            "turn2_cached": p.cached(t2),
+            "turn2_seconds": round(dt2, 3),
+        }
         # a multi-turn session: 300 + 50 out + 100 new per turn
         sess = p.ids(300)
         turns = []
@@ -217,7 +319,13 @@ def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, s
         # context limits
         for n, mt in ((context - 1, 1), (context - 1, 16), (context, 1), (context + 10, 1)):
             s, r, dt = p.completion(p.ids(n), mt)
-            facts.setdefault("context", {})[f"{n}+{mt}"] = {"status": s, "seconds": round(dt, 2), "body": shrink(r) if s != 200 else {"usage": r.get("usage"), "n_out": len(r["choices"][0].get("token_ids") or [])}}
+            facts.setdefault("context", {})[f"{n}+{mt}"] = {
+                "status": s,
+                "seconds": round(dt, 2),
+                "body": shrink(r)
+                if s != 200
+                else {"usage": r.get("usage"), "n_out": len(r["choices"][0].get("token_ids") or [])},
+            }
 
         # metrics
         status, raw, _ = http("GET", base + "/metrics")
@@ -231,17 +339,29 @@ def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, s
         facts["canary_before"] = p.cached(r)
         for method, path in (("GET", "/flush_cache"), ("POST", "/flush_cache"), ("POST", "/flush_cache?timeout=5")):
             st, raw, dt = http(method, base + path)
-            facts.setdefault("flush_idle", {})[f"{method} {path}"] = {"status": st, "body": raw.decode("utf-8", "replace"), "seconds": round(dt, 3)}
+            facts.setdefault("flush_idle", {})[f"{method} {path}"] = {
+                "status": st,
+                "body": raw.decode("utf-8", "replace"),
+                "seconds": round(dt, 3),
+            }
         s, r, _ = p.completion(canary, 1)
         facts["canary_after"] = p.cached(r)
 
         def busy(result: dict[str, Any], n_out: int) -> None:
             t0 = time.monotonic()
             s, r, _ = p.completion(p.ids(1000), n_out, timeout=900)
-            result["status"], result["seconds"], result["done_at"] = s, round(time.monotonic() - t0, 2), time.monotonic()
+            result["status"], result["seconds"], result["done_at"] = (
+                s,
+                round(time.monotonic() - t0, 2),
+                time.monotonic(),
+            )
 
         if not skip_slow:
-            for method, path in (("GET", "/flush_cache"), ("POST", "/flush_cache"), ("POST", "/flush_cache?timeout=300")):
+            for method, path in (
+                ("GET", "/flush_cache"),
+                ("POST", "/flush_cache"),
+                ("POST", "/flush_cache?timeout=300"),
+            ):
                 bg: dict[str, Any] = {}
                 th = threading.Thread(target=busy, args=(bg, busy_tokens))
                 th.start()
@@ -251,13 +371,18 @@ def run(argv: list[str], out: Path, log_path: Path, cache: Path, context: int, s
                 t_answer = time.monotonic()
                 th.join()
                 facts.setdefault("flush_busy", {})[f"{method} {path}"] = {
-                    "status": st, "body": raw.decode("utf-8", "replace"), "seconds": round(dt, 2),
-                    "request_seconds": bg.get("seconds"), "answered_after_request_done": t_answer >= bg.get("done_at", 0),
+                    "status": st,
+                    "body": raw.decode("utf-8", "replace"),
+                    "seconds": round(dt, 2),
+                    "request_seconds": bg.get("seconds"),
+                    "answered_after_request_done": t_answer >= bg.get("done_at", 0),
                     "answer_minus_request_end_s": round(t_answer - bg.get("done_at", t_answer), 2),
                 }
         status, raw, _ = http("GET", base + "/metrics")
         vals = metric_names(raw.decode())["samples"] if status == 200 else {}
-        facts["metrics_values_end"] = {k: v for k, v in vals.items() if k.startswith("sglang:") and not k.endswith(("_bucket", "_created"))}
+        facts["metrics_values_end"] = {
+            k: v for k, v in vals.items() if k.startswith("sglang:") and not k.endswith(("_bucket", "_created"))
+        }
         return facts
     finally:
         t0 = time.monotonic()
@@ -291,7 +416,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--log", type=Path, required=True)
     ap.add_argument("--cache", type=Path, default=Path(".engine-venv/cache"))
-    ap.add_argument("--busy-tokens", type=int, default=300, help="output tokens of the request that keeps the server busy during the flush probes")
+    ap.add_argument(
+        "--busy-tokens",
+        type=int,
+        default=300,
+        help="output tokens of the request that keeps the server busy during the flush probes",
+    )
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--skip-slow", action="store_true", help="leave out the flush-while-busy probes")
     ap.add_argument("argv", nargs=argparse.REMAINDER)

@@ -74,7 +74,9 @@ class Driver:
         publish(sa, role="scheduler")
         self.server_args = sa
         self.model_config = ModelConfig.from_server_args(sa)
-        self.req_to_token_pool = ReqToTokenPool(size=self.R, max_context_len=L + 4, device="cpu", enable_memory_saver=False)
+        self.req_to_token_pool = ReqToTokenPool(
+            size=self.R, max_context_len=L + 4, device="cpu", enable_memory_saver=False
+        )
         if self.P == 1:
             self.allocator = TokenToKVPoolAllocator(self.M, torch.float16, "cpu", None, False)
         else:
@@ -111,8 +113,13 @@ class Driver:
             return res
 
         tree._evict = counted_evict
-        return {"ok": True, "version": sglang.__version__, "tree_core": type(tree.tree_core).__name__,
-                "max_prefill_tokens": self.max_prefill_tokens, "fast_match": bool(tree.supports_fast_match_prefix())}
+        return {
+            "ok": True,
+            "version": sglang.__version__,
+            "tree_core": type(tree.tree_core).__name__,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "fast_match": bool(tree.supports_fast_match_prefix()),
+        }
 
     # -- requests ---------------------------------------------------------------------------------
     def add(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -143,8 +150,17 @@ class Driver:
             return None
         self.policy.calc_priority(self.waiting, rb)
         adder = PrefillAdder(
-            self.P, self.tree, self.allocator, rb, 1.0, self.max_prefill_tokens, self.C, 0, 0,
-            max_running_requests=self.R, waiting_queue_len=len(self.waiting),
+            self.P,
+            self.tree,
+            self.allocator,
+            rb,
+            1.0,
+            self.max_prefill_tokens,
+            self.C,
+            0,
+            0,
+            max_running_requests=self.R,
+            waiting_queue_len=len(self.waiting),
         )
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
@@ -171,7 +187,16 @@ class Driver:
             self.chunked_req = adder.new_chunked_req
         if self.chunked_req is not None:
             self.chunked_req.inflight_middle_chunks += 1
-        batch = self.ScheduleBatch.init_new(can_run, self.req_to_token_pool, self.allocator, self.tree, self.model_config, False, self.spec, chunked_req=self.chunked_req)
+        batch = self.ScheduleBatch.init_new(
+            can_run,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree,
+            self.model_config,
+            False,
+            self.spec,
+            chunked_req=self.chunked_req,
+        )
         batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
         batch.prepare_for_extend()
         return batch
@@ -247,7 +272,14 @@ class Driver:
                 batch = None
         else:
             batch, kind = None, "idle"
-        out: dict[str, Any] = {"kind": kind, "batch": [], "new": [], "resumed": [], "preempted": [r.rid for r in retracted], "finished": []}
+        out: dict[str, Any] = {
+            "kind": kind,
+            "batch": [],
+            "new": [],
+            "resumed": [],
+            "preempted": [r.rid for r in retracted],
+            "finished": [],
+        }
         for r in retracted:
             self.live.discard(r.rid)
         if batch is not None:
@@ -329,7 +361,12 @@ def main() -> int:
             op = msg.get("op")
             if op == "quit":
                 break
-            handler = {"init": drv.init, "add": drv.add, "step": lambda _m: drv.step(), "flush": lambda _m: drv.flush()}.get(op)
+            handler = {
+                "init": drv.init,
+                "add": drv.add,
+                "step": lambda _m: drv.step(),
+                "flush": lambda _m: drv.flush(),
+            }.get(op)
             reply = handler(msg) if handler else {"error": f"unknown op {op!r}"}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=8)}

@@ -46,7 +46,9 @@ def chain_digests(tokens: list[int], block: int, start: int = 0, prev: str = "")
     out: list[str] = []
     n = len(tokens) // block
     for i in range(start, n):
-        h = hashlib.blake2b(prev.encode() + struct.pack(f"<{block}i", *tokens[i * block : (i + 1) * block]), digest_size=8)
+        h = hashlib.blake2b(
+            prev.encode() + struct.pack(f"<{block}i", *tokens[i * block : (i + 1) * block]), digest_size=8
+        )
         prev = h.hexdigest()
         out.append(prev)
     return out
@@ -55,7 +57,7 @@ def chain_digests(tokens: list[int], block: int, start: int = 0, prev: str = "")
 _HOOKED = False
 
 
-def _install_hooks(drv: "Driver", bp: Any, scheduler_cls: Any, get_block_hash: Any) -> None:
+def _install_hooks(drv: Driver, bp: Any, scheduler_cls: Any, get_block_hash: Any) -> None:
     """Record evictions and preemptions (once per process; every scheduler built later shares them)."""
     global _HOOKED
     orig_evict = bp.BlockPool._maybe_evict_cached_block
@@ -116,13 +118,23 @@ class Driver:
         kcc = KVCacheConfig(
             num_blocks=N,
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype=torch.float32))],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layer"], FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype=torch.float32)
+                )
+            ],
         )
         cc.num_gpu_blocks = N
         hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(B, hash_fn)
-        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kcc, structured_output_manager=StructuredOutputManager(vc), block_size=B, log_stats=True)
+        self.sched = Scheduler(
+            vllm_config=vc,
+            kv_cache_config=kcc,
+            structured_output_manager=StructuredOutputManager(vc),
+            block_size=B,
+            log_stats=True,
+        )
         if not _HOOKED:
             _install_hooks(self, bp, Scheduler, get_block_hash)
         pool = self.sched.kv_cache_manager.block_pool
@@ -141,7 +153,13 @@ class Driver:
 
         rid = str(msg["id"])
         sp = SamplingParams(max_tokens=int(msg["max_tokens"]), ignore_eos=True, temperature=0.0)
-        req = Request(request_id=rid, prompt_token_ids=list(msg["prompt"]), sampling_params=sp, pooling_params=None, block_hasher=self.hasher)
+        req = Request(
+            request_id=rid,
+            prompt_token_ids=list(msg["prompt"]),
+            sampling_params=sp,
+            pooling_params=None,
+            block_hasher=self.hasher,
+        )
         self.outputs[rid] = list(msg["output"])
         self.digests[rid] = []
         self.sched.add_request(req)
@@ -180,7 +198,9 @@ class Driver:
                 sampled.append([self.outputs[rid][len(req.output_token_ids)]])
             else:
                 sampled.append([])
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+        mro = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+        )
         eco = s.update_from_output(so, mro)
         finished: list[str] = []
         for outs in eco.values():
@@ -221,7 +241,12 @@ def main() -> int:
             op = msg.get("op")
             if op == "quit":
                 break
-            handler = {"init": drv.init, "add": drv.add, "step": lambda _m: drv.step(), "flush": lambda _m: drv.flush()}.get(op)
+            handler = {
+                "init": drv.init,
+                "add": drv.add,
+                "step": lambda _m: drv.step(),
+                "flush": lambda _m: drv.flush(),
+            }.get(op)
             reply = handler(msg) if handler else {"error": f"unknown op {op!r}"}
         except Exception as exc:  # report, keep serving: the harness decides what a failure means
             reply = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=6)}

@@ -21,14 +21,15 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+
 from harness.errors import SchedulerError
 
 __all__ = [
-    "SCRIPT",
     "DEFAULT_STATE_DIR",
+    "SCRIPT",
     "ClusterError",
     "ClusterStatus",
     "DaemonStatus",
@@ -110,6 +111,7 @@ def _run_streaming(args: list[str], env: dict[str, str], echo: Echo | None, time
         text=True,
         bufsize=1,
     )
+
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -15,23 +15,23 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
 import orjson
 import yaml
+from live_engines import CONTEXT, POOL, REPO, D, Live
 
 from harness.config import WorkloadConfig
 from harness.servers.metrics import COMMON_METRICS, parse_prometheus
 from harness.servers.smoke import canary, expected_cached, run_smoke
-from live_engines import CONTEXT, D, POOL, REPO, Live
 
 # Longest prompt accepted with max_tokens 1 by the 8,192-token context (pool 32,768), measured:
 # vLLM: the prompt and its completion fit the context; SGLang: its scheduler refuses
@@ -94,7 +94,11 @@ def check_follow_ups(turns: Any, block: int, workload: WorkloadConfig) -> int:
                 break
             prev = int(g.loc[k - 1, "prompt_tokens"])
             assert g.loc[k, "prompt_tokens"] == prev + D + workload.tool_tokens
-            assert g.loc[k, "cached_tokens"] == expected_cached(prev + D, block), (k, prev, int(g.loc[k, "cached_tokens"]))
+            assert g.loc[k, "cached_tokens"] == expected_cached(prev + D, block), (
+                k,
+                prev,
+                int(g.loc[k, "cached_tokens"]),
+            )
             follow += 1
     return follow
 
@@ -117,7 +121,10 @@ def case_cached_counter_before_first_hit(live: Live) -> None:
         return names, before, await live.adapter.scrape_metrics(http, live.url)
 
     names, before, after = run(with_http(go))
-    tag(live, f"before the first hit: cached_tokens_total {before.get('cached_tokens_total')}, after: {after.get('cached_tokens_total')}")
+    tag(
+        live,
+        f"before the first hit: cached_tokens_total {before.get('cached_tokens_total')}, after: {after.get('cached_tokens_total')}",
+    )
     if live.flavor == "sglang":
         assert "sglang:cached_tokens_total" not in names and "sglang:prompt_tokens_total" in names
     assert before["cached_tokens_total"] == 0.0 and before["prompt_tokens_total"] >= 96
@@ -146,17 +153,41 @@ def case_smoke(live: Live) -> None:
 # max_tokens is cut to 0), and serves a prompt and completion over the context with max_tokens cut.
 LENGTH_LIMITS: dict[str, list[tuple[int, int, int, str, int | None]]] = {
     "sglang": [
-        (CONTEXT - 6, 1, 400, f"Input length ({CONTEXT - 6} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens).", None),
-        (CONTEXT - 1, 16, 400, f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
-                               f"You requested a total of {CONTEXT + 15} tokens: {CONTEXT - 1} tokens from the input messages and 16 tokens", None),
-        (CONTEXT, 1, 400, f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens).", None),
+        (
+            CONTEXT - 6,
+            1,
+            400,
+            f"Input length ({CONTEXT - 6} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens).",
+            None,
+        ),
+        (
+            CONTEXT - 1,
+            16,
+            400,
+            f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
+            f"You requested a total of {CONTEXT + 15} tokens: {CONTEXT - 1} tokens from the input messages and 16 tokens",
+            None,
+        ),
+        (
+            CONTEXT,
+            1,
+            400,
+            f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens).",
+            None,
+        ),
     ],
     "vllm": [
-        (CONTEXT + 1, 1, 400, f"This model's maximum context length is {CONTEXT} tokens. However, your prompt contains at least {CONTEXT + 1} input tokens", None),
+        (
+            CONTEXT + 1,
+            1,
+            400,
+            f"This model's maximum context length is {CONTEXT} tokens. However, your prompt contains at least {CONTEXT + 1} input tokens",
+            None,
+        ),
         (CONTEXT, 1, 400, "max_tokens must be at least 1, got 0.", None),
         (CONTEXT - 4, 16, 200, "", 4),
     ],
-}  # fmt: skip
+}
 
 
 def case_length_limits(live: Live) -> None:
@@ -174,10 +205,15 @@ def case_length_limits(live: Live) -> None:
 
     answers = run(with_http(go))
     for (n, m, status, start, completion), (got, body) in zip(LENGTH_LIMITS[live.flavor], answers):
-        tag(live, f"{n} + {m}: {got} {str(body.get('error', body.get('message')) if got != 200 else body['usage'])[:300]}")
+        tag(
+            live,
+            f"{n} + {m}: {got} {str(body.get('error', body.get('message')) if got != 200 else body['usage'])[:300]}",
+        )
         assert got == status, (n, m, body)
         if status == 200:
-            assert body["usage"]["completion_tokens"] == completion and len(body["choices"][0]["token_ids"]) == completion
+            assert (
+                body["usage"]["completion_tokens"] == completion and len(body["choices"][0]["token_ids"]) == completion
+            )
         elif live.flavor == "sglang":
             assert body["object"] == "error" and body["code"] == 400 and body["type"] == "BadRequestError"
             assert body["message"].startswith(start), body["message"]
@@ -218,7 +254,9 @@ def case_flush_refused_while_running(live: Live) -> None:
         out: dict[str, Any] = {}
         for attempt in range(FLUSH_TRIES):  # a request may finish between the gauge read and the flush
             prompt = ids(3000, seed=200 + attempt)
-            task = asyncio.create_task(live.adapter.complete(http, live.url, prompt, FLUSH_DECODE[live.flavor], live.model_name))
+            task = asyncio.create_task(
+                live.adapter.complete(http, live.url, prompt, FLUSH_DECODE[live.flavor], live.model_name)
+            )
             if not await _until_running(live, http, task):
                 await task
                 continue
@@ -254,8 +292,17 @@ def case_gauges_scraped_and_mapped(live: Live) -> None:
     m = run(with_http(lambda http: live.adapter.scrape_metrics(http, live.url)))
     tag(live, f"gauges: {m}")
     assert set(m) <= set(COMMON_METRICS)
-    for name in ("running", "waiting", "pool_tokens", "kv_usage_frac", "kv_used_tokens", "prompt_tokens_total",
-                 "cached_tokens_total", "generation_tokens_total", "preemptions_total"):  # fmt: skip
+    for name in (
+        "running",
+        "waiting",
+        "pool_tokens",
+        "kv_usage_frac",
+        "kv_used_tokens",
+        "prompt_tokens_total",
+        "cached_tokens_total",
+        "generation_tokens_total",
+        "preemptions_total",
+    ):
         assert name in m, name
     assert m["pool_tokens"] == POOL
     assert m["running"] == 0 and m["waiting"] == 0 and m["kv_used_tokens"] == 0
@@ -268,8 +315,14 @@ def case_gauges_scraped_and_mapped(live: Live) -> None:
 # ---------------------------------------------------------------------------------------------
 # runs against the running server
 # ---------------------------------------------------------------------------------------------
-OPEN_LOOP = {"name": "tiny", "first_prompt": 256, "tool_tokens": 64, "decode_tokens": D,
-             "turns": {"mean": 3.0, "cap": 5}, "tool_time": {"mean": 0.5}}  # fmt: skip
+OPEN_LOOP = {
+    "name": "tiny",
+    "first_prompt": 256,
+    "tool_tokens": 64,
+    "decode_tokens": D,
+    "turns": {"mean": 3.0, "cap": 5},
+    "tool_time": {"mean": 0.5},
+}
 
 
 def case_open_loop_run(live: Live, tmp_path: Path) -> None:
@@ -286,8 +339,18 @@ def case_open_loop_run(live: Live, tmp_path: Path) -> None:
     rec = RunRecorder(tmp_path / "run", {"test": "open-loop", "engine": live.engine})
     client = PlanClient(plan, workload, sink=rec)
     t0 = time.monotonic()
-    result = run(drive(client, live.adapter, live.url, model_name=live.model_name, recorder=rec, gauge_interval=1.0,
-                       request_timeout=120.0, handle_signals=False))  # fmt: skip
+    result = run(
+        drive(
+            client,
+            live.adapter,
+            live.url,
+            model_name=live.model_name,
+            recorder=rec,
+            gauge_interval=1.0,
+            request_timeout=120.0,
+            handle_signals=False,
+        )
+    )
     wall = time.monotonic() - t0
     rec.close()
     data = load_run(tmp_path / "run")
@@ -303,8 +366,11 @@ def case_open_loop_run(live: Live, tmp_path: Path) -> None:
     assert follow == len(turns) - n > 0
 
     gauges = data.gauges
-    tag(live, f"open loop: {len(turns)} turns ({follow} follow-ups) in {wall:.1f} s; {len(gauges)} gauge rows; "
-              f"last {gauges.iloc[-1].to_dict() if len(gauges) else None}")  # fmt: skip
+    tag(
+        live,
+        f"open loop: {len(turns)} turns ({follow} follow-ups) in {wall:.1f} s; {len(gauges)} gauge rows; "
+        f"last {gauges.iloc[-1].to_dict() if len(gauges) else None}",
+    )
     assert result.gauge_scrapes >= 2 and len(gauges) == result.gauge_scrapes
     assert (gauges["pool_tokens"] == POOL).all()
     assert gauges["running"].notna().all() and gauges["prompt_tokens_total"].is_monotonic_increasing
@@ -326,7 +392,9 @@ def case_open_loop_run(live: Live, tmp_path: Path) -> None:
         assert seen[-1] == expected_cached(probe + 1, live.block), seen
 
 
-async def _evictable_after(live: Live, http: aiohttp.ClientSession, prompt: np.ndarray, wait: float = 40.0) -> list[float]:
+async def _evictable_after(
+    live: Live, http: aiohttp.ClientSession, prompt: np.ndarray, wait: float = 40.0
+) -> list[float]:
     """kv_evictable_tokens as reported after one request, until it shows that request's KV."""
     await live.adapter.complete(http, live.url, prompt, 1, live.model_name)
     want = expected_cached(len(prompt) + 1, live.block)
@@ -342,15 +410,27 @@ async def _evictable_after(live: Live, http: aiohttp.ClientSession, prompt: np.n
 def case_run_real_attached(live: Live, tmp_path: Path) -> None:
     """The run command's real-engine path against the running server: smoke, canary, drive, meta."""
     from harness.client.openloop import PlanClient
-    from runs import realrun
     from harness.recording.record import RunRecorder, load_run
+    from runs import realrun
 
-    workload = WorkloadConfig.model_validate({"name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
-                                              "turns": {"mean": 2.0, "cap": 3}, "tool_time": {"mean": 0.2}})  # fmt: skip
+    workload = WorkloadConfig.model_validate(
+        {
+            "name": "tiny",
+            "first_prompt": 128,
+            "tool_tokens": 32,
+            "decode_tokens": D,
+            "turns": {"mean": 2.0, "cap": 3},
+            "tool_time": {"mean": 0.2},
+        }
+    )
     rec = RunRecorder(tmp_path / "run", {"test": "run_real"})
     client = PlanClient(sessions(workload, 4, rate=4.0, seed=3), workload, sink=rec)
-    opts = realrun.EngineOptions(engine=live.engine, base_url=live.url, served_model_name=live.model_name, cell_ref=str(live.cell_path))
-    result = realrun.run_real(client, cell=live.cell, options=opts, run_dir=tmp_path / "run", recorder=rec, gauge_interval=1.0)
+    opts = realrun.EngineOptions(
+        engine=live.engine, base_url=live.url, served_model_name=live.model_name, cell_ref=str(live.cell_path)
+    )
+    result = realrun.run_real(
+        client, cell=live.cell, options=opts, run_dir=tmp_path / "run", recorder=rec, gauge_interval=1.0
+    )
     rec.close()
     assert result.status == "COMPLETED", result.reason
     data = load_run(tmp_path / "run")
@@ -365,15 +445,38 @@ def _tiny_test_files(live: Live, folder: Path, *, duration: float = 10.0) -> Pat
     cell = yaml.safe_load(live.cell_path.read_text()) | {"lambda_ref": 1.0, "all_miss_token_rate": 1000.0}
     files = {
         "cell.yaml": cell,
-        "workload.yaml": {"kind": "workload", "name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
-                          "turns": {"mean": 3.0, "cap": 4}, "tool_time": {"mean": 0.3}},
-        "protocol.yaml": {"kind": "protocol", "name": "tiny", "duration": duration, "burst": {"time": 3.0, "size": 3, "width": 1.0},
-                          "window": {"start": 5.0, "end": duration}, "min_window": 2.0, "backlog_bin": 1.0,
-                          "recovered_span": 2.0, "gauge_interval": 1.0},
+        "workload.yaml": {
+            "kind": "workload",
+            "name": "tiny",
+            "first_prompt": 128,
+            "tool_tokens": 32,
+            "decode_tokens": D,
+            "turns": {"mean": 3.0, "cap": 4},
+            "tool_time": {"mean": 0.3},
+        },
+        "protocol.yaml": {
+            "kind": "protocol",
+            "name": "tiny",
+            "duration": duration,
+            "burst": {"time": 3.0, "size": 3, "width": 1.0},
+            "window": {"start": 5.0, "end": duration},
+            "min_window": 2.0,
+            "backlog_bin": 1.0,
+            "recovered_span": 2.0,
+            "gauge_interval": 1.0,
+        },
         "burst.yaml": {"kind": "arm", "name": "burst", "burst": True},
-        "test.yaml": {"kind": "test", "name": "tiny-cli", "cell": "cell.yaml", "workload": "workload.yaml",
-                      "protocol": "protocol.yaml", "arms": ["burst.yaml"], "rates": [1.0], "seeds": [0]},
-    }  # fmt: skip
+        "test.yaml": {
+            "kind": "test",
+            "name": "tiny-cli",
+            "cell": "cell.yaml",
+            "workload": "workload.yaml",
+            "protocol": "protocol.yaml",
+            "arms": ["burst.yaml"],
+            "rates": [1.0],
+            "seeds": [0],
+        },
+    }
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (folder / name).write_text(yaml.safe_dump(data, sort_keys=False))
@@ -392,8 +495,26 @@ def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
 
     test = _tiny_test_files(live, tmp_path, duration=horizon(live, 12.0))
     out = tmp_path / "out"
-    cmd = _cli("run", "--config", str(test), "--arm", "burst", "--rate", "1.0", "--seed", "0", "--engine", live.engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--no-smoke")  # fmt: skip
+    cmd = _cli(
+        "run",
+        "--config",
+        str(test),
+        "--arm",
+        "burst",
+        "--rate",
+        "1.0",
+        "--seed",
+        "0",
+        "--engine",
+        live.engine,
+        "--base-url",
+        live.url,
+        "--served-model-name",
+        live.model_name,
+        "--out",
+        str(out),
+        "--no-smoke",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = load_run(out)
@@ -413,16 +534,42 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
     from harness.recording.record import load_run
     from harness.workload.draws import expected_turns
 
-    wl = {"kind": "workload", "name": "tiny-closed", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
-          "turns": {"mean": 3.0, "cap": 4}, "tool_time": {"mean": 0.3}}  # fmt: skip
+    wl = {
+        "kind": "workload",
+        "name": "tiny-closed",
+        "first_prompt": 128,
+        "tool_tokens": 32,
+        "decode_tokens": D,
+        "turns": {"mean": 3.0, "cap": 4},
+        "tool_time": {"mean": 0.3},
+    }
     (tmp_path / "wl.yaml").write_text(yaml.safe_dump(wl))
     out = tmp_path / "cal"
     kind, _, flavor = live.engine.partition(":")
     engine = ["--engine", kind] + (["--flavor", flavor] if flavor else [])
     warmup, window = horizon(live, 3.0), horizon(live, 12.0)
-    cmd = _cli("calibrate", "stage-c", "--cell", str(live.cell_path), "--workload", str(tmp_path / "wl.yaml"), *engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--n", "4", "--warmup", f"{warmup:g}",
-               "--window", f"{window:g}", "--no-smoke", "--out", str(out))  # fmt: skip
+    cmd = _cli(
+        "calibrate",
+        "stage-c",
+        "--cell",
+        str(live.cell_path),
+        "--workload",
+        str(tmp_path / "wl.yaml"),
+        *engine,
+        "--base-url",
+        live.url,
+        "--served-model-name",
+        live.model_name,
+        "--n",
+        "4",
+        "--warmup",
+        f"{warmup:g}",
+        "--window",
+        f"{window:g}",
+        "--no-smoke",
+        "--out",
+        str(out),
+    )
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     tag(live, f"stage C ({time.monotonic() - t0:.1f} s):\n{proc.stdout.strip()}")
@@ -443,7 +590,9 @@ def case_calibration_stage_c(live: Live, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # faults
 # ---------------------------------------------------------------------------------------------
-def _wait_for_turns(path: Path, n: int, timeout: float, *, alive: Callable[[], bool] = lambda: True, follow_ups: bool = False) -> int:
+def _wait_for_turns(
+    path: Path, n: int, timeout: float, *, alive: Callable[[], bool] = lambda: True, follow_ups: bool = False
+) -> int:
     """Wait until the run being written to `path` has n ok turns (follow-ups only, if asked)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -457,23 +606,38 @@ def _wait_for_turns(path: Path, n: int, timeout: float, *, alive: Callable[[], b
     raise AssertionError(f"fewer than {n} ok turns in {path} after {timeout:.0f} s")
 
 
-def _attached_run(live: Live, tmp_path: Path, workload: WorkloadConfig, plan: list[Any], **opts: Any) -> tuple[Any, Any, Path]:
+def _attached_run(
+    live: Live, tmp_path: Path, workload: WorkloadConfig, plan: list[Any], **opts: Any
+) -> tuple[Any, Any, Path]:
     from harness.client.openloop import PlanClient
-    from runs import realrun
     from harness.recording.record import RunRecorder, load_run
+    from runs import realrun
 
     run_dir = tmp_path / "run"
     rec = RunRecorder(run_dir, {"test": "fault"})
     client = PlanClient(plan, workload, sink=rec)
-    options = realrun.EngineOptions(engine=live.engine, base_url=live.url, served_model_name=live.model_name, cell_ref=str(live.cell_path),
-                                    smoke=False, canary=False, **opts)  # fmt: skip
+    options = realrun.EngineOptions(
+        engine=live.engine,
+        base_url=live.url,
+        served_model_name=live.model_name,
+        cell_ref=str(live.cell_path),
+        smoke=False,
+        canary=False,
+        **opts,
+    )
     res = realrun.run_real(client, cell=live.cell, options=options, run_dir=run_dir, recorder=rec, gauge_interval=1.0)
     rec.close(res.status, res.reason)
     return res, load_run(run_dir), run_dir
 
 
-FAULT_WORKLOAD = {"name": "tiny", "first_prompt": 128, "tool_tokens": 32, "decode_tokens": D,
-                  "turns": {"mean": 4.0, "cap": 6}, "tool_time": {"mean": 0.3}}  # fmt: skip
+FAULT_WORKLOAD = {
+    "name": "tiny",
+    "first_prompt": 128,
+    "tool_tokens": 32,
+    "decode_tokens": D,
+    "turns": {"mean": 4.0, "cap": 6},
+    "tool_time": {"mean": 0.3},
+}
 
 
 def case_hung_server_times_out(live: Live, tmp_path: Path) -> None:
@@ -518,7 +682,11 @@ def case_hung_server_times_out(live: Live, tmp_path: Path) -> None:
     tag(live, f"hang: {res.status} {res.reason!r}; {len(to)} timeouts, {(data.turns['status'] == 'ok').sum()} ok turns")
     assert "stop" in marks, f"the server was never stopped: {marks.get('error')}"
     assert res.status == "COMPLETED" and res.flagged and res.timeouts == 3, res.reason
-    assert len(to) == 3 and set(to["turn"]) == {1} and to["error"].str.contains(f"no complete response within {timeout:g} s").all()
+    assert (
+        len(to) == 3
+        and set(to["turn"]) == {1}
+        and to["error"].str.contains(f"no complete response within {timeout:g} s").all()
+    )
     assert ((to["done_time"] - to["send_time"]) >= 0.9 * timeout).all()
     assert len(data.turns) == 3  # a timeout ends its session (no retries): nothing else was sent
 
@@ -541,11 +709,32 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
 
     test = _tiny_test_files(live, tmp_path / "cfg", duration=900.0)
     out = tmp_path / "out"
-    cmd = _cli("run", "--config", str(test), "--arm", "burst", "--rate", "1.0", "--seed", "0", "--engine", live.engine,
-               "--base-url", live.url, "--served-model-name", live.model_name, "--out", str(out), "--request-timeout", "120",
-               "--no-smoke")  # fmt: skip
+    cmd = _cli(
+        "run",
+        "--config",
+        str(test),
+        "--arm",
+        "burst",
+        "--rate",
+        "1.0",
+        "--seed",
+        "0",
+        "--engine",
+        live.engine,
+        "--base-url",
+        live.url,
+        "--served-model-name",
+        live.model_name,
+        "--out",
+        str(out),
+        "--request-timeout",
+        "120",
+        "--no-smoke",
+    )
     t0 = time.monotonic()
-    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _wait_for_turns(out / "turns.jsonl", 2, 600, alive=lambda: child.poll() is None, follow_ups=True)
         ready = time.monotonic() - t0
@@ -558,8 +747,11 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=30)
     meta = json.loads((out / "meta.json").read_text())
-    tag(live, f"SIGTERM: {ready:.1f} s to 2 recorded follow-ups (canary included); exit {child.returncode} "
-              f"{stop:.1f} s after the signal; {meta['status']}: {meta.get('status_reason')}")  # fmt: skip
+    tag(
+        live,
+        f"SIGTERM: {ready:.1f} s to 2 recorded follow-ups (canary included); exit {child.returncode} "
+        f"{stop:.1f} s after the signal; {meta['status']}: {meta.get('status_reason')}",
+    )
     assert child.returncode == 1 and "INTERRUPTED" in stdout, stdout[-2000:] + stderr[-2000:]
     assert meta["status"] == "INTERRUPTED" and "SIGTERM" in meta["status_reason"]
     assert "engine_launch" not in meta  # attached: nothing launched, nothing to stop
@@ -567,7 +759,9 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
     assert "smoke" not in pre and pre["canary"]["passed"] is True
     assert pre["canary"]["before"] == expected_cached(1024, live.block)  # 1023 or 992
     data = load_run(out)
-    workload = WorkloadConfig.model_validate({k: v for k, v in yaml.safe_load((tmp_path / "cfg" / "workload.yaml").read_text()).items() if k != "kind"})
+    workload = WorkloadConfig.model_validate(
+        {k: v for k, v in yaml.safe_load((tmp_path / "cfg" / "workload.yaml").read_text()).items() if k != "kind"}
+    )
     assert check_follow_ups(data.turns, live.block, workload) >= 2
     assert live.alive()
 
@@ -597,7 +791,10 @@ def case_dead_server_fails_the_run(live: Live, tmp_path: Path) -> None:
     t0 = time.monotonic()
     res, data, _ = _attached_run(live, tmp_path, workload, plan, request_timeout=120.0)
     th.join(timeout=310)
-    tag(live, f"dead server: {res.status} {res.reason!r} {time.monotonic() - marks.get('killed', t0):.1f} s after the kill")
+    tag(
+        live,
+        f"dead server: {res.status} {res.reason!r} {time.monotonic() - marks.get('killed', t0):.1f} s after the kill",
+    )
     assert "killed" in marks
     assert res.status == "FAILED" and "server died" in res.reason, res.reason
     assert data.meta["status"] == "FAILED" and "server died" in data.meta["status_reason"]

@@ -49,7 +49,10 @@ MEM_FRACTION = 0.5  # SGLang on a CPU: the derived fraction is negative on this 
 
 ENGINE_PYTHON = {"vllm": "AGENTLOAD_VLLM_PYTHON", "sglang": "AGENTLOAD_SGLANG_PYTHON"}
 ENGINE_SKIP = {"vllm": "AGENTLOAD_SKIP_VLLM", "sglang": "AGENTLOAD_SKIP_SGLANG"}
-ENGINE_SETUP = {"vllm": "scripts/ci-engine-tests.sh", "sglang": "scripts/setup-sglang-cpu.sh or scripts/ci-engine-tests.sh"}
+ENGINE_SETUP = {
+    "vllm": "scripts/ci-engine-tests.sh",
+    "sglang": "scripts/setup-sglang-cpu.sh or scripts/ci-engine-tests.sh",
+}
 MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 # vLLM: 256 MiB of KV memory holds the 1,024 blocks; eager mode starts ~2x faster than compiling on
 # a fresh machine and the test's requests are tiny.
@@ -107,9 +110,13 @@ def engine_python_or_skip(engine: str) -> str:
         pytest.skip(f"{skip_var}=1: the real-{engine} tests are skipped")
     python = os.environ.get(py_var)
     if not python:
-        pytest.skip(f"{py_var} is unset: the real-{engine} tests need the engine venv ({ENGINE_SETUP[engine]} sets it up)")
+        pytest.skip(
+            f"{py_var} is unset: the real-{engine} tests need the engine venv ({ENGINE_SETUP[engine]} sets it up)"
+        )
     if not Path(python).exists():
-        pytest.fail(f"{py_var}={python} does not exist; rebuild the engine venv with {ENGINE_SETUP[engine]}", pytrace=False)
+        pytest.fail(
+            f"{py_var}={python} does not exist; rebuild the engine venv with {ENGINE_SETUP[engine]}", pytrace=False
+        )
     return python
 
 
@@ -118,8 +125,13 @@ def tiny_model(python: str, folder: Path) -> str:
     if env_model and (Path(env_model) / "config.json").exists():
         return env_model
     out = folder / "tiny-model"
-    subprocess.run([python, str(REPO / "harness/servers/tiny_model.py"), str(out)], check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    subprocess.run(
+        [python, str(REPO / "harness/servers/tiny_model.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     return str(out)
 
 
@@ -218,19 +230,36 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
     else:
         extra = [*SGLANG_ARGS]
     adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
-    return Launch(key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine])
+    return Launch(
+        key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine]
+    )
 
 
 def launch(plan: Launch) -> Live:
     port = free_port()
-    argv, env = plan.adapter.launch_command(plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra)
+    argv, env = plan.adapter.launch_command(
+        plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra
+    )
     env.update(plan.env)
     t0 = time.monotonic()
-    handle = plan.adapter.start(argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout)
+    handle = plan.adapter.start(
+        argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout
+    )
     started = time.monotonic() - t0
     print(f"\n[{plan.key}] healthy after {started:.1f} s at {handle.base_url}")
-    return Live(plan.engine, plan.adapter, plan.cell, plan.cell_path, handle, plan.adapter.served_model_name(plan.cell), started,
-                plan.model, plan.python, plan.folder, plan.key)  # fmt: skip
+    return Live(
+        plan.engine,
+        plan.adapter,
+        plan.cell,
+        plan.cell_path,
+        handle,
+        plan.adapter.served_model_name(plan.cell),
+        started,
+        plan.model,
+        plan.python,
+        plan.folder,
+        plan.key,
+    )
 
 
 class EnginePool:

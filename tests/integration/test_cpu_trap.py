@@ -44,7 +44,9 @@ def _model(python: str, tmp: Path) -> str:
     if env_model and (Path(env_model) / "config.json").exists():
         return env_model
     out = tmp / "tiny-model"
-    subprocess.run([python, str(ROOT / "harness/servers/tiny_model.py"), str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [python, str(ROOT / "harness/servers/tiny_model.py"), str(out)], check=True, capture_output=True, timeout=300
+    )
     return str(out)
 
 
@@ -52,29 +54,35 @@ def _calibration_load(reg: Any) -> str:
     """What the committed calibration recorded of the host load it ran under (its sources)."""
     import yaml
 
-    return "; ".join(f"{i.role}: {str(yaml.safe_load((ROOT / i.path).read_text()).get('source', '')).rpartition('; host load')[2] or '?'}"
-                     for i in reg.inputs)  # fmt: skip
+    return "; ".join(
+        f"{i.role}: {str(yaml.safe_load((ROOT / i.path).read_text()).get('source', '')).rpartition('; host load')[2] or '?'}"
+        for i in reg.inputs
+    )
 
 
 def _row(arm: str, av: Any, meta: dict[str, Any]) -> str:
     s = av.verdict.stats
     hl = meta.get("host_load") or {}
     ol = meta.get("open_loop") or {}
-    return (f"{arm:8} {av.verdict.state:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  slope {s.get('slope', float('nan')):+.2f} "
-            f"(threshold {s.get('slope_threshold', float('nan')):.2f})  hit_last {s.get('hit_last', float('nan')):.2f}  "
-            f"outstanding_last {s.get('outstanding_last', float('nan')):.0f}  start p99 {1e3 * (ol.get('p99_s') or float('nan')):.0f} ms  "
-            f"load {hl.get('loadavg_drive_start')}->{hl.get('loadavg_drive_end')}  engine CPU share {hl.get('engine_cpu_share')}")  # fmt: skip
+    return (
+        f"{arm:8} {av.verdict.state:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  slope {s.get('slope', float('nan')):+.2f} "
+        f"(threshold {s.get('slope_threshold', float('nan')):.2f})  hit_last {s.get('hit_last', float('nan')):.2f}  "
+        f"outstanding_last {s.get('outstanding_last', float('nan')):.0f}  start p99 {1e3 * (ol.get('p99_s') or float('nan')):.0f} ms  "
+        f"load {hl.get('loadavg_drive_start')}->{hl.get('loadavg_drive_end')}  engine CPU share {hl.get('engine_cpu_share')}"
+    )
 
 
 def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: Path) -> None:
     from analysis.report import analyze_run
+    from prereg.registration import load_registration
     from runs.arms import execute_run
     from runs.cpu_launch import run_options
-    from prereg.registration import load_registration
 
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")
     if not python:
-        pytest.skip("AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM tests need the engine venv (scripts/ci-engine-tests.sh sets it up)")
+        pytest.skip(
+            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM tests need the engine venv (scripts/ci-engine-tests.sh sets it up)"
+        )
     model = _model(python, tmp_path)
     reg = load_registration(REG)
     assert reg.status == "FILLED", reg.status_reasons
@@ -90,7 +98,16 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
     refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
     lines, results = [], {}
     for arm in ("burst", "noburst"):
-        res = execute_run(bundle, arm, rate, SEED, "vllm", tmp_path / arm, options=run_options(python, model, progress_every=60.0), extra_meta=extra)
+        res = execute_run(
+            bundle,
+            arm,
+            rate,
+            SEED,
+            "vllm",
+            tmp_path / arm,
+            options=run_options(python, model, progress_every=60.0),
+            extra_meta=extra,
+        )
         assert res.status == "COMPLETED", f"{arm}: {res.status}: {res.reason}"
         meta = json.loads((tmp_path / arm / "meta.json").read_text())
         assert meta["plan"]["sha256"] == reg.plan_sha256(arm, rate, SEED)  # the registered plan was played
@@ -98,10 +115,14 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
         av = analyze_run(tmp_path / arm, reg.rule, refs_override=refs, series=False)
         results[arm] = av
         lines.append(_row(arm.upper(), av, meta))
-    report = (f"registration {REG.name} (sha256 {reg.sha256[:12]}), rate {rate} x lambda_ref {reg.references.lambda_ref:.4g} "
-              f"= {rate * reg.references.lambda_ref:.3g} sessions/s, seed {SEED}\n" + "\n".join(lines))  # fmt: skip
+    report = (
+        f"registration {REG.name} (sha256 {reg.sha256[:12]}), rate {rate} x lambda_ref {reg.references.lambda_ref:.4g} "
+        f"= {rate * reg.references.lambda_ref:.3g} sessions/s, seed {SEED}\n" + "\n".join(lines)
+    )
     print("\n" + report)
-    assert results["burst"].verdict.state == "TRAPPED", f"BURST did not end TRAPPED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
+    assert results["burst"].verdict.state == "TRAPPED", (
+        f"BURST did not end TRAPPED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
+    )
     assert results["noburst"].verdict.state == "RECOVERED", (
         f"NOBURST did not end RECOVERED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
     )

@@ -17,17 +17,19 @@ first one's cases run. `-m sglang` selects only the real-engine cases.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
-import pytest
 
 import engine_suite as suite
+import pytest
 from live_engines import EnginePool, Live
 
 pytestmark = pytest.mark.timeout(1500)
 
-ENGINES = [pytest.param("sglang", marks=pytest.mark.sglang, id="sglang"), pytest.param("emulator:sglang", id="emulator-sglang")]
+ENGINES = [
+    pytest.param("sglang", marks=pytest.mark.sglang, id="sglang"),
+    pytest.param("emulator:sglang", id="emulator-sglang"),
+]
 PAGE = 32  # the second server's page size
 
 

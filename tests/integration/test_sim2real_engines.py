@@ -26,7 +26,9 @@ FLOORS = {
 }
 
 
-@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("sglang", marks=pytest.mark.sglang)])
+@pytest.mark.parametrize(
+    "engine", [pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("sglang", marks=pytest.mark.sglang)]
+)
 def test_engine_model_agrees_with_the_engines_code(engine: str, tmp_path) -> None:
     var = {"vllm": "AGENTLOAD_VLLM_PYTHON", "sglang": "AGENTLOAD_SGLANG_PYTHON"}[engine]
     skip = {"vllm": "AGENTLOAD_SKIP_VLLM", "sglang": "AGENTLOAD_SKIP_SGLANG"}[engine]
@@ -40,9 +42,14 @@ def test_engine_model_agrees_with_the_engines_code(engine: str, tmp_path) -> Non
         if t["total"] == 0:
             continue
         floor = FLOORS[engine].get(kind, 1.0)
-        assert t["rate"] >= floor, f"{engine} {kind}: agreement {t['rate']:.4f} < {floor}; examples: {[x for r in summary['traces'] for x in r['examples']][:5]}"
+        assert t["rate"] >= floor, (
+            f"{engine} {kind}: agreement {t['rate']:.4f} < {floor}; examples: {[x for r in summary['traces'] for x in r['examples']][:5]}"
+        )
     # the suite must exercise what it claims to
-    ev = {k: sum(r["engine_events"].get(k, 0) for r in summary["traces"]) for k in ("admitted", "finished", "evicted_blocks", "evicted_tokens", "preempted")}
+    ev = {
+        k: sum(r["engine_events"].get(k, 0) for r in summary["traces"])
+        for k in ("admitted", "finished", "evicted_blocks", "evicted_tokens", "preempted")
+    }
     assert ev["admitted"] > 300 and ev["finished"] > 300
     assert (ev["evicted_blocks"] or ev["evicted_tokens"]) > 0
     if engine == "vllm":

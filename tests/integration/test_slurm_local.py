@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterable, Iterator
 from zoneinfo import ZoneInfo
 
 import cloudpickle
@@ -77,7 +77,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def timeout_job(slurm_cluster: ClusterStatus, workdir: Path) -> Iterator[tuple[str, datetime]]:
     """A job that outlives its 1-minute limit, submitted first so it runs while the other tests do."""
-    submitted = datetime.now(timezone.utc)
+    submitted = datetime.now(UTC)
     jid = sbatch("--time=1", "--job-name=agentload-timeout", "--wrap=sleep 300", cwd=workdir)
     yield jid, submitted
     subprocess.run(["scancel", jid], check=False, capture_output=True)
@@ -95,7 +95,13 @@ def test_cluster_is_up_and_ensure_up_is_a_no_op(slurm_cluster: ClusterStatus) ->
     t0 = time.monotonic()
     again = ensure_up(echo=None)
     assert again.up and time.monotonic() - t0 < 10
-    assert {d.name for d in status().daemons if d.running or d.external} == {"munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd"}
+    assert {d.name for d in status().daemons if d.running or d.external} == {
+        "munged",
+        "mariadbd",
+        "slurmdbd",
+        "slurmctld",
+        "slurmd",
+    }
 
 
 @pytest.mark.timeout(120)
@@ -135,11 +141,11 @@ def test_time_left_inside_a_job_is_positive_and_within_the_limit(executor: submi
 
 @pytest.mark.timeout(120)
 def test_sacct_states_exit_codes_and_utc_times(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = datetime.now(timezone.utc).replace(microsecond=0)
+    before = datetime.now(UTC).replace(microsecond=0)
     ok = sbatch("--time=2", "--wrap=sleep 1", cwd=workdir)
     bad = sbatch("--wrap=exit 3", cwd=workdir)
     rows = {r.job_id: r for r in wait_accounted([ok, bad])}
-    after = datetime.now(timezone.utc)
+    after = datetime.now(UTC)
     assert (rows[ok].state, rows[ok].exit_code, rows[ok].timelimit_s) == ("COMPLETED", 0, 120)
     assert (rows[bad].state, rows[bad].exit_code) == ("FAILED", 3)
     for row in rows.values():
@@ -161,11 +167,18 @@ def test_sacct_states_exit_codes_and_utc_times(workdir: Path, monkeypatch: pytes
     env = {k: v for k, v in os.environ.items() if k != "SLURM_TIME_FORMAT"}
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", f"--jobs={ok}", "--format=Submit,Start,End"],
-        env=env, check=True, capture_output=True, text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     assert "T" in out and not out.split("|")[0].isdigit()
     kolkata = ZoneInfo("Asia/Kolkata")
-    assert tuple(S.parse_timestamp(x, tz=kolkata) for x in out.split("|")) == (rows[ok].submit, rows[ok].start, rows[ok].end)
+    assert tuple(S.parse_timestamp(x, tz=kolkata) for x in out.split("|")) == (
+        rows[ok].submit,
+        rows[ok].start,
+        rows[ok].end,
+    )
 
 
 @pytest.mark.timeout(120)

@@ -29,23 +29,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 import pytest
 import yaml
-
 from gitfixture import git
+from slurm_fixture import commit, fill, make_project, one_seed_rule, tiny_vllm
+
 from cli.main import main
 from harness.recording.record import load_run
 from prereg.registration import load_registration, registration_dict, write_registration
 from slurm import scheduler as S
-from slurm_fixture import commit, fill, make_project, one_seed_rule, tiny_vllm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -105,12 +104,17 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------- registered E2
 @pytest.mark.timeout(900)
-def test_registered_e2_on_the_cluster_equals_the_local_run(project: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_registered_e2_on_the_cluster_equals_the_local_run(
+    project: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     reg_path = project["regs"]["e2"]
     reg = load_registration(reg_path)
     t_slurm, t_local = project["tmp"] / "e2-slurm", project["tmp"] / "e2-local"
     t0 = time.monotonic()
-    assert _cli("submit", reg_path, "--engine", "emulator", "--time-scale", E2_SCALE, "--parallel", "2", "--out", t_slurm) == 0
+    assert (
+        _cli("submit", reg_path, "--engine", "emulator", "--time-scale", E2_SCALE, "--parallel", "2", "--out", t_slurm)
+        == 0
+    )
     manifest = _json(t_slurm / "submission.json")
     ids = [j["job_id"] for j in manifest["jobs"]]
     assert [(j["arm"], j["rate"], j["seed"]) for j in manifest["jobs"]] == [(p.arm, p.rate, p.seed) for p in reg.plans]
@@ -131,20 +135,28 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(project: dict[str, An
         m = _meta(t_slurm / j["run_dir"])
         assert m["registration"]["sha256"] == reg.sha256 and m["registration"]["commit"] == project["commit"]
         assert m["preflight"]["smoke"]["passed"] and m["preflight"]["canary"]["passed"] and m["plan_check"]["ok"]
-        assert m["job"]["job_label"] == j["job_id"] and m["job"]["array_task_id"] == j["index"] and m["time_check"]["ok"]
+        assert (
+            m["job"]["job_label"] == j["job_id"] and m["job"]["array_task_id"] == j["index"] and m["time_check"]["ok"]
+        )
     cluster_s = time.monotonic() - t0
     assert _cli("submit", reg_path, "--executor", "local", "--engine", "sim", "--parallel", "2", "--out", t_local) == 0
     _cli("jobs", "collect", t_local / "submission.json")
     capsys.readouterr()
     here = _json(t_local / "collection.json")["analysis"]
     there = col["analysis"]
-    print(f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\nlocal (simulator): {here['verdict']} {here['rates']}")
+    print(
+        f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\nlocal (simulator): {here['verdict']} {here['rates']}"
+    )
     assert there["runs_counted"] == here["runs_counted"] == 3 and there["decisive"] and here["decisive"]
     lateness = {j["arm"]: (_meta(t_slurm / j["run_dir"]).get("open_loop") or {}) for j in manifest["jobs"]}
-    why = "; ".join(f"{a}: session starts late p99 {o.get('p99_s', float('nan')):.2f} plan s (bound {o.get('bound_p99_s')}, "
-                    f"within: {o.get('within_bound')})" for a, o in lateness.items())  # fmt: skip
+    why = "; ".join(
+        f"{a}: session starts late p99 {o.get('p99_s', float('nan')):.2f} plan s (bound {o.get('bound_p99_s')}, "
+        f"within: {o.get('within_bound')})"
+        for a, o in lateness.items()
+    )
     assert there["rates"] == here["rates"] and there["verdict"] == here["verdict"], (
-        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE")
+        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE"
+    )
 
 
 # ------------------------------------------------------------------------------ the vLLM job
@@ -152,19 +164,40 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(project: dict[str, An
 def vllm_submission(project: dict[str, Any]) -> Iterator[Path]:
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")
     if not python:
-        pytest.skip("AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv (scripts/ci-engine-tests.sh sets it up)")
+        pytest.skip(
+            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv (scripts/ci-engine-tests.sh sets it up)"
+        )
     from harness.servers.vllm import private_cache_env
 
     model = os.environ.get("AGENTLOAD_TINY_MODEL")
     if not (model and (Path(model) / "config.json").exists()):
         model = str(project["tmp"] / "tiny-model")
-        subprocess.run([python, str(ROOT / "harness/servers/tiny_model.py"), model], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [python, str(ROOT / "harness/servers/tiny_model.py"), model], check=True, capture_output=True, timeout=300
+        )
     cache = Path(os.environ.get("AGENTLOAD_ENGINE_CACHE") or project["tmp"] / "engine-cache")
     env = [f"--job-env={k}={v}" for k, v in private_cache_env(cache).items()]
     out = project["tmp"] / "vllm"
-    rc = _cli("submit", project["regs"]["vllm"], "--engine", "vllm", "--server-cmd", f"{python} -m vllm.entrypoints.openai.api_server",
-              "--model-path", model, "--engine-arg=--dtype", "--engine-arg=bfloat16", "--engine-arg=--kv-cache-memory-bytes",
-              f"--engine-arg={256 << 20}", "--engine-arg=--enforce-eager", "--health-timeout", "600", *env, "--out", out)  # fmt: skip
+    rc = _cli(
+        "submit",
+        project["regs"]["vllm"],
+        "--engine",
+        "vllm",
+        "--server-cmd",
+        f"{python} -m vllm.entrypoints.openai.api_server",
+        "--model-path",
+        model,
+        "--engine-arg=--dtype",
+        "--engine-arg=bfloat16",
+        "--engine-arg=--kv-cache-memory-bytes",
+        f"--engine-arg={256 << 20}",
+        "--engine-arg=--enforce-eager",
+        "--health-timeout",
+        "600",
+        *env,
+        "--out",
+        out,
+    )
     assert rc == 0
     yield out / "submission.json"
     for j in _json(out / "submission.json")["jobs"]:
@@ -188,41 +221,109 @@ def test_jobs_refuse_and_say_why(project: dict[str, Any], capsys: pytest.Capture
     work, tmp = project["work"], project["tmp"] / "refusals"
     one = load_registration(project["regs"]["one"])
     bad = load_registration(project["regs"]["bad"])
-    base = dict(arm="noburst", rate=1.75, seed=3, engine="emulator", time_scale=60.0, commit=project["commit"], warning_lead_s=30.0)
+    base = dict(
+        arm="noburst",
+        rate=1.75,
+        seed=3,
+        engine="emulator",
+        time_scale=60.0,
+        commit=project["commit"],
+        warning_lead_s=30.0,
+    )
     specs = [
-        JobSpec(registration="prereg/registrations/not-there.yaml", sha256=one.sha256, run_dir=str(tmp / "runs" / "missing"), index=0, **base),
-        JobSpec(registration="prereg/registrations/one-mini.yaml", sha256="ab" * 32, run_dir=str(tmp / "runs" / "hash"), index=1, **base),
-        JobSpec(registration="prereg/registrations/one-badplan.yaml", sha256=bad.sha256, run_dir=str(tmp / "runs" / "plan"), index=2, **base),
-    ]  # fmt: skip
-    ex = slurm_executor(tmp / "jobs", time_min=4, warning_lead_s=30, checkout=work, comment="refusal test", job_name="agentload-refusals")
+        JobSpec(
+            registration="prereg/registrations/not-there.yaml",
+            sha256=one.sha256,
+            run_dir=str(tmp / "runs" / "missing"),
+            index=0,
+            **base,
+        ),
+        JobSpec(
+            registration="prereg/registrations/one-mini.yaml",
+            sha256="ab" * 32,
+            run_dir=str(tmp / "runs" / "hash"),
+            index=1,
+            **base,
+        ),
+        JobSpec(
+            registration="prereg/registrations/one-badplan.yaml",
+            sha256=bad.sha256,
+            run_dir=str(tmp / "runs" / "plan"),
+            index=2,
+            **base,
+        ),
+    ]
+    ex = slurm_executor(
+        tmp / "jobs",
+        time_min=4,
+        warning_lead_s=30,
+        checkout=work,
+        comment="refusal test",
+        job_name="agentload-refusals",
+    )
     recs = submit_slurm(specs, ex)
-    assert _cli("submit", project["regs"]["one"], "--engine", "emulator", "--time-scale", "60", "--time", "1", "--out", tmp / "short") == 0
+    assert (
+        _cli(
+            "submit",
+            project["regs"]["one"],
+            "--engine",
+            "emulator",
+            "--time-scale",
+            "60",
+            "--time",
+            "1",
+            "--out",
+            tmp / "short",
+        )
+        == 0
+    )
     short = _json(tmp / "short" / "submission.json")
     assert not short["time_limit"]["fits"] and short["time_limit"]["minutes"] == 1
     capsys.readouterr()
-    rows = {r.job_id: r for r in S.wait_for_accounting([r["job_id"] for r in recs] + [short["jobs"][0]["job_id"]], count=4, timeout_s=180)}
-    for rec, (name, check, words) in zip(recs, [("missing", "registration-missing", "prereg/registrations/not-there.yaml is missing"),
-                                              ("hash", "registration-hash", f"expected {'ab' * 32}"),
-                                              ("plan", "plan", "differs from the registered " + "0" * 64)]):  # fmt: skip
+    rows = {
+        r.job_id: r
+        for r in S.wait_for_accounting(
+            [r["job_id"] for r in recs] + [short["jobs"][0]["job_id"]], count=4, timeout_s=180
+        )
+    }
+    for rec, (name, check, words) in zip(
+        recs,
+        [
+            ("missing", "registration-missing", "prereg/registrations/not-there.yaml is missing"),
+            ("hash", "registration-hash", f"expected {'ab' * 32}"),
+            ("plan", "plan", "differs from the registered " + "0" * 64),
+        ],
+    ):
         r = rows[rec["job_id"]]
         assert (r.state, r.exit_code) == ("FAILED", 3), (name, r)
         m = _meta(tmp / "runs" / name)
-        assert m["status"] == "REFUSED" and m["refusal"]["check"] == check and words in m["status_reason"], m["status_reason"]
+        assert m["status"] == "REFUSED" and m["refusal"]["check"] == check and words in m["status_reason"], m[
+            "status_reason"
+        ]
         log = Path(rec["stderr"]).read_text()
         assert f"REFUSED ({check})" in log and words in log
     assert _cli("jobs", "collect", tmp / "short" / "submission.json") == 1
     col = _json(tmp / "short" / "collection.json")
     (nc,) = col["not_completed"]
-    assert nc["state"] == "FAILED" and nc["exit_code"] == 3 and nc["refused_by"] == "time" and "too little time" in nc["reason"]
+    assert (
+        nc["state"] == "FAILED"
+        and nc["exit_code"] == 3
+        and nc["refused_by"] == "time"
+        and "too little time" in nc["reason"]
+    )
     assert col["agreement"] == [] and "0 run(s) counted" in capsys.readouterr().out
     m = _meta(tmp / "short" / "runs" / "noburst-r1.75-s3")
     tc = m["time_check"]
-    assert tc["time_left_s"] <= 60 and tc["needed_s"] == 1800 / 60 + 60 and not tc["ok"] and m["job"]["time_limit_s"] == 60
+    assert (
+        tc["time_left_s"] <= 60 and tc["needed_s"] == 1800 / 60 + 60 and not tc["ok"] and m["job"]["time_limit_s"] == 60
+    )
 
 
 # -------------------------------------------------------------------------------- cancelled job
 @pytest.mark.timeout(300)
-def test_a_cancelled_job_ends_interrupted_with_its_records(project: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cancelled_job_ends_interrupted_with_its_records(
+    project: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     out = project["tmp"] / "cancel"
     assert _cli("submit", project["regs"]["one"], "--engine", "emulator", "--time-scale", "10", "--out", out) == 0
     (j,) = _json(out / "submission.json")["jobs"]
@@ -244,7 +345,9 @@ def test_a_cancelled_job_ends_interrupted_with_its_records(project: dict[str, An
     assert nc["state"] == "CANCELLED" and nc["run_status"] == "INTERRUPTED" and "SIGTERM" in nc["reason"]
     run = load_run(out / j["run_dir"])
     assert run.status == "INTERRUPTED" and len(run.turns) >= 50 and len(run.sessions) > 0
-    assert run.meta["drive"]["status"] == "INTERRUPTED" and run.meta["tables"]  # flushed and compacted before the job ended
+    assert (
+        run.meta["drive"]["status"] == "INTERRUPTED" and run.meta["tables"]
+    )  # flushed and compacted before the job ended
     (row,) = S.read_accounting_export(out / "provenance" / "accounting.json")
     assert row.state == "CANCELLED" and row.job_id == j["job_id"]
 
@@ -267,12 +370,16 @@ def test_labels_from_the_record(project: dict[str, Any], capsys: pytest.CaptureF
     capsys.readouterr()
     assert _cli("submit", never, "--engine", "sim", "--out", tmp / "never") == 2
     err = capsys.readouterr().err
-    assert "submission refused" in err and "is not committed" in err and not (tmp / "never" / "submission.json").exists()
+    assert (
+        "submission refused" in err and "is not committed" in err and not (tmp / "never" / "submission.json").exists()
+    )
     assert _cli("submit", never, "--engine", "sim", "--exploratory", "--out", tmp / "never-x") == 0
     assert _json(tmp / "never-x" / "submission.json")["label_at_submission"]["label"] == "exploratory"
     assert _cli("jobs", "collect", tmp / "never-x" / "submission.json", "--wait", "120") == 0
     col = _json(tmp / "never-x" / "collection.json")
-    assert col["label"]["label"] == "exploratory" and not col["not_completed"] and not col["analysis"]["decisive"]  # ran; decides nothing
+    assert (
+        col["label"]["label"] == "exploratory" and not col["not_completed"] and not col["analysis"]["decisive"]
+    )  # ran; decides nothing
     m = _meta(tmp / "never-x" / "runs" / "noburst-r1.75-s3")
     assert m["status"] == "COMPLETED" and m["code"]["relation"] == "exploratory" and m["registration"]["commit"] is None
     never.unlink()
@@ -280,25 +387,70 @@ def test_labels_from_the_record(project: dict[str, Any], capsys: pytest.CaptureF
 
 
 # ------------------------------------------------------------------------------------- sweeps
-SWEEP_PROTOCOL = {"kind": "protocol", "name": "sweep", "description": "short runs", "duration": 600.0,
-                  "burst": {"time": 100.0, "size": 20, "width": 30.0}, "window": {"start": 300.0, "end": 600.0},
-                  "min_window": 300.0, "backlog_bin": 10.0, "hit_bin": 100.0, "recovered_span": 100.0, "gauge_interval": 5.0}  # fmt: skip
+SWEEP_PROTOCOL = {
+    "kind": "protocol",
+    "name": "sweep",
+    "description": "short runs",
+    "duration": 600.0,
+    "burst": {"time": 100.0, "size": 20, "width": 30.0},
+    "window": {"start": 300.0, "end": 600.0},
+    "min_window": 300.0,
+    "backlog_bin": 10.0,
+    "hit_bin": 100.0,
+    "recovered_span": 100.0,
+    "gauge_interval": 5.0,
+}
 
 
 @pytest.mark.timeout(300)
-def test_sweeps_on_the_cluster_equal_the_local_runs(project: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweeps_on_the_cluster_equal_the_local_runs(
+    project: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     from analysis.rules import E2_RULE
 
     d = project["tmp"] / "sweep"
     d.mkdir()
     (d / "sweep.yaml").write_text(yaml.safe_dump(SWEEP_PROTOCOL))
-    rule = {**E2_RULE, "params": {**E2_RULE["params"], "min_window": 300.0, "recovered_span": 100.0}, "pass": {"min_seeds": 2, "min_good_seeds": 2}}
+    rule = {
+        **E2_RULE,
+        "params": {**E2_RULE["params"], "min_window": 300.0, "recovered_span": 100.0},
+        "pass": {"min_seeds": 2, "min_good_seeds": 2},
+    }
     (d / "rule.yaml").write_text(yaml.safe_dump(rule))
-    (d / "test.yaml").write_text(yaml.safe_dump({"kind": "test", "name": "sweep", "cell": "sglang-a100-300k", "workload": "standard",
-                                                 "protocol": "sweep.yaml", "rule": "rule.yaml", "arms": ["burst", "noburst", "capped"],
-                                                 "rates": [1.35], "seeds": [0, 1], "cap": 20}))  # fmt: skip
-    assert _cli("test", "run", d / "test.yaml", "--engine", "sim", "--plain", "--jobs", "2", "--out", d / "local") in (0, 1)
-    assert _cli("test", "run", d / "test.yaml", "--engine", "sim", "--plain", "--executor", "slurm", "--job-time", "10", "--out", d / "slurm") in (0, 1)
+    (d / "test.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "kind": "test",
+                "name": "sweep",
+                "cell": "sglang-a100-300k",
+                "workload": "standard",
+                "protocol": "sweep.yaml",
+                "rule": "rule.yaml",
+                "arms": ["burst", "noburst", "capped"],
+                "rates": [1.35],
+                "seeds": [0, 1],
+                "cap": 20,
+            }
+        )
+    )
+    assert _cli("test", "run", d / "test.yaml", "--engine", "sim", "--plain", "--jobs", "2", "--out", d / "local") in (
+        0,
+        1,
+    )
+    assert _cli(
+        "test",
+        "run",
+        d / "test.yaml",
+        "--engine",
+        "sim",
+        "--plain",
+        "--executor",
+        "slurm",
+        "--job-time",
+        "10",
+        "--out",
+        d / "slurm",
+    ) in (0, 1)
     a, b = _json(d / "local" / "verdict.json"), _json(d / "slurm" / "verdict.json")
     assert a["verdict"] == b["verdict"] and a["rates"] == b["rates"]
     names = sorted(p.parent.name for p in (d / "local").glob("*/meta.json"))
@@ -310,7 +462,18 @@ def test_sweeps_on_the_cluster_equal_the_local_runs(project: dict[str, Any], cap
     rows = S.read_accounting_export(d / "slurm" / "provenance" / "accounting.json")
     assert len(rows) == 6 and all(r.state == "COMPLETED" for r in rows)
 
-    common = ["calibrate", "stage-c", "--cell", "sglang-a100-300k", "--n", "16,24,48", "--warmup", "100", "--window", "200"]
+    common = [
+        "calibrate",
+        "stage-c",
+        "--cell",
+        "sglang-a100-300k",
+        "--n",
+        "16,24,48",
+        "--warmup",
+        "100",
+        "--window",
+        "200",
+    ]
     assert _cli(*common, "--out", d / "c-local") == 0
     assert _cli(*common, "--executor", "slurm", "--job-time", "10", "--out", d / "c-slurm") == 0
     capsys.readouterr()
@@ -329,8 +492,15 @@ def test_vllm_job_launched_checked_and_completed(vllm_submission: Path, capsys: 
     run = load_run(vllm_submission.parent / j["run_dir"])
     m = run.meta
     assert run.status == "COMPLETED" and m["engine_backend"] == "vllm" and rc == 0
-    assert m["preflight"]["smoke"]["passed"] and m["preflight"]["canary"]["passed"] and m["preflight"]["canary"]["after"] == 0
-    assert m["engine_start"]["seconds"] > 0 and m["engine_launch"]["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert (
+        m["preflight"]["smoke"]["passed"]
+        and m["preflight"]["canary"]["passed"]
+        and m["preflight"]["canary"]["after"] == 0
+    )
+    assert m["engine_start"]["seconds"] > 0 and m["engine_launch"]["argv"][1:3] == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
     ok = run.turns[run.turns["status"] == "ok"]
     assert len(ok) > 10 and (ok["n_output_ids"] == 16).all() and (ok["cached_tokens"] > 0).any()
     print(f"vLLM job: engine healthy {m['engine_start']['seconds']:.0f} s after launch; {len(ok)} turns")

@@ -81,14 +81,16 @@ def fast_install(python: str) -> str:
     virtual environment whose site-packages has the clone's code (an editable install is a path
     entry) and this test's installed dependencies, and the `agentload` entry point."""
     deps = sysconfig.get_paths()["purelib"]
-    return "\n".join([
-        f"{python} -m venv --without-pip .venv",
-        "SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
-        'echo "$PWD" > "$SP/00-agentload-editable.pth"',
-        f'echo "{deps}" > "$SP/zz-test-dependencies.pth"',
-        "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
-        "chmod +x .venv/bin/agentload",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"{python} -m venv --without-pip .venv",
+            "SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
+            'echo "$PWD" > "$SP/00-agentload-editable.pth"',
+            f'echo "{deps}" > "$SP/zz-test-dependencies.pth"',
+            "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
+            "chmod +x .venv/bin/agentload",
+        ]
+    )
 
 
 def tutorial_script(blocks: list[tuple[str, str]], *, pip: bool, browser: bool, python: str) -> str:
@@ -116,22 +118,35 @@ def stage_times(stdout: str) -> list[tuple[str, float]]:
 
 def snapshot(dest: Path) -> Path:
     """A repository holding this checkout's files as one commit: what `$AGENTLOAD_REPO` is."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     for rel in filter(None, files.decode().split("\0")):
         src = ROOT / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
-    env = {**_git_env(dest.parent), "GIT_AUTHOR_NAME": "agentload", "GIT_AUTHOR_EMAIL": "agentload@example.org",
-           "GIT_COMMITTER_NAME": "agentload", "GIT_COMMITTER_EMAIL": "agentload@example.org"}  # fmt: skip
-    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "agentload snapshot"]):
+    env = {
+        **_git_env(dest.parent),
+        "GIT_AUTHOR_NAME": "agentload",
+        "GIT_AUTHOR_EMAIL": "agentload@example.org",
+        "GIT_COMMITTER_NAME": "agentload",
+        "GIT_COMMITTER_EMAIL": "agentload@example.org",
+    }
+    for argv in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "agentload snapshot"],
+    ):
         subprocess.run(argv, cwd=dest, check=True, env=env)
     return dest
 
 
 def _git_env(home: Path) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "PYTHON", "VIRTUAL_ENV", "PIP_"))}
-    path = os.pathsep.join(p for p in keep.get("PATH", "").split(os.pathsep) if Path(p).resolve() != Path(sys.executable).parent.resolve())
+    path = os.pathsep.join(
+        p for p in keep.get("PATH", "").split(os.pathsep) if Path(p).resolve() != Path(sys.executable).parent.resolve()
+    )
     return {**keep, "PATH": path, "HOME": str(home)}
 
 
@@ -177,8 +192,14 @@ RULE_KINDS = ("call", "probability", "categorical", "rule_probability")
 
 
 def _verification(work: Path, testdir: str, env: dict[str, str]) -> dict[str, Any]:
-    r = subprocess.run([str(work / ".venv" / "bin" / "agentload"), "provenance", "verify", testdir, "--json"], cwd=work, env=env,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [str(work / ".venv" / "bin" / "agentload"), "provenance", "verify", testdir, "--json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode in (0, 1), r.stderr
     return json.loads(r.stdout)
 
@@ -189,13 +210,25 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
 
     browser = find_chromium() is not None
     if not browser and os.environ.get("AGENTLOAD_SKIP_BROWSER") != "1":
-        pytest.fail("no Chromium: run scripts/setup-chromium.sh (Debian package chromium), or set AGENTLOAD_SKIP_BROWSER=1")
+        pytest.fail(
+            "no Chromium: run scripts/setup-chromium.sh (Debian package chromium), or set AGENTLOAD_SKIP_BROWSER=1"
+        )
     blocks = tutorial_blocks(DOC.read_text(encoding="utf-8"))
     commands = "\n".join(c for _, c in blocks)
     assert INSTALL_LINE in commands, f"{DOC}: the install line the test replaces is not on the page any more"
-    for needed in ("agentload calibrate all", "agentload prereg fill", "git push", "agentload predict freeze", "agentload submit",
-                   "agentload jobs collect", "agentload analyze --registration", "agentload predict score", "agentload provenance verify",
-                   "agentload report", "agentload status"):  # fmt: skip
+    for needed in (
+        "agentload calibrate all",
+        "agentload prereg fill",
+        "git push",
+        "agentload predict freeze",
+        "agentload submit",
+        "agentload jobs collect",
+        "agentload analyze --registration",
+        "agentload predict score",
+        "agentload provenance verify",
+        "agentload report",
+        "agentload status",
+    ):
         assert needed in commands, f"{DOC}: no `{needed}` among the page's commands"
 
     t_start = time.monotonic()
@@ -207,13 +240,17 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
     pip = os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1"
     script = tutorial_script(blocks, pip=pip, browser=browser, python=sys.executable)
     (tmp_path / "tutorial.sh").write_text(script)
-    proc = subprocess.run(["bash", str(tmp_path / "tutorial.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=840)
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "tutorial.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=840
+    )
     log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
     (tmp_path / "tutorial.log").write_text(log)
     times = stage_times(proc.stdout)
     print("\n".join(f"stage {s:<55} {t:7.1f} s" for s, t in times))
     record_property("stage_wall_s", json.dumps(times))
-    assert proc.returncode == 0, f"the tutorial's commands failed (exit {proc.returncode}); the last output:\n{log[-6000:]}"
+    assert proc.returncode == 0, (
+        f"the tutorial's commands failed (exit {proc.returncode}); the last output:\n{log[-6000:]}"
+    )
     work = folder / "agentload"
     td = work / TESTDIR
 
@@ -227,7 +264,10 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
     assert len(rows) == len(manifest["jobs"]) == 6 and all(r["state"] == "COMPLETED" for r in rows), rows
     for j in manifest["jobs"]:
         m = _json(td / j["run_dir"] / "meta.json")
-        assert m["status"] == "COMPLETED" and m["engine_backend"] == "emulator" and m["plan_check"]["ok"], (j, m.get("status_reason"))
+        assert m["status"] == "COMPLETED" and m["engine_backend"] == "emulator" and m["plan_check"]["ok"], (
+            j,
+            m.get("status_reason"),
+        )
     verdict = _json(td / "analysis" / "registered-verdict.json")
     assert verdict["registered"]["decisive"] and len(verdict["registered"]["runs_counted"]) == 6, verdict["registered"]
     page = td / "report.html"
@@ -253,8 +293,14 @@ def agree_with_the_simulator(work: Path, env: dict[str, str], verdict: dict[str,
     t0 = time.monotonic()
     oracle = ORACLE.format(reg=REG, simdir=SIMDIR, tag=TAG)
     venv_env = {**env, "PATH": f"{work / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"}
-    r = subprocess.run([str(work / ".venv" / "bin" / "python"), "-c", oracle], cwd=work, env=venv_env, capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [str(work / ".venv" / "bin" / "python"), "-c", oracle],
+        cwd=work,
+        env=venv_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     print(f"stage {'oracle: the same test in the simulator':<55} {time.monotonic() - t0:7.1f} s")
     sim = work / SIMDIR
@@ -266,17 +312,26 @@ def agree_with_the_simulator(work: Path, env: dict[str, str], verdict: dict[str,
     def states(v: dict[str, Any]) -> dict[Any, Any]:
         return {(r["rate"], s): arms for r in v["rates"] for s, arms in r["seeds"].items()}
 
-    print(f"verdict: SLURM/emulator {verdict['verdict']} {per_rate(verdict)} {states(verdict)}\n"
-          f"         simulator      {sim_verdict['verdict']} {per_rate(sim_verdict)} {states(sim_verdict)}")
+    print(
+        f"verdict: SLURM/emulator {verdict['verdict']} {per_rate(verdict)} {states(verdict)}\n"
+        f"         simulator      {sim_verdict['verdict']} {per_rate(sim_verdict)} {states(sim_verdict)}"
+    )
     assert (verdict["verdict"], per_rate(verdict)) == (sim_verdict["verdict"], per_rate(sim_verdict))
-    assert verdict["verdict"] == "PASS" and len(sim_verdict["registered"]["runs_counted"]) == 6, sim_verdict["registered"]
-    here, there = _outcomes(_json(td / "predictions" / f"{TAG}.score.json")), _outcomes(_json(sim / "predictions" / f"{TAG}.score.json"))
+    assert verdict["verdict"] == "PASS" and len(sim_verdict["registered"]["runs_counted"]) == 6, sim_verdict[
+        "registered"
+    ]
+    here, there = (
+        _outcomes(_json(td / "predictions" / f"{TAG}.score.json")),
+        _outcomes(_json(sim / "predictions" / f"{TAG}.score.json")),
+    )
     print("predictions (id, kind: SLURM/emulator result and outcome | simulator result and outcome):")
     for pid in sorted(set(here) | set(there)):
         (k, r1, o1), (_, r2, o2) = here.get(pid, ("?", "-", None)), there.get(pid, ("?", "-", None))
         print(f"  {pid:<40} {k:<16} {r1:<5} {o1!s:<24} | {r2:<5} {o2!s:<24}{'' if r1 == r2 else '  <- differs'}")
     assert set(here) == set(there) and len(here) > 0
-    assert all(r not in ("no outcome",) for _, r, _ in [*here.values(), *there.values()]), "a prediction found no outcome"
+    assert all(r not in ("no outcome",) for _, r, _ in [*here.values(), *there.values()]), (
+        "a prediction found no outcome"
+    )
     rule_level = {pid: (v[0], v[1]) for pid, v in here.items() if v[0] in RULE_KINDS}
     assert rule_level and rule_level == {pid: (v[0], v[1]) for pid, v in there.items() if v[0] in RULE_KINDS}
     same = sum(here[p][1] == there[p][1] for p in here)
@@ -288,5 +343,7 @@ def agree_with_the_simulator(work: Path, env: dict[str, str], verdict: dict[str,
     # before its first job; the oracle's runs have no submission (no question to the remote recorded),
     # so their label is at most "registered". Only the submitted test's label is the tutorial's.
     assert v_here["label"] == "pre-registered", v_here["label"]
-    print(f"provenance: SLURM/emulator holds ({len(v_here['checks'])} checks, label {v_here['label']}), "
-          f"simulator holds ({len(v_there['checks'])} checks, label {v_there['label']}: no submission recorded)")
+    print(
+        f"provenance: SLURM/emulator holds ({len(v_here['checks'])} checks, label {v_here['label']}), "
+        f"simulator holds ({len(v_there['checks'])} checks, label {v_there['label']}: no submission recorded)"
+    )

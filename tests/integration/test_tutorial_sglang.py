@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_tutorial import DOC, _git_env, snapshot, stage_times, tutorial_blocks, tutorial_script
 
 SGLANG_PYTHON = os.environ.get("AGENTLOAD_SGLANG_PYTHON")
@@ -42,8 +41,9 @@ def test_the_tutorials_sglang_cell_is_the_one_the_real_sglang_suite_tests() -> N
     """Step 12 launches SGLang from configs/cells/sglang-cpu-tiny-32k.yaml; the engine suite
     (test_sglang_real.py) proves the CPU server with the cell live_engines.py writes. They must be
     the same engine settings, so that what the suite found holds for the tutorial's server."""
-    from harness.config import CellConfig, load_config
     from live_engines import cell_data
+
+    from harness.config import CellConfig, load_config
 
     shipped = load_config(f"cells/{CELL}", CellConfig).model_dump(exclude={"name", "description", "gpu"})
     suite = CellConfig.model_validate(cell_data("sglang")).model_dump(exclude={"name", "description", "gpu"})
@@ -75,8 +75,12 @@ def follow_up_hits(turns: Any, page: int) -> tuple[int, int, list[tuple[int, int
 
 
 @pytest.mark.sglang
-@pytest.mark.skipif(not SGLANG_PYTHON, reason="AGENTLOAD_SGLANG_PYTHON is not set (SGLang's python; scripts/setup-sglang-cpu.sh)")
-@pytest.mark.skipif(os.environ.get("AGENTLOAD_SKIP_SGLANG") == "1", reason="AGENTLOAD_SKIP_SGLANG=1: the real-SGLang tests are skipped")
+@pytest.mark.skipif(
+    not SGLANG_PYTHON, reason="AGENTLOAD_SGLANG_PYTHON is not set (SGLang's python; scripts/setup-sglang-cpu.sh)"
+)
+@pytest.mark.skipif(
+    os.environ.get("AGENTLOAD_SKIP_SGLANG") == "1", reason="AGENTLOAD_SKIP_SGLANG=1: the real-SGLang tests are skipped"
+)
 @pytest.mark.timeout(1200)
 def test_one_tutorial_arm_on_the_real_cpu_sglang(tmp_path: Path, record_property: Any) -> None:
     text = DOC.read_text(encoding="utf-8")
@@ -88,10 +92,19 @@ def test_one_tutorial_arm_on_the_real_cpu_sglang(tmp_path: Path, record_property
     folder.mkdir()
     src = snapshot(tmp_path / "agentload-src")
     env = {**_git_env(home), "AGENTLOAD_REPO": str(src), "AGENTLOAD_SGLANG_PYTHON": str(SGLANG_PYTHON)}
-    script = tutorial_script(setup + real, pip=os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1", browser=False, python=sys.executable)
+    script = tutorial_script(
+        setup + real, pip=os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1", browser=False, python=sys.executable
+    )
     (tmp_path / "tutorial-sglang.sh").write_text(script)
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", str(tmp_path / "tutorial-sglang.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=1170)
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "tutorial-sglang.sh")],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1170,
+    )
     total = time.monotonic() - t0
     log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
     (tmp_path / "tutorial-sglang.log").write_text(log)
@@ -104,7 +117,10 @@ def test_one_tutorial_arm_on_the_real_cpu_sglang(tmp_path: Path, record_property
 
     run_dir = folder / "agentload" / RUN
     meta = json.loads((run_dir / "meta.json").read_text())
-    assert meta["status"] == "COMPLETED" and meta["engine_backend"] == "sglang", (meta["status"], meta.get("status_reason"))
+    assert meta["status"] == "COMPLETED" and meta["engine_backend"] == "sglang", (
+        meta["status"],
+        meta.get("status_reason"),
+    )
     assert meta["cell"]["name"] == CELL and meta["references"]["lambda_ref"] == 0.4, (meta["cell"], meta["references"])
     pre = meta["preflight"]
     assert pre["smoke"]["passed"] and pre["canary"]["passed"], pre
@@ -130,8 +146,13 @@ def test_one_tutorial_arm_on_the_real_cpu_sglang(tmp_path: Path, record_property
     start = float(meta["engine_start"]["seconds"])
     drive = float(meta["drive"]["wall_seconds"])
     rest = float(meta["wall_s"]) - start - drive
-    record_property("run_wall_s", json.dumps({"server_start": start, "drive": drive, "preflight_and_stop": rest, "run": meta["wall_s"]}))
-    print(f"SGLang arm: {completed} of {len(sessions)} sessions completed, {len(ok)} turns answered, {exact} of {n} follow-ups "
-          f"with exactly the expected cached tokens ({int(ok['cached_tokens'].sum())} cached of {int(ok['prompt_tokens'].sum())} prompt "
-          f"tokens); the engine's counter rose by {counter.iloc[-1] - counter.iloc[0]:.0f}. Run {float(meta['wall_s']):.1f} s: server "
-          f"start {start:.1f} s, smoke + canary + stop {rest:.1f} s, drive {drive:.1f} s; host load {meta.get('host_load')}")  # fmt: skip
+    record_property(
+        "run_wall_s",
+        json.dumps({"server_start": start, "drive": drive, "preflight_and_stop": rest, "run": meta["wall_s"]}),
+    )
+    print(
+        f"SGLang arm: {completed} of {len(sessions)} sessions completed, {len(ok)} turns answered, {exact} of {n} follow-ups "
+        f"with exactly the expected cached tokens ({int(ok['cached_tokens'].sum())} cached of {int(ok['prompt_tokens'].sum())} prompt "
+        f"tokens); the engine's counter rose by {counter.iloc[-1] - counter.iloc[0]:.0f}. Run {float(meta['wall_s']):.1f} s: server "
+        f"start {start:.1f} s, smoke + canary + stop {rest:.1f} s, drive {drive:.1f} s; host load {meta.get('host_load')}"
+    )

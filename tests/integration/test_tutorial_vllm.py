@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_tutorial import DOC, _git_env, snapshot, stage_times, tutorial_blocks, tutorial_script
 
 pytestmark = [pytest.mark.vllm]
@@ -32,7 +31,9 @@ VLLM_PYTHON = os.environ.get("AGENTLOAD_VLLM_PYTHON")
 RUN = "results/tutorial-vllm/noburst-r0.50-s0"
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="AGENTLOAD_VLLM_PYTHON is not set (vLLM's python; scripts/ci-engine-tests.sh)")
+@pytest.mark.skipif(
+    not VLLM_PYTHON, reason="AGENTLOAD_VLLM_PYTHON is not set (vLLM's python; scripts/ci-engine-tests.sh)"
+)
 @pytest.mark.timeout(900)
 def test_one_tutorial_arm_on_the_real_cpu_vllm(tmp_path: Path, record_property: Any) -> None:
     text = DOC.read_text(encoding="utf-8")
@@ -44,10 +45,14 @@ def test_one_tutorial_arm_on_the_real_cpu_vllm(tmp_path: Path, record_property: 
     folder.mkdir()
     src = snapshot(tmp_path / "agentload-src")
     env = {**_git_env(home), "AGENTLOAD_REPO": str(src), "AGENTLOAD_VLLM_PYTHON": str(VLLM_PYTHON)}
-    script = tutorial_script(setup + real, pip=os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1", browser=False, python=sys.executable)
+    script = tutorial_script(
+        setup + real, pip=os.environ.get("AGENTLOAD_TUTORIAL_PIP") == "1", browser=False, python=sys.executable
+    )
     (tmp_path / "tutorial-vllm.sh").write_text(script)
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", str(tmp_path / "tutorial-vllm.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=870)
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "tutorial-vllm.sh")], cwd=folder, env=env, capture_output=True, text=True, timeout=870
+    )
     log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
     (tmp_path / "tutorial-vllm.log").write_text(log)
     times = stage_times(proc.stdout)
@@ -59,12 +64,17 @@ def test_one_tutorial_arm_on_the_real_cpu_vllm(tmp_path: Path, record_property: 
 
     run_dir = folder / "agentload" / RUN
     meta = json.loads((run_dir / "meta.json").read_text())
-    assert meta["status"] == "COMPLETED" and meta["engine_backend"] == "vllm", (meta["status"], meta.get("status_reason"))
+    assert meta["status"] == "COMPLETED" and meta["engine_backend"] == "vllm", (
+        meta["status"],
+        meta.get("status_reason"),
+    )
     pre = meta["preflight"]
     assert pre["smoke"]["passed"] and pre["canary"]["passed"], pre
     run = load_run(run_dir)
     turns = run.turns
     ok = turns[turns["status"] == "ok"]
     assert len(ok) > 20 and (ok["cached_tokens"] > 0).mean() > 0.3, (len(ok), ok["cached_tokens"].describe())
-    print(f"vLLM arm: {len(ok)} turns answered, {float((ok['cached_tokens'] > 0).mean()):.2f} of them with cached tokens the engine reported; "
-          f"server start {meta.get('engine_start')}")
+    print(
+        f"vLLM arm: {len(ok)} turns answered, {float((ok['cached_tokens'] > 0).mean()):.2f} of them with cached tokens the engine reported; "
+        f"server start {meta.get('engine_start')}"
+    )

@@ -19,12 +19,11 @@ is 20 sessions of L0 256, Delta 64, d 16, up to 5 turns, tools of 0.5 s on avera
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
-import pytest
 
 import engine_suite as suite
+import pytest
 from live_engines import EnginePool, Live
 
 pytestmark = pytest.mark.timeout(1500)

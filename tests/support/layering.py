@@ -178,8 +178,11 @@ def cycles(src: Source) -> list[list[str]]:
 
 def function_imports(table: Table, src: Source) -> list[str]:
     """Imports inside a function of anything but a deferred package."""
-    return [f"{src.modules[m]}:{line}: imports {name} inside a function; only {sorted(table.deferred)} may be deferred"
-            for m, line, name in src.in_function if name.split(".")[0] not in table.deferred]  # fmt: skip
+    return [
+        f"{src.modules[m]}:{line}: imports {name} inside a function; only {sorted(table.deferred)} may be deferred"
+        for m, line, name in src.in_function
+        if name.split(".")[0] not in table.deferred
+    ]
 
 
 def table_problems(table: Table) -> list[str]:
@@ -197,5 +200,10 @@ def table_problems(table: Table) -> list[str]:
 def all_problems(root: Path, doc: Path, packages: tuple[str, ...] = TOP_PACKAGES) -> list[str]:
     table = read_table(doc)
     src = read_source(root, packages)
-    return [*table_problems(table), *(f"{m}: in no unit of the table" for m in unplaced(table, src)), *forbidden_imports(table, src),
-            *(f"import cycle: {' -> '.join(c)}" for c in cycles(src)), *function_imports(table, src)]  # fmt: skip
+    return [
+        *table_problems(table),
+        *(f"{m}: in no unit of the table" for m in unplaced(table, src)),
+        *forbidden_imports(table, src),
+        *(f"import cycle: {' -> '.join(c)}" for c in cycles(src)),
+        *function_imports(table, src),
+    ]

@@ -22,19 +22,19 @@ not part of the harness package and is never imported by the harness.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 __version__ = "0.0.0+agentload.cpu.standin"
 
 __all__ = [
-    "assign_req_to_token_pool_cpu",
-    "copy_all_layer_kv_cache_cpu",
     "assign_draft_cache_locs_contiguous_cpu",
     "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu",
     "build_draft_decode_metadata_cpu",
     "build_tree_kernel_efficient_cpu",
+    "copy_all_layer_kv_cache_cpu",
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
     "rotate_input_ids_cpu",
