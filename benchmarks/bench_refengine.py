@@ -6,8 +6,8 @@ and build-per-call code; then fused vLLM decode steps (harness/refengine/fused.p
 start from a session's last turn (BlockKV._history), SGLang's decode reservation kept as it
 changes, the radix admission check without lock/unlock, Philox keys without a SeedSequence and
 in-place output ids replaced stepping one at a time, full lookups and direct sums (the direct
-forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
-once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
+forms are kept below and in tests/unit/harness/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
+once with the reference code swapped in (tests/support/blockpool_reference.py's pool, the former BlockKV
 methods and token generator, kept below), once as the code is, alternating, and checks that every
 record (turns, sessions, gauges, gate events) is byte-identical. It prints CPU seconds per run
 (the least of --repeat alternating plays per side: the machine is shared) and the ratio, and
@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
 from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402

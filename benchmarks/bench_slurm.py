@@ -11,7 +11,7 @@ and its per-job latency set how fast they can be. Measured:
   function starts in the job, the function returns -> result() returns; these include the job's
   Python start and submitit's result polling).
 - per registered job (`agentload submit`, slurm/job.py), N one-job submissions of a registration
-  in a fixture repository (tests/slurm_fixture.py) on the emulator: Submit -> Start (sacct),
+  in a fixture repository (tests/support/slurm_fixture.py) on the emulator: Submit -> Start (sacct),
   Start -> the job script running (its Python start and imports), Start -> the time check passed
   (registration loaded, code and remote facts checked), Start -> engine healthy (a fresh server
   launched and answering /health), and the server's own launch -> healthy; with --vllm (and
@@ -111,7 +111,7 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
     """Per-job overhead of registered jobs: from the scheduler's start to a healthy engine."""
     sys.path.insert(0, str(ROOT / "tests"))
     import orjson
-    from slurm_fixture import commit, fill, make_project, tiny_vllm  # type: ignore[import-not-found]
+    from support.slurm_fixture import commit, fill, make_project, tiny_vllm  # type: ignore[import-not-found]
 
     from slurm.collect import collect
     from slurm.submit import SubmitOptions, submit_registration

@@ -31,7 +31,7 @@ if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != 
 fi
 
 if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
-  # Headless Chromium from the Debian packages for tests/test_report_world.py's browser tests;
+  # Headless Chromium from the Debian packages for tests/pipeline/test_report_world.py's browser tests;
   # exports AGENTLOAD_CHROMIUM.
   eval "$(scripts/setup-chromium.sh --print-env)"
 fi

@@ -1,7 +1,7 @@
 """A real engine's own classes in a subprocess of the engine's venv, spoken to in JSON lines.
 
 Why a subprocess: vLLM and SGLang pin their own torch and hundreds of packages; the harness must
-never import either (tests/test_layout.py would not catch a transitive import, so the rule is
+never import either (tests/unit/test_layout.py would not catch a transitive import, so the rule is
 structural: the driver scripts under sim2real/drivers/ import only the standard library
 and their engine, and run only under that engine's interpreter).
 """

@@ -28,7 +28,7 @@ recomputed). Two structures make that possible without changing a single outcome
   resolved when they are read (the first valid entry in hashing order is the block a lookup
   finds, the rest are the duplicates), which is what vLLM's eager bookkeeping gives.
 
-tests/blockpool_reference.py keeps the direct one-block-at-a-time formulation; a randomized test
+tests/support/blockpool_reference.py keeps the direct one-block-at-a-time formulation; a randomized test
 checks that both give the same blocks, hits and gauges operation by operation.
 """
 

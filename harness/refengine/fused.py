@@ -6,7 +6,7 @@ and, now and then, a block that fills (and is hashed) or a new block taken from 
 While that lasts and no event can intervene, the steps are planned at once: the same block
 operations in the same order (step by step, running order within a step), the same step
 durations added in the same order, so every record is what stepping one at a time gives
-(tests/test_refengine_fastpaths.py compares both, gauges included).
+(tests/unit/harness/test_refengine_fastpaths.py compares both, gauges included).
 
 A run is fused only if every step of it ends *before* the horizon (the driver's next event): the
 step in progress when an event comes is then a single step, as without fusion, so whatever the

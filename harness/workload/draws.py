@@ -34,7 +34,7 @@ _TOKEN_DOMAIN = 0x746F6B  # separates token streams from spec streams
 # numpy's SeedSequence (pool of 4 32-bit words, hashmix / mix, then generate_state), written out
 # for the key shapes drawn here: building a SeedSequence costs more than drawing a turn's ids, and
 # every turn of every session derives one. The hash constants run through a fixed sequence, so
-# they are tabulated. tests/test_refengine_fastpaths.py checks it against numpy key by key. The
+# they are tabulated. tests/unit/harness/test_refengine_fastpaths.py checks it against numpy key by key. The
 # hashmix and mix steps stay written out in each loop: as helper calls they cost 14 -> 25 us a key.
 _M32 = 0xFFFFFFFF
 _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715

@@ -703,7 +703,7 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
     follow-ups hitting whole pages; SIGTERM to the client then ends the run
     INTERRUPTED with its records kept, and leaves alone the server it did not launch: that one
     drops the abandoned requests and passes the canary again. (A server the run launched is
-    stopped on the way out: tests/test_faults.py with the emulator; the pool's stop checks the
+    stopped on the way out: tests/pipeline/test_faults.py with the emulator; the pool's stop checks the
     same for every real server.)"""
     from harness.recording.record import load_run
 

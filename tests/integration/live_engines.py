@@ -8,7 +8,7 @@ overlap each other and the first cases; the pool starts a server again only when
 on purpose (the dead-server fault) and a later one asks for it, and each test module stops its
 servers when it is done. No test launches a real server of its own: a server the harness launches
 and stops is the pool's (whose stop checks that no process is left) and, for SIGTERM during a run
-that launched its own, the emulator's (tests/test_faults.py).
+that launched its own, the emulator's (tests/pipeline/test_faults.py).
 
 Engines: "vllm" (AGENTLOAD_VLLM_PYTHON), "sglang" (AGENTLOAD_SGLANG_PYTHON) and our emulator in
 either dialect ("emulator:vllm", "emulator:sglang"), which runs the same tests so that it keeps

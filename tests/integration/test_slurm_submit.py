@@ -1,7 +1,7 @@
 """Registered tests submitted to the local SLURM cluster: the done-criteria of slurm/README.md.
 
 Against the real cluster (slurmctld, slurmd, slurmdbd on MariaDB) and a fixture repository that
-holds a copy of the project's code and registrations filled by formula (tests/slurm_fixture.py),
+holds a copy of the project's code and registrations filled by formula (tests/support/slurm_fixture.py),
 committed and pushed to a bare remote, so every job runs the code of its registration's commit:
 
 * a registered mini E2 (BURST, NOBURST, CAPPED at 1.5 x lambda_ref, seed 3, the E2 rule judged on
@@ -38,8 +38,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from gitfixture import git
-from slurm_fixture import commit, fill, make_project, one_seed_rule, tiny_vllm
+from support.gitfixture import git
+from support.slurm_fixture import commit, fill, make_project, one_seed_rule, tiny_vllm
 
 from cli.main import main
 from harness.recording.record import load_run

@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tutorial.md"
 INSTALL_LINE = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'"
-BROWSER_PREFIX = "python tests/browser_check.py"
+BROWSER_PREFIX = "python tests/support/browser_check.py"
 TESTDIR = "results/tutorial"
 SIMDIR = "results/tutorial-sim"
 REG = "prereg/registrations/tutorial.yaml"
@@ -206,7 +206,7 @@ def _verification(work: Path, testdir: str, env: dict[str, str]) -> dict[str, An
 
 @pytest.mark.timeout(900)
 def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Path, record_property: Any) -> None:
-    from browser_check import find_chromium
+    from support.browser_check import find_chromium
 
     browser = find_chromium() is not None
     if not browser and os.environ.get("AGENTLOAD_SKIP_BROWSER") != "1":
@@ -273,7 +273,7 @@ def test_the_tutorial_runs_as_written_and_agrees_with_the_simulator(tmp_path: Pa
     page = td / "report.html"
     assert page.is_file() and page.stat().st_size > 50_000
     if browser:
-        from browser_check import artifact_dir
+        from support.browser_check import artifact_dir
 
         assert (td / "report.png").is_file() and (td / "report.png").stat().st_size > 10_000
         shot = artifact_dir() / "tutorial-report.png"

@@ -1,0 +1,79 @@
+"""The package DAG of docs/architecture.md holds on the source: every module placed in a unit, no
+import the table does not allow, no import cycle between modules, nothing but the deferred heavy
+packages imported inside a function. The checker is shown to fail on planted violations."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from support.layering import all_problems, cycles, read_source, read_table
+from support.paths import REPO
+
+ROOT = REPO
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def test_the_source_keeps_the_table() -> None:
+    problems = all_problems(ROOT, DOC)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_table_is_read_whole() -> None:
+    t = read_table(DOC)
+    assert {"harness.config", "analysis", "runs", "prereg", "slurm", "review", "cli"} <= set(t.units)
+    assert t.units["analysis"].layer < t.units["runs"].layer < t.units["review"].layer < t.units["cli"].layer
+    assert {"numpy", "pandas", "pyarrow", "matplotlib", "submitit", "aiohttp"} <= t.deferred
+
+
+@pytest.fixture()
+def tree(tmp_path: Path) -> Path:
+    """A copy of the source tree (and the doc) to plant violations in."""
+    for pkg in ("harness", "analysis", "provenance", "runs", "sim2real", "prereg", "slurm", "review", "cli"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "docs").mkdir()
+    shutil.copy(DOC, tmp_path / "docs" / "architecture.md")
+    return tmp_path
+
+
+def test_a_planted_upward_import_fails(tree: Path) -> None:
+    (tree / "analysis" / "planted.py").write_text("from slurm.scheduler import job_states\n")
+    problems = all_problems(tree, tree / "docs" / "architecture.md")
+    assert any("analysis.planted imports slurm.scheduler" in p and "may not import" in p for p in problems), problems
+
+
+def test_a_planted_cycle_fails(tree: Path) -> None:
+    (tree / "harness" / "workload" / "cyc_a.py").write_text("from harness.workload import cyc_b\n")
+    (tree / "harness" / "workload" / "cyc_b.py").write_text("from harness.workload.cyc_a import x\n")
+    assert ["harness.workload.cyc_a", "harness.workload.cyc_b"] in cycles(read_source(tree))
+    assert any("import cycle" in p for p in all_problems(tree, tree / "docs" / "architecture.md"))
+
+
+def test_a_planted_cycle_dodging_function_import_fails(tree: Path) -> None:
+    (tree / "runs" / "dodge.py").write_text("def f():\n    from runs.arms import execute_run\n    return execute_run\n")
+    problems = all_problems(tree, tree / "docs" / "architecture.md")
+    assert any("runs/dodge.py:2: imports runs.arms inside a function" in p for p in problems), problems
+
+
+def test_a_deferred_heavy_import_is_allowed(tree: Path) -> None:
+    (tree / "analysis" / "lazy.py").write_text("def f():\n    import matplotlib\n    return matplotlib\n")
+    assert not all_problems(tree, tree / "docs" / "architecture.md")
+
+
+def test_a_module_in_no_unit_fails(tree: Path) -> None:
+    doc = tree / "docs" / "architecture.md"
+    doc.write_text(doc.read_text().replace("| 3 I/O | `provenance` |", "| 3 I/O | `provenance.git` |"))
+    problems = all_problems(tree, doc)
+    assert any("provenance.meta: in no unit" in p for p in problems), problems
+
+
+def test_a_table_pointing_upward_fails(tree: Path) -> None:
+    doc = tree / "docs" / "architecture.md"
+    doc.write_text(
+        doc.read_text()
+        .replace("| `harness.config` | `harness.errors` |", "| `harness.config` | `harness.errors`, `runs` |", 1)
+        .replace("strict YAML in and out | `harness.errors` |", "strict YAML in and out | `harness.errors`, `runs` |")
+    )
+    problems = all_problems(tree, doc)
+    assert any("unit harness.config (layer 1) may import runs (layer 4): upward" in p for p in problems), problems
