@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import orjson
 
 from harness.servers.base import EngineAdapter, FlushError
-from harness.servers.metrics import VLLM_RULES, parse_prometheus
+from harness.servers.metrics import VLLM_CACHE_INFO, VLLM_RULES, parse_prometheus
 
 if TYPE_CHECKING:
     import aiohttp
@@ -158,7 +158,7 @@ class VLLMAdapter(EngineAdapter):
         async with http.get(base_url + "/metrics", timeout=tmo) as resp:
             text = await resp.text()
         for s in parse_prometheus(text):
-            if s.name == "vllm:cache_config_info":
+            if s.name == VLLM_CACHE_INFO:  # its labels are VLLM_CACHE_INFO_LABELS
                 lab = s.labels
                 for key in ("block_size", "num_gpu_blocks"):
                     if lab.get(key, "").isdigit():
