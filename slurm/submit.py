@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.protocols.job_options import JobOptions
+from slurm.executors import sbatch_script, slurm_executor, submit_slurm
 from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
 
 #: Refusals of `prereg check` that an exploratory submission may go past (its runs carry the
@@ -44,31 +46,21 @@ class SubmitRefused(RuntimeError):
 
 @dataclass
 class SubmitOptions:
-    """The command line of `agentload submit`, as data (recorded in the manifest)."""
+    """The command line of `agentload submit`, as data (recorded in the manifest); `job` holds what
+    every job asks the scheduler for, the same option set as `--executor slurm`'s."""
 
     executor: str = "slurm"  # slurm | local
     engine: str | None = None  # default: the registered cell's engine
     time_scale: float | None = None
     engine_options: dict[str, Any] = field(default_factory=dict)
-    partition: str | None = None
-    time: str | None = None  # --time as sbatch reads it
     dry_run: bool = False
     exploratory: bool = False
     out: str | None = None
     remote: str | None = None
     branch: str | None = None
-    parallel: int | None = None  # array parallelism (slurm) / concurrent processes (local)
-    cpus_per_task: int = 1
-    mem: str | None = None
-    gres: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    python: str | None = None
-    job_env: dict[str, str] = field(default_factory=dict)
+    job: JobOptions = field(default_factory=JobOptions)
 
     def to_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)
 
 
@@ -132,11 +124,11 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
     engine = opts.engine or reg.cell.engine.name
     try:
         budget = run_budget(reg.protocol.duration, reg.allowances, engine, opts.time_scale)
-        limit = job_time_limit(budget, parse_time_minutes(opts.time) if opts.time else None)
+        limit = job_time_limit(budget, parse_time_minutes(opts.job.time) if opts.job.time else None)
     except ValueError as exc:
         raise SubmitRefused(f"submission refused: {exc}") from None
     if not limit.fits:
-        say(f"warning: --time {opts.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
+        say(f"warning: --time {opts.job.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
             f"{limit.warning_lead_s} s warning lead); every job will refuse to run")  # fmt: skip
     out = Path(opts.out) if opts.out else Path("results") / "submissions" / f"{reg.name}-{_stamp()}"
     out = out.resolve()
@@ -175,6 +167,9 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
                   "run_dir": str(Path(s.run_dir).relative_to(out)), "spec": s.to_json()} for s in specs],  # fmt: skip
         "_path": str(out / MANIFEST),
     }
+    if opts.executor == "slurm" and opts.dry_run:
+        doc["sbatch_script"] = sbatch_script(out / JOBS, len(specs), time_min=limit.minutes, warning_lead_s=limit.warning_lead_s,
+                                             checkout=root, comment=comment, job_name=doc["job_name"], job=opts.job)  # fmt: skip
     return doc
 
 
@@ -222,13 +217,9 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
         write_manifest({k: v for k, v in doc.items() if k != "_path"}, manifest_path)
 
     if opts.executor == "slurm":
-        from slurm.executors import slurm_executor, submit_slurm
-
         tl = doc["time_limit"]
         ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
-                            job_name=doc["job_name"], partition=opts.partition, cpus_per_task=opts.cpus_per_task, mem=opts.mem,
-                            gres=opts.gres, account=opts.account, qos=opts.qos, parallelism=opts.parallel, python=opts.python,
-                            env=opts.job_env)  # fmt: skip
+                            job_name=doc["job_name"], job=opts.job)  # fmt: skip
         records = submit_slurm(specs, ex)
         for job, rec in zip(doc["jobs"], records):
             job.update(rec)
@@ -251,7 +242,7 @@ def submit_registration(reg_path: str | Path, opts: SubmitOptions, *, echo: Call
             save()
 
         save()
-        records = run_local(specs, folder, checkout=root, python=opts.python, env=opts.job_env, parallel=opts.parallel or 1,
+        records = run_local(specs, folder, checkout=root, python=opts.job.python, env=opts.job.job_env, parallel=opts.job.parallel or 1,
                             on_change=changed, echo=say)  # fmt: skip
         changed(records)
     lab = label_from_record(doc, [j.get("submit_utc") for j in doc["jobs"]])
@@ -277,4 +268,8 @@ def format_plan(doc: dict[str, Any]) -> str:
         lines.append(f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}")
     lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]
     lines.append(f"  label    {lab['label']}: {lab['reason']}")
+    if doc.get("sbatch_script"):
+        n = len(doc["jobs"])
+        what = f"the sbatch script of the job array (task i runs job i above; {n} tasks)" if n > 1 else "the sbatch script of the job"
+        lines += ["", f"{what}, as submitit would submit it:", doc["sbatch_script"].rstrip()]
     return "\n".join(lines)

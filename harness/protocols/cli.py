@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.cli import add_ref_options, refs_override, report_runs
+from harness.protocols.job_options import add_job_options
 
 DEFAULT_RESULTS = Path("results")
 
@@ -49,9 +50,7 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("executor")
     g.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local worker processes (default), or one SLURM job array through submitit (the same records)")  # fmt: skip
-    g.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's default)")
-    g.add_argument("--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)")
-    g.add_argument("--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)")
+    add_job_options(p, time_default="60 minutes per task", title="scheduler jobs (--executor slurm; the options `submit` takes)")
 
 
 def sweep_executor(args: argparse.Namespace, out: Path, name: str) -> Any:
