@@ -31,6 +31,9 @@ GPU_ENV = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPU
 NO_DEVICE = frozenset({"", "NoDevFiles", "-1", "none", "N/A"})
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 REAL_ENGINES = ("sglang", "vllm")
+#: GPUs a GPU cell's job uses when no gres says otherwise: every GPU cell of the project is one device
+#: (one A100 80GB, one H200 NVL).
+GPUS_PER_JOB = 1
 _GRES_GPU = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)*?[:=](\d+)(?=$|[(,\s])")
 
 

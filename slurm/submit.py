@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from harness.protocols.job_options import JobOptions
 from slurm.executors import sbatch_script, slurm_executor, submit_slurm
+from slurm.gpus import GPUS_PER_JOB, gres_gpus, needs_gpu
 from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
 
 #: Refusals of `prereg check` that an exploratory submission may go past (its runs carry the
@@ -141,6 +142,9 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
                              engine_options=dict(opts.engine_options), commit=g.get("commit") if committed else None,
                              exploratory=opts.exploratory, warning_lead_s=float(limit.warning_lead_s), index=i))  # fmt: skip
     comment = f"agentload registration {reg.name} sha256={reg.sha256}"
+    gpus = gres_gpus(opts.job.gres) if opts.job.gres else (GPUS_PER_JOB if needs_gpu(reg.cell, engine) else 0)
+    cost = {"jobs": len(specs), "need_s": budget.needed_s, "limit_s": limit.seconds, "gpus_per_job": gpus,
+            "gpu_hours": len(specs) * budget.needed_s * gpus / 3600.0, "gpu_hours_limit": len(specs) * limit.seconds * gpus / 3600.0}  # fmt: skip
     doc: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -160,6 +164,7 @@ def plan_submission(reg_path: str | Path, opts: SubmitOptions, *, echo: Callable
         "arguments": {"argv": list(sys.argv), **opts.to_json(), "engine": engine},
         "budget": budget.to_json(),
         "time_limit": limit.to_json(),
+        "cost": cost,
         "comment": comment,
         "job_name": f"agentload-{reg.name}",
         "plans": [{"arm": pl.arm, "rate": pl.rate, "seed": pl.seed, "sha256": pl.sha256} for pl in reg.plans],
@@ -264,6 +269,12 @@ def format_plan(doc: dict[str, Any]) -> str:
         + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
         f"  jobs     {len(doc['jobs'])} via {doc['executor']}" + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
     ]  # fmt: skip
+    cost = doc.get("cost")
+    if cost and cost["gpus_per_job"]:
+        lines.append(f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s x {cost['gpus_per_job']} GPU = {cost['gpu_hours']:,.1f} GPU-hours "
+                     f"(at most {cost['gpu_hours_limit']:,.1f} at the limit)")  # fmt: skip
+    elif cost:
+        lines.append(f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s, no GPU (engine {doc['arguments']['engine']})")
     for j in doc["jobs"]:
         lines.append(f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}")
     lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]

@@ -361,11 +361,11 @@ def register(cli: Any) -> None:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from harness.config import CellConfig, load_config
+    from harness.config import CellConfig, config_ref, load_config
     from harness.servers import free_port, get_adapter
     from harness.servers.vllm import private_cache_env
 
-    cell = load_config(args.cell, CellConfig)
+    cell = load_config(config_ref(args.cell, "cells"), CellConfig)
     adapter = get_adapter(args.engine, cell=cell, flavor=args.flavor, time_scale=args.time_scale, cell_ref=args.cell,
                           server_cmd=shlex.split(args.server_cmd) if args.server_cmd else None)  # fmt: skip
     run_dir = args.run_dir or Path("results") / "smoke" / time.strftime("smoke-%Y%m%d-%H%M%S")
