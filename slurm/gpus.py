@@ -11,9 +11,10 @@ controller lists it (`squeue -o %b`), the node's GPU count as the controller kno
 
 A GPU is "given" in a SLURM job when the scheduler allocated a gpu gres (its variables or the
 job's gres say so), and outside SLURM when the host shows a device that CUDA_VISIBLE_DEVICES does
-not hide. A count-only gres (a node with `Gres=gpu:N` and no device files, as the local test
-cluster has) is an allocation: Slurm then sets CUDA_VISIBLE_DEVICES=NoDevFiles, which names no
-device, but the job was given its GPU all the same.
+not hide. In SLURM the allocation is what counts, not the devices: the local test cluster's GPUs
+are placeholder nodes (slurm/local/cluster.sh), and a generic resource without device files makes
+Slurm set CUDA_VISIBLE_DEVICES=NoDevFiles, which names no device; the job was given its GPU all
+the same.
 """
 
 from __future__ import annotations

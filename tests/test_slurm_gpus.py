@@ -1,6 +1,6 @@
 """What GPUs a job was given (slurm/gpus.py), recorded by every job, and the job's refusal of a GPU
 cell's real-engine run without one, in-process on a fixture repository (no cluster, no GPU). The
-same on the local cluster, with a count-only gres: tests/integration/test_slurm_gpu.py."""
+same on the local cluster, whose GPUs are placeholder nodes: tests/integration/test_slurm_gpu.py."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def add_job_options(p: argparse.ArgumentParser, *, time_default: str, title: str
     g.add_argument("--parallel", type=positive_int, help="jobs running at once (SLURM array parallelism; local executor: processes)")
     g.add_argument("--cpus-per-task", type=positive_int, default=1, help="CPUs per job (1)")
     g.add_argument("--mem", help="memory per job, as sbatch --mem (e.g. 64G)")
-    g.add_argument("--gres", help="generic resources per job, e.g. gpu:1 (a GPU cell's real-engine jobs refuse to run without one)")
+    g.add_argument("--gres", help="generic resources per job, e.g. gpu:1 (a registered GPU cell's real-engine jobs refuse to run without one)")
     g.add_argument("--account", help="SLURM account to charge")
     g.add_argument("--qos", help="SLURM quality of service")
     g.add_argument("--python", help="interpreter the jobs run (default: this one)")

@@ -13,10 +13,12 @@
 # /etc/slurm/slurm.conf, /etc/slurm/slurmdbd.conf and /etc/slurm/gres.conf (where the Slurm daemons and
 # commands look for them), each marked as written here. A slurm.conf without that mark is never overwritten.
 #
-# The node has AGENTLOAD_SLURM_GPUS (default 2) GPUs as a count-only generic resource (GresTypes=gpu,
-# Gres=gpu:N, a gres.conf with AutoDetect=off and no device files), so jobs can ask `--gres gpu:1` and
-# the scheduler allocates, accounts and refuses GPUs as a GPU cluster does; no device exists, and Slurm
-# sets CUDA_VISIBLE_DEVICES=NoDevFiles in such a job.
+# The node has AGENTLOAD_SLURM_GPUS (default 2) GPUs that are no devices (GresTypes=gpu, Gres=gpu:N, a
+# gres.conf with AutoDetect=off whose File= names placeholder nodes under the state folder, each the
+# null device), so jobs can ask `--gres gpu:1` and the scheduler allocates, accounts and refuses GPUs as
+# a GPU cluster does, and sets SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES to the indices it gave. Slurm
+# 22.05 cannot count GPUs without File=: gres.c drops "file-less GPU"s from the node's list and the node
+# then registers INVAL ("gres/gpu count reported lower than configured"), CountOnly included.
 #
 # `up` is idempotent (a second call only checks) and recovers after a crash: a daemon whose PID file
 # is stale (dead, a zombie, or a PID reused by another program) is started again. Job IDs keep
@@ -25,7 +27,7 @@
 # Environment: AGENTLOAD_SLURM_STATE (state folder), AGENTLOAD_SLURM_CLUSTER (cluster name, agentload),
 # AGENTLOAD_SLURM_ACCOUNT (account, agentload), AGENTLOAD_SLURM_USERS (users to register; default the
 # calling user), AGENTLOAD_SLURM_DB_PORT (MariaDB TCP port on 127.0.0.1, 3306), AGENTLOAD_SLURM_GPUS
-# (the node's count-only GPUs, 2; 0 configures none).
+# (the node's GPUs, placeholder nodes, no devices: 2; 0 configures none).
 set -euo pipefail
 
 P=${AGENTLOAD_SLURM_STATE:-/var/lib/agentload-slurm}
@@ -241,22 +243,40 @@ AccountingStoreFlags=job_comment,job_script
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
-# GPUs as a count-only generic resource (gres.conf: no device files, no autodetection).
+# GPUs that are no devices (gres.conf: placeholder File= nodes, no autodetection; see render_gres_conf).
 GresTypes=gpu
 $(node_line)
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
+gpu_files() { # the File= value of the node's GPUs: placeholder nodes gpu0..gpu(N-1) under the state folder
+  if ((GPUS == 1)); then echo "$P/gpu/gpu0"; else echo "$P/gpu/gpu[0-$((GPUS - 1))]"; fi
+}
+
 render_gres_conf() {
-  # Count-only: no File= (there are no device files), no NVML autodetection. Slurm then schedules and
-  # accounts the count; a job given one sees CUDA_VISIBLE_DEVICES=NoDevFiles.
+  # No NVML autodetection, and File= placeholders: Slurm 22.05 keeps no GPU without a File (gres.c
+  # "Removing file-less GPU ... from final GRES list", gres_gpu.c "Discarding the following config-only
+  # GPU due to lack of File specification"; gres.conf(5): File is required for GPUs), CountOnly or not.
+  # The placeholders are character nodes of the null device (make_gpu_nodes): nothing opens them; the
+  # scheduler only hands out their indices.
   cat <<EOF
 $MARK
 # state: $P
 AutoDetect=off
 EOF
-  if ((GPUS > 0)); then echo "NodeName=$(hostname -s) Name=gpu Count=$GPUS"; fi
+  if ((GPUS > 0)); then echo "NodeName=$(hostname -s) Name=gpu Count=$GPUS File=$(gpu_files)"; fi
+}
+
+make_gpu_nodes() { # $P/gpu/gpu0..gpu(N-1): each a character node of the null device (1:3)
+  install -d -m 755 "$P/gpu"
+  local i f
+  for ((i = 0; i < GPUS; i++)); do
+    f=$P/gpu/gpu$i
+    [[ -c $f ]] && continue
+    rm -f "$f"
+    mknod -m 666 "$f" c 1 3 2>/dev/null || die "cannot create the placeholder GPU node $f (mknod c 1 3 needs root and CAP_MKNOD)"
+  done
 }
 
 render_dbd_conf() {
@@ -517,6 +537,7 @@ cmd_up() {
   install_packages
   ensure_users
   make_dirs
+  make_gpu_nodes
   write_configs
   start_munged
   start_mariadb
