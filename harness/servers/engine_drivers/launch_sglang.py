@@ -48,7 +48,7 @@ def parse_one(argv: list[str], fields: list[str]) -> dict[str, Any]:
     except SystemExit as exc:
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
         return {"ok": False, "error": f"argument parser (exit {exc.code}): {lines[-1] if lines else 'no message'}", "values": {}}
-    except Exception as exc:  # noqa: BLE001 - every refusal is a result
+    except Exception as exc:  # every refusal is a result
         return {"ok": False, "error": f"prepare_server_args: {type(exc).__name__}: {exc}", "values": {}}
     logging.disable(logging.CRITICAL)  # prepare_server_args configures logging; keep the reply alone on stdout
     return {"ok": True, "error": None, "values": {f: _plain(getattr(args, f)) if hasattr(args, f) else MISSING for f in fields}}
@@ -71,6 +71,6 @@ if __name__ == "__main__":
     REPLY, sys.stdout = sys.stdout, sys.stderr  # the engine's own prints must not mix with the reply
     try:
         sys.exit(main(REPLY))
-    except Exception as exc:  # noqa: BLE001 - the harness reads the reason from the reply
+    except Exception as exc:  # the harness reads the reason from the reply
         REPLY.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}) + "\n")
         sys.exit(1)

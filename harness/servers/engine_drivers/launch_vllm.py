@@ -35,7 +35,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 # from_cli_args makes no hub call.
 os.environ.pop("HF_HUB_OFFLINE", None)
 
-from source_scan import env_reads, find_series  # noqa: E402 (beside this script)
+from source_scan import env_reads, find_series  # beside this script; after the environment is set
 
 MISSING = "<not a vLLM argument>"
 
@@ -43,7 +43,7 @@ MISSING = "<not a vLLM argument>"
 def _plain(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
-    if hasattr(v, "value") and isinstance(getattr(v, "value"), (str, int)):  # enums
+    if hasattr(v, "value") and isinstance(v.value, (str, int)):  # enums
         return v.value
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
@@ -76,11 +76,11 @@ def parse_one(argv: list[str], fields: list[str]) -> dict[str, Any]:
         return {"ok": False, "error": f"argument parser (exit {exc.code}): {lines[-1] if lines else 'no message'}", "values": {}}
     try:
         validate_parsed_serve_args(ns)
-    except Exception as exc:  # noqa: BLE001 - every refusal is a result
+    except Exception as exc:  # every refusal is a result
         return {"ok": False, "error": f"validate_parsed_serve_args: {type(exc).__name__}: {exc}", "values": {}}
     try:
         engine_args = AsyncEngineArgs.from_cli_args(ns)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"ok": False, "error": f"AsyncEngineArgs.from_cli_args: {type(exc).__name__}: {exc}", "values": {}}
     values = {}
     for f in fields:
@@ -119,6 +119,6 @@ if __name__ == "__main__":
     REPLY, sys.stdout = sys.stdout, sys.stderr  # the engine's own prints must not mix with the reply
     try:
         sys.exit(main(REPLY))
-    except Exception as exc:  # noqa: BLE001 - the harness reads the reason from the reply
+    except Exception as exc:  # the harness reads the reason from the reply
         REPLY.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}) + "\n")
         sys.exit(1)

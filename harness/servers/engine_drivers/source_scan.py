@@ -29,7 +29,7 @@ def package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"package {name!r} is not installed in this interpreter")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def exposed(name: str, kind: str) -> list[str]:
