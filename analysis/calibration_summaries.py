@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from harness.config import load_yaml, parse_config
+from harness.config import StrictModel, load_yaml, parse_config
 from harness.config.files import dump_yaml
 from harness.errors import ConfigError
 
@@ -35,8 +35,7 @@ class InputError(ConfigError):
     """A calibration summary is malformed or inconsistent (file, field, value, expectation)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
 
 
 class RunDirHash(_Strict):

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from analysis.expr import RuleError
+from harness.config import check_finite
 
 FORMAT = "agentload-predictions"
 
@@ -56,6 +57,8 @@ class Predictions:
             raise RuleError(
                 f"prediction file {path or '<memory>'}: format: expected {FORMAT!r}, got {data.get('format') if isinstance(data, Mapping) else data!r}"
             )
+        # a strict JSON reader refuses NaN and Infinity already; a mapping built in memory is checked here
+        check_finite(data, f"prediction file {path or '<memory>'}", RuleError)
         for i, e in enumerate(data.get("runs", [])):
             for k in ("arm", "rate", "seed", "values"):
                 if k not in e:

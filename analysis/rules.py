@@ -24,6 +24,7 @@ import yaml
 
 from analysis.expr import RuleError, evaluate, parse
 from analysis.stages import judge_staged, judge_staged_run, validate_staged
+from harness.config import check_finite
 
 # The registered E2 rule (paper App. E.5, Table 6), restated as data.
 E2_RULE: dict[str, Any] = {
@@ -115,6 +116,7 @@ def _read_spec(source: str | Path) -> dict[str, Any]:
         raise RuleError(f"rule {str(source)!r}: no such file and no such rule; known rules: {rule_names()}")
     if not isinstance(data, dict):
         raise RuleError(f"rule spec {p}: expected a mapping at the top level, got {type(data).__name__}")
+    check_finite(data, f"rule spec {p}", RuleError)
     return data
 
 
@@ -164,6 +166,7 @@ def load_rule(
         spec = _read_spec(source)
     spec = _resolve(spec)
     if overrides:
+        check_finite(dict(overrides), f"rule {spec.get('name')!r}: overrides", RuleError)
         unknown = sorted(set(overrides) - set(spec.get("params", {})))
         if unknown:
             raise RuleError(

@@ -10,8 +10,8 @@ plans, the first-principles entry model, or a transcription), and a statement of
 predictor could see when it predicted. `docs/predictions.md` documents the format.
 
 The file is YAML (JSON is valid YAML), `format: agentload-prediction-set`, `format_version: 1`.
-Loading is strict: unknown keys, a probability outside [0, 1], a rule clause naming an unknown
-prediction, two predictions with one id are errors that name the file, the field, the value and
+Loading is strict: unknown keys, a probability outside [0, 1], an inf or NaN anywhere, a rule
+clause naming an unknown prediction, two predictions with one id are errors that name the file, the field, the value and
 what was expected.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from harness.config import check_finite
 from harness.errors import ConfigError
 
 FORMAT = "agentload-prediction-set"
@@ -207,6 +208,7 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
         raise _err(path, "format", doc.get("format"), f"{FORMAT!r}")
     if doc.get("format_version") != FORMAT_VERSION:
         raise _err(path, "format_version", doc.get("format_version"), str(FORMAT_VERSION))
+    check_finite(doc, path, PredictionError)
     unknown = sorted(set(doc) - _TOP_KEYS)
     if unknown:
         raise _err(path, "top-level keys", unknown, f"only {sorted(_TOP_KEYS)}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from analysis.rules import validate_rule
 from harness.config import (
@@ -30,6 +30,7 @@ from harness.config import (
     ArmConfig,
     CellConfig,
     ProtocolConfig,
+    StrictModel,
     TestBundle,
     TestConfig,
     WorkloadConfig,
@@ -52,8 +53,7 @@ class RegistrationError(ConfigError):
     names the file, the field, the value and what was expected."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
 
 
 class References(_Strict):

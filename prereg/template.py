@@ -12,18 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from analysis.rules import RuleError, load_rule
-from harness.config import DEFAULT_START_LATENESS_P99, DEFAULT_TOP_RATE, load_yaml, parse_config
+from harness.config import DEFAULT_START_LATENESS_P99, DEFAULT_TOP_RATE, StrictModel, load_yaml, parse_config
 from harness.errors import ConfigError
 from prereg.registration import Allowances, RegistrationError
 
 TEMPLATE_FORMAT = "agentload-registration-template"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
 
 
 class FillParams(_Strict):

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from harness.config.finite import check_finite
 from harness.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent.parent / "configs"
@@ -63,9 +64,12 @@ def parse_config(data: Any, model: type[M], source: Path | str = "<memory>") -> 
 
     Files are validated strictly (no "60" -> 60 or 20.0 -> 20 coercion): a registered value should
     be exactly what its file says. References inside the file (cost_file) resolve relative to it.
+    Infinite and NaN numbers are refused anywhere in the data, free-form mappings included
+    (harness/config/finite.py).
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    check_finite(data, source)
     base = Path(source).parent if str(source) != "<memory>" else None
     try:
         return model.model_validate(data, strict=True, context={"base": base})

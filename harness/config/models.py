@@ -9,17 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
 from harness.config.cost import CostModel
 from harness.config.files import load_yaml, parse_config, resolve_path
+from harness.config.finite import StrictModel
 from harness.errors import ConfigError
 
 DEFAULT_TOP_RATE = 2.0  # sessions/s: the paper's base process; a test may register another (TestConfig.top_rate)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
 
 
 # ---------------------------------------------------------------------------------------------
