@@ -28,7 +28,6 @@ died half way need not start over, and what was measured is what is summarised.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,9 +63,21 @@ from harness.drivers.virtual import SimResult, simulate
 from harness.recording.record import RunRecorder, load_run
 from harness.refengine.model import EngineModel
 from harness.workload.draws import expected_turns
-from harness.workload.planfile import plan_bytes, read_plan, write_plan
+from harness.workload.planfile import read_plan, write_plan
 from harness.workload.plans import make_plan
 from provenance.meta import capture
+from runs.calibration_runs import (
+    check_run_dirs,
+    closed_planned,
+    closed_want,
+    completed_run,
+    e0a_calls,
+    e0b_calls,
+    e0b_planned_before_e0a,
+    from_empty_planned,
+    from_empty_resumable,
+    stage_c_calls,
+)
 from runs.realrun import run_real
 
 STAGE_C_NS = (16, 20, 24, 28, 32, 36, 48, 96, 300)
@@ -84,50 +95,6 @@ E0B_DURATION = 3000.0
 class ClosedRun:
     stats: WindowStats
     sim: SimResult
-
-
-# Cell settings that change what the engine does (a cell's name, description, references and cost
-# model do not): a run recorded under the same values measured the same thing.
-ENGINE_FIELDS = (
-    "engine",
-    "model",
-    "kv_pool_tokens",
-    "page_size",
-    "schedule_policy",
-    "chunked_prefill",
-    "max_running",
-    "prefix_cache",
-    "waiting_prefix_refresh",
-    "batching",
-    "context_length",
-)
-
-
-def completed_run(run_dir: Path | str | None, cell: CellConfig, workload: WorkloadConfig, want: dict[str, Any]) -> bool:
-    """Does `run_dir` hold a COMPLETED run of this cell's engine settings, this workload and the
-    `want` meta values (population, seed, warm-up, ...)? Then it can be summarised, not rerun."""
-    if run_dir is None:
-        return False
-    path = Path(run_dir) / "meta.json"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if meta.get("status") != "COMPLETED":
-        return False
-    c = cell.model_dump(mode="json")
-    got_cell = meta.get("cell") or {}
-    if any(got_cell.get(k) != c.get(k) for k in ENGINE_FIELDS):
-        return False
-    if meta.get("workload") != workload.model_dump(mode="json"):
-        return False
-    return all(_same(meta.get(k), v) for k, v in want.items())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
-    return bool(a == b)
 
 
 def run_closed(
@@ -151,15 +118,7 @@ def run_closed(
     `resume`, a matching COMPLETED run already in `run_dir` is summarised instead (stats only).
     """
     end = warmup + window
-    kind = "sim" if engine is None else engine.engine
-    want = {
-        "run_kind": "closed",
-        "engine_kind": kind,
-        "population": n,
-        "seed": seed,
-        "warmup": warmup,
-        "window": window,
-    }
+    want = closed_want(engine, n, seed, warmup, window)
     if resume and completed_run(run_dir, cell, workload, want):
         data = load_run(run_dir)  # type: ignore[arg-type]
         return ClosedRun(
@@ -279,23 +238,10 @@ def stage_c(
     resume: bool = False,
 ) -> list[WindowStats]:
     """μ(n) and hit fraction for each population n (and seed). `mapper` runs the runs elsewhere
-    (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order."""
-    calls = [
-        (
-            cell,
-            workload,
-            n,
-            s,
-            warmup,
-            window,
-            None if out_dir is None else str(Path(out_dir) / f"stage-c-n{n}-s{s}"),
-            {"stage": "C"},
-            engine,
-            resume,
-        )
-        for n in ns
-        for s in seeds
-    ]
+    (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order. A taken
+    run directory is refused before the first run (runs/calibration_runs.py)."""
+    calls = stage_c_calls(cell, workload, ns, seeds, out_dir, warmup, window, engine, resume)
+    check_run_dirs(closed_planned(calls), resume)
     return list((mapper or serial)(closed_stats, calls))
 
 
@@ -354,17 +300,13 @@ def e0a(
     resume: bool = False,
 ) -> E0aSummary:
     """λ_ref (turns-based all-miss session rate) and the all-miss uncached token rate. Pass a list
-    as `runs` to receive the per-seed statistics too."""
-    off = cache_off(cell)
-
-    def call(pop: int, s: int) -> tuple[Any, ...]:
-        rd = None if out_dir is None else str(Path(out_dir) / f"e0a-n{pop}-s{s}")
-        return (off, workload, pop, s, warmup, window, rd, {"stage": "E0a"}, engine, resume)
-
-    calls = [call(n, s) for s in seeds] + ([call(check_n, seeds[0])] if check_n else [])
+    as `runs` to receive the per-seed statistics too. A saturation check at the E0a population
+    itself is the first seed's run (the same population and seed: one run, not two in one folder)."""
+    calls, check_at = e0a_calls(cache_off(cell), workload, seeds, n, check_n, out_dir, warmup, window, engine, resume)
+    check_run_dirs(closed_planned(calls), resume)
     stats = list((mapper or serial)(closed_stats, calls))
     per_seed = stats[: len(seeds)]
-    check = stats[len(seeds)] if check_n else None
+    check = stats[check_at] if check_at is not None else None
     summary = e0a_summary(per_seed, check)
     if runs is not None:
         runs.extend(per_seed)
@@ -417,16 +359,7 @@ def run_from_empty(
         final_max=final_max,
         rise_max=rise_max,
     )
-    kind = "sim" if engine is None else engine.engine
-    want = {
-        "run_kind": "from_empty",
-        "engine_kind": kind,
-        "seed": seed,
-        "rate": float(multiple),
-        "protocol": prot.model_dump(mode="json"),
-        "references": {"lambda_ref": float(lambda_ref)},
-    }
-    if resume and completed_run(run_dir, cell, workload, want) and _plan_sha(run_dir) == _plan_sha256(plan):
+    if resume and from_empty_resumable(run_dir, cell, workload, multiple, lambda_ref, seed, prot, engine, plan):
         data = load_run(run_dir)  # type: ignore[arg-type]
         return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
     if run_dir is None and engine is None:
@@ -509,25 +442,10 @@ def e0b(
     `duration` and `rise_span` default to the named protocol's duration and window."""
     prot = e0b_protocol(duration, rise_span, protocol)
     rise_span = prot.window.end - prot.window.start
-    calls = [
-        (
-            cell,
-            workload,
-            m,
-            lambda_ref,
-            s,
-            prot,
-            rise_span,
-            final_max,
-            rise_max,
-            None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"),
-            engine,
-            top_rate,
-            resume,
-        )
-        for m in grid
-        for s in seeds
-    ]
+    calls = e0b_calls(
+        cell, workload, lambda_ref, grid, seeds, prot, final_max, rise_max, out_dir, engine, top_rate, resume
+    )
+    check_run_dirs(from_empty_planned(calls), resume)
     return list((mapper or serial)(from_empty_stats, calls))
 
 
@@ -562,17 +480,6 @@ def from_empty_stats(
         top_rate=top_rate,
         resume=resume,
     )
-
-
-def _plan_sha(run_dir: Path | str | None) -> str | None:
-    try:
-        return str(json.loads((Path(run_dir) / "meta.json").read_text())["plan"]["sha256"])  # type: ignore[arg-type]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _plan_sha256(plan: Any) -> str:
-    return hashlib.sha256(plan_bytes(plan)).hexdigest()
 
 
 # -- the bundle ------------------------------------------------------------------------------
@@ -628,6 +535,26 @@ def calibrate_all(
     )
     if top_rate != DEFAULT_TOP_RATE:
         src += f", top rate {top_rate:g} sessions/s"
+    sc_calls = stage_c_calls(cell, workload, ns, stage_c_seeds, runs, warmup, window, engine, resume)
+    ea_calls, _ = e0a_calls(cache_off(cell), workload, e0a_seeds, e0a_n, check_n, runs, warmup, window, engine, resume)
+    planned = closed_planned(sc_calls) + closed_planned(ea_calls)
+    eb_args = (grid, e0b_seeds, eprot, final_max, rise_max, runs, engine, top_rate, resume)
+
+    def lambda_ref_now() -> float:  # E0a summarised from its recorded runs (all resumed: no engine time)
+        return e0a(
+            cell,
+            workload,
+            seeds=e0a_seeds,
+            n=e0a_n,
+            check_n=check_n,
+            out_dir=runs,
+            warmup=warmup,
+            window=window,
+            engine=engine,
+            resume=True,
+        ).lambda_ref
+
+    check_run_dirs(planned + e0b_planned_before_e0a(cell, workload, ea_calls, eb_args, lambda_ref_now), resume)
     say(f"Stage C: n = {list(ns)}")
     sc = stage_c(
         cell,
@@ -641,7 +568,7 @@ def calibrate_all(
         mapper=mapper,
         resume=resume,
     )
-    sc_dirs = [runs / f"stage-c-n{n}-s{s}" for n in ns for s in stage_c_seeds]
+    sc_dirs = [Path(c[6]) for c in sc_calls]
     say(f"E0a: n = {e0a_n}, seeds {list(e0a_seeds)}")
     per_seed: list[WindowStats] = []
     ea = e0a(
@@ -658,9 +585,7 @@ def calibrate_all(
         mapper=mapper,
         resume=resume,
     )
-    ea_dirs = [runs / f"e0a-n{e0a_n}-s{s}" for s in e0a_seeds] + (
-        [runs / f"e0a-n{check_n}-s{e0a_seeds[0]}"] if check_n else []
-    )
+    ea_dirs = [Path(c[6]) for c in ea_calls]  # a check at the E0a population is the first seed's run
     lam = ea.lambda_ref
     say(f"E0b: grid {list(grid)} x lambda_ref = {lam:.5f} sessions/s")
     eb = e0b(
