@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from harness.recording.progress import TestDisplay
 from prereg.registration import load_registration
 from provenance.git import GitError, Repo
 from runs.arms import RunResult, execute_run, references, run_name
-from runs.realrun import add_engine_arguments, engine_options
+from runs.realrun import ENGINE_DID_NOT_START, add_engine_arguments, engine_options
 from runs.suite import SuiteTest, run_suite, run_test
 from slurm.job_options import add_job_options
 from slurm.sweep import sweep_from_args
@@ -79,6 +80,17 @@ def sweep_executor(args: argparse.Namespace, out: Path, name: str) -> Any:
 def one_line(text: str | None) -> str:
     """A reason on one line: a multi-line message (a config error lists its fields) joined by '; '."""
     return "; ".join(x.strip() for x in (text or "").strip().splitlines() if x.strip()) or "no reason recorded"
+
+
+def engine_start_line(results: Sequence[Any]) -> str | None:
+    """One closing line when runs failed because their engine did not start: how many, and the
+    first one's reason (what its server log says and where that log is); None otherwise. The same
+    cause fails every run of a cell, so this is what a person needs to read last."""
+    failed = [r for r in results if r.status != "COMPLETED" and (r.reason or "").startswith(ENGINE_DID_NOT_START)]
+    if not failed:
+        return None
+    first = f"{Path(failed[0].run_dir).name}: {one_line(failed[0].reason)}"
+    return f"the engine did not start in {len(failed)} of {len(results)} run(s); {first}"
 
 
 def _lateness(res: Any) -> str:
@@ -202,6 +214,9 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
             print(f"  {Path(r.run_dir).name}: {r.status}: {one_line(r.reason)}", file=sys.stderr)
             if args.debug and r.detail:
                 print(r.detail.rstrip(), file=sys.stderr)
+    start = engine_start_line(results)
+    if start:
+        print(start, file=sys.stderr)
     sys.stderr.flush()
     return code
 
@@ -332,4 +347,7 @@ def run_suite_command(args: argparse.Namespace) -> int:
     print(f"\n{len(tests)} tests, {n} runs in {wall:.0f} s wall:", flush=True)
     for t in tests:
         print(f"  {t.bundle.test.name:<24} exit {codes.get(t.bundle.test.name, 1)}  {t.out}", flush=True)
+    start = engine_start_line([r for t in tests for r in t.results])
+    if start:
+        print(start, file=sys.stderr, flush=True)
     return max(codes.values(), default=1)

@@ -60,6 +60,7 @@ from harness.config import (
     load_config,
 )
 from harness.drivers.virtual import SimResult, simulate
+from harness.errors import EngineError
 from harness.recording.record import RunRecorder, load_run
 from harness.refengine.model import EngineModel
 from harness.workload.draws import expected_turns
@@ -89,6 +90,12 @@ E0A_CHECK_N = 64
 E0B_GRID = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
 E0B_SEEDS = (0,)
 E0B_DURATION = 3000.0
+
+
+class RunEndedError(EngineError):
+    """A real calibration run ended without completing (its engine did not start, failed a check,
+    died or was stopped): the stage cannot be summarised. The message is the run's one-line reason
+    and where its records are; the stage stops there, since its later runs would meet the same."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,7 @@ def _run_closed_real(
         raise
     rec.close()
     if result.status != "COMPLETED":
-        raise RuntimeError(
+        raise RunEndedError(
             f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})"
         )
     data = load_run(run_dir)
@@ -415,7 +422,9 @@ def run_from_empty(
         raise
     rec.close(status, reason) if engine is None else rec.close()
     if status != "COMPLETED":
-        raise RuntimeError(f"E0b run at {multiple} x lambda_ref seed {seed} ended {status}: {reason} (records in {rd})")
+        raise RunEndedError(
+            f"E0b run at {multiple} x lambda_ref seed {seed} ended {status}: {reason} (records in {rd})"
+        )
     data = load_run(rd)
     return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
 

@@ -38,6 +38,7 @@ from runs.backend import Backend, BackendResult, RunContext, register_backend
 log = logging.getLogger("agentload.realrun")
 
 REAL_ENGINES = ("emulator", "vllm", "sglang")
+ENGINE_DID_NOT_START = "engine did not start"  # how the reason of a run whose server never came up begins
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ def run_real(
             _install_interrupt()
             load.mark("drive_end", group)
         except EngineStartError as exc:
-            result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
+            result = _failed(FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
             result = _failed(FAILED, f"pre-run check failed: {exc}", t0)
         except (_Interrupted, KeyboardInterrupt) as exc:

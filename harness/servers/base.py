@@ -16,6 +16,7 @@ import abc
 import dataclasses
 import errno
 import os
+import re
 import shlex
 import signal
 import socket
@@ -52,15 +53,25 @@ LOG_NAME = "server.log"
 class EngineStartError(EngineError):
     """The server did not come up. `reason` is 'port_in_use', 'exited' or 'never_healthy'.
 
-    The message carries the tail of the server log because the cause (a bad flag, an OOM, a
-    missing model) is almost always printed there and nowhere else.
+    The message is one line: what happened, what the server log says (its last meaningful line:
+    the cause, a bad flag, an OOM, a missing model, is almost always printed there and nowhere
+    else) and where the log is, so every command that launches an engine ends with that line. The
+    log's tail stays in `log_tail`. Picklable with all of it, so a worker process can raise it.
     """
 
-    def __init__(self, reason: str, message: str, log_tail: str = "") -> None:
+    def __init__(self, reason: str, message: str, log_tail: str = "", log_path: Path | str | None = None) -> None:
         self.reason = reason
+        self.message = message
         self.log_tail = log_tail
-        text = message if not log_tail else f"{message}\n--- last lines of the server log ---\n{log_tail}"
+        self.log_path = None if log_path is None else str(log_path)
+        said = last_said(log_tail)
+        text = message + (f"; the server log says: {said}" if said else "")
+        if self.log_path is not None:
+            text += f" (server log: {self.log_path})"
         super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.message, self.log_tail, self.log_path))
 
 
 class FlushError(EngineError):
@@ -146,6 +157,26 @@ def log_tail(path: Path | None, lines: int = 40) -> str:
         fh.seek(max(0, size - 64 * 1024))
         data = fh.read().decode("utf-8", errors="replace")
     return "\n".join(data.splitlines()[-lines:])
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# a line that states a failure: an exception (ValueError: ..., torch.OutOfMemoryError), a logged
+# ERROR or CRITICAL, an argparse refusal (error: unrecognized arguments), a kill
+_FAILURE = re.compile(r"\b\w*(Error|Exception)\b|\b(ERROR|CRITICAL|FATAL)\b|\berror:|\bKilled\b|out of memory", re.I)
+
+
+def last_said(tail: str, limit: int = 300) -> str:
+    """The last meaningful line of a server log's tail: the last line stating a failure if one
+    does, else the last non-empty line; never the harness's own start marker. '' for an empty log."""
+    lines = []
+    for raw in tail.splitlines():
+        line = " ".join(_ANSI.sub("", raw).split())
+        if line and not line.startswith("=== agentload"):
+            lines.append(line)
+    if not lines:
+        return ""
+    said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1])
+    return said if len(said) <= limit else said[: limit - 3] + "..."
 
 
 def _http_status(url: str, timeout: float) -> int | None:
@@ -299,7 +330,7 @@ class EngineAdapter(abc.ABC):
                     )
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
-            raise EngineStartError(exc.reason, str(exc), log_tail(log_path)) from None
+            raise EngineStartError(exc.reason, exc.message, log_tail(log_path), log_path) from None
         except BaseException:
             self.stop(handle, grace=5.0)
             raise
