@@ -374,10 +374,10 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
 
 
 # Cell fields added after registrations were first written, that only CPU cells set (SGLang's CPU
-# launch settings, the engine's CPU quota): left out of the file while unset, so a registration written before they
-# existed keeps its bytes, its SHA-256 and every run bound to it. Reading the file back gives the
-# same object (the fields default to None).
-_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota")
+# launch settings, the engine's CPU quota, a host kind's launch extras): left out of the file while unset, so a
+# registration written before they existed keeps its bytes, its SHA-256 and every run bound to it. Reading the
+# file back gives the same object (the fields default to None).
+_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "launch_extras")
 
 
 def registration_dict(reg: Registration) -> dict[str, Any]:

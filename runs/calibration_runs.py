@@ -39,6 +39,7 @@ ENGINE_FIELDS = (
     "waiting_prefix_refresh",
     "batching",
     "context_length",
+    "launch_extras",
 )
 
 

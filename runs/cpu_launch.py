@@ -1,18 +1,12 @@
-"""How the CPU vLLM is launched for the scaled cells (configs/cells/vllm-cpu-*.yaml).
+"""How the CPU vLLM is reached for the scaled cells (configs/cells/vllm-cpu-*.yaml): the engine's
+interpreter and the model, which differ between machines and so come from the environment.
 
-The cell fixes what the engine does (pool, blocks, running cap, chunk, context); these are the
-launch settings beyond it that a CPU host needs, in one place for the calibration script
-(benchmarks/cpu_trap.py), the CI test (tests/integration/test_cpu_trap.py) and a user's commands,
-and on record in every run's meta.json (engine_launch.argv):
-
-* `--enforce-eager`: no torch.compile; the server starts ~2x faster on a fresh machine (~23 s
-  against ~60 s) and the calibration was made so (requests are ~1.5x slower than compiled);
-* `--dtype bfloat16`: the tiny model's weights;
-* `--kv-cache-memory-bytes`: CPU memory for the KV pool; the pool itself is the cell's
-  (--num-gpu-blocks-override), this only has to hold it (131,072 tokens x 512 bytes = 64 MiB).
-
-The engine's interpreter and the model come from AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL
-(scripts/ci-engine-tests.sh --print-env sets both).
+What the engine does and the launch settings a CPU host needs (eager, bf16, the KV pool's memory)
+are the cell's own (`launch_extras`, applied by the adapter and recorded in every run's meta.json
+as engine_launch.argv), so `calibrate`, `run`, `test run` and `submit` need no `--engine-arg`. What
+is left here is in one place for the calibration script (benchmarks/cpu_trap.py), the CI test
+(tests/integration/test_cpu_trap.py) and a user's commands: AGENTLOAD_VLLM_PYTHON and
+AGENTLOAD_TINY_MODEL (scripts/ci-engine-tests.sh --print-env sets both) and the start deadline.
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.errors import EngineError
-from harness.servers.vllm import CPU_ENGINE_ARGS as ENGINE_ARGS
 from harness.servers.vllm import VLLM_MODULE
 from runs.realrun import EngineOptions
 
@@ -46,7 +39,7 @@ def engine_env() -> tuple[str, str]:
 
 def cli_options(python: str, model: str) -> list[str]:
     """The real-engine options of `agentload calibrate|run|test run` for the CPU vLLM."""
-    out = [
+    return [
         "--engine",
         "vllm",
         "--server-cmd",
@@ -56,19 +49,12 @@ def cli_options(python: str, model: str) -> list[str]:
         "--health-timeout",
         f"{HEALTH_TIMEOUT:g}",
     ]
-    return out + [f"--engine-arg={a}" for a in ENGINE_ARGS]
 
 
 def run_options(python: str, model: str, **more: Any) -> dict[str, Any]:
     """The runner's options dict (RunContext.options) for the same launch, e.g. for execute_run."""
     opts = asdict(
-        EngineOptions(
-            engine="vllm",
-            server_cmd=(python, "-m", VLLM_MODULE),
-            model=model,
-            extra_args=ENGINE_ARGS,
-            health_timeout=HEALTH_TIMEOUT,
-        )
+        EngineOptions(engine="vllm", server_cmd=(python, "-m", VLLM_MODULE), model=model, health_timeout=HEALTH_TIMEOUT)
     )
     opts.update(more)
     return opts

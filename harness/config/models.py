@@ -120,6 +120,15 @@ class CellConfig(_Strict):
         description="CPUs the engine's processes may use, enforced by the kernel (harness/servers/cpuquota.py); "
         "a CPU cell sets it so its speed does not move with the host's load. Absent = no quota (a GPU cell)",
     )
+    launch_extras: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="engine arguments beyond those the other fields imply that this host kind needs to start the "
+        "engine (the CPU vLLM: --kv-cache-memory-bytes, --dtype bfloat16, --enforce-eager), one argument per item: "
+        "the adapter appends them to the cell's flags, before any --engine-arg of a command, and meta.json records "
+        "them in engine_launch.argv. Never a flag another field sets (the adapter refuses it); the emulator, which "
+        "is not the engine, ignores them. Absent = none (a GPU cell)",
+    )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
@@ -171,6 +180,15 @@ class CellConfig(_Strict):
     def _consistent(self) -> CellConfig:
         if self.engine.name == "vllm" and self.schedule_policy == "lpm":
             raise ValueError("schedule_policy 'fcfs' on a vLLM cell ('lpm' is SGLang's)")
+        for i, arg in enumerate(self.launch_extras or ()):
+            if not arg or arg != arg.strip() or "\n" in arg:
+                raise ValueError(
+                    f"launch_extras[{i}] to be one engine argument without surrounding whitespace, got {arg!r}"
+                )
+        if self.launch_extras and not self.launch_extras[0].startswith("-"):
+            raise ValueError(
+                f"launch_extras to start with a flag (--name), got {self.launch_extras[0]!r}: a value needs its flag"
+            )
         return self
 
 

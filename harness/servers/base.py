@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from harness.errors import EngineError
+from harness.errors import ConfigError, EngineError
 from harness.servers.cpuquota import apply, remove, wrap
 from harness.servers.metrics import COMMON_METRICS, map_metrics, parse_prometheus
 
@@ -177,6 +177,27 @@ def last_said(tail: str, limit: int = 300) -> str:
         return ""
     said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1])
     return said if len(said) <= limit else said[: limit - 3] + "..."
+
+
+def _flag_name(arg: str) -> str:
+    """'--no-enable-x=1' -> 'enable-x': a flag and its negation, with or without '=value', are one flag."""
+    name = arg.split("=", 1)[0].removeprefix("--")
+    return name.removeprefix("no-")
+
+
+def with_launch_extras(cell: CellConfig, argv: list[str], own: Sequence[str]) -> list[str]:
+    """`argv` with the cell's launch extras (CellConfig.launch_extras) appended. `own` is the part
+    of argv the cell's other fields produced: an extra that names one of its flags again (or its
+    negation) would contradict the cell on record, so it is refused, naming the cell and the flag."""
+    extras = list(cell.launch_extras or ())
+    taken = {_flag_name(a) for a in own if a.startswith("--")}
+    for arg in extras:
+        if arg.startswith("--") and _flag_name(arg) in taken:
+            raise ConfigError(
+                f"cell {cell.name}: launch_extras: got {arg!r}, a flag the cell's other fields already set; "
+                "expected only arguments the cell does not imply (change the cell's field instead)"
+            )
+    return [*argv, *extras]
 
 
 def _http_status(url: str, timeout: float) -> int | None:

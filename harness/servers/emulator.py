@@ -101,7 +101,8 @@ class EmulatorAdapter(EngineAdapter):
         port: int,
         extra_args: Sequence[str] = (),
     ) -> tuple[list[str], dict[str, str]]:
-        """`model` is ignored: the emulator has no weights, only the cell's cost model."""
+        """`model` is ignored: the emulator has no weights, only the cell's cost model; so are the
+        cell's launch_extras, which are the real engine's arguments."""
         self.block_size = cell.page_size
         prefix = self.server_cmd or [sys.executable, "-m", "harness.emulator"]
         argv = [

@@ -30,7 +30,6 @@ from harness.config import CONFIG_ROOT, CellConfig, load_config
 from harness.servers import get_adapter
 from harness.servers.metrics import VLLM_CACHE_INFO_LABELS, names_read
 from harness.servers.sglang import SGLANG_MODULE
-from harness.servers.vllm import CPU_ENGINE_ARGS as CPU_VLLM_ARGS
 from harness.servers.vllm import ENGINE_CACHE_ENV, VLLM_MODULE
 
 DRIVERS = Path(__file__).resolve().parent / "engine_drivers"
@@ -73,14 +72,6 @@ def cell_files(root: Path = CONFIG_ROOT / "cells") -> list[Path]:
     return sorted(root.glob("*.yaml"))
 
 
-def launch_extras(cell: CellConfig) -> tuple[str, ...]:
-    """The launch settings beyond the cell a host kind needs, as runs pass them today: a CPU vLLM
-    cell is launched with harness/servers/vllm.py's CPU_ENGINE_ARGS (runs/cpu_launch.py) (eager, bf16, KV memory)."""
-    if cell.engine.name == "vllm" and cell.gpu.lower().startswith("cpu"):
-        return CPU_VLLM_ARGS
-    return ()
-
-
 def engine_args(argv: Sequence[str], module: str) -> list[str]:
     """The engine's own arguments: what follows `-m <module>` (past any wrapper, e.g. the CPU quota's)."""
     for i in range(len(argv) - 1):
@@ -114,8 +105,8 @@ def expected_values(cell: CellConfig, model: str) -> dict[str, Any]:
 
 def build_case(cell_path: Path | str, *, extra_args: Sequence[str] = (), key: str | None = None,
                expect_from: CellConfig | None = None) -> LaunchCase:  # fmt: skip
-    """The launch the adapters build for a cell (its model, a fixed loopback port), with the
-    host-kind extras and `extra_args` after them. `expect_from` compares with another cell's values
+    """The launch the adapters build for a cell (its model, a fixed loopback port, the cell's own
+    launch_extras), with `extra_args` after them. `expect_from` compares with another cell's values
     instead (a test that a mismatch is caught)."""
     cell = load_config(cell_path, CellConfig)
     engine = cell.engine.name
@@ -123,7 +114,7 @@ def build_case(cell_path: Path | str, *, extra_args: Sequence[str] = (), key: st
     saved = os.environ.pop(ENGINE_CACHE_ENV, None)  # a private cache adds only generic variables
     try:
         argv, env = adapter.launch_command(cell, model=cell.model, host="127.0.0.1", port=30000,
-                                           extra_args=(*launch_extras(cell), *extra_args))  # fmt: skip
+                                           extra_args=tuple(extra_args))  # fmt: skip
     finally:
         if saved is not None:
             os.environ[ENGINE_CACHE_ENV] = saved

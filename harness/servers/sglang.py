@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from harness.servers.base import EngineAdapter, FlushError
+from harness.servers.base import EngineAdapter, FlushError, with_launch_extras
 from harness.servers.metrics import SGLANG_RULES
 from harness.servers.vllm import engine_python
 
@@ -97,6 +97,7 @@ class SGLangAdapter(EngineAdapter):
             argv += ["--mem-fraction-static", f"{cell.mem_fraction_static:g}"]
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
+        argv = with_launch_extras(cell, argv, argv[len(prefix) :])  # the host kind's, then the command's
         argv.extend(extra_args)
         argv = self.under_cpu_quota(cell, argv, port)
         return argv, dict(CPU_ENGINE_ENV) if cell.device == "cpu" else {}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from harness.servers.base import EngineAdapter, FlushError
+from harness.servers.base import EngineAdapter, FlushError, with_launch_extras
 from harness.servers.metrics import VLLM_CACHE_INFO, VLLM_RULES, parse_prometheus
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_CACHE_ENV = "AGENTLOAD_ENGINE_CACHE"  # when set, every launched server keeps its caches under it
 RESET_PATH = "/reset_prefix_cache"
-# What a CPU host needs beyond the cell to launch the CPU vLLM (runs/cpu_launch.py says why each).
-CPU_ENGINE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 
 
 def engine_python(env_var: str) -> str:
@@ -114,6 +112,7 @@ class VLLMAdapter(EngineAdapter):
         ]
         if cell.model_revision and model == cell.model:  # a hub id: pin the weights' revision
             argv += ["--revision", cell.model_revision]
+        argv = with_launch_extras(cell, argv, argv[len(prefix) :])  # the host kind's, then the command's
         argv.extend(extra_args)
         argv = self.under_cpu_quota(cell, argv, port)
         env = {"VLLM_SERVER_DEV_MODE": "1"}

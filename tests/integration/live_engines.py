@@ -55,7 +55,8 @@ ENGINE_SETUP = {
 }
 MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 # vLLM: 256 MiB of KV memory holds the 1,024 blocks; eager mode starts ~2x faster than compiling on
-# a fresh machine and the test's requests are tiny.
+# a fresh machine and the test's requests are tiny. The cell carries them (launch_extras), as the
+# project's CPU vLLM cells do.
 VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 # SGLang: an idle scheduler loops over its sockets without blocking unless told to sleep on them
 # (measured with the flag: 1 % of a core); an idle test server would otherwise take CPU from the
@@ -95,6 +96,9 @@ def cell_data(engine: str, *, page_size: int | None = None) -> dict[str, Any]:
     }
     if sglang:
         data |= {"attention_backend": "torch_native", "device": "cpu", "mem_fraction_static": MEM_FRACTION}
+    else:
+        eager = () if os.environ.get("AGENTLOAD_VLLM_COMPILE") == "1" else ("--enforce-eager",)
+        data["launch_extras"] = [*VLLM_ARGS, *eager]
     return data
 
 
@@ -222,13 +226,7 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
         return Launch(key, engine, folder, cell_path, cell, adapter, "tiny", None, [], {}, 60.0)
     python = engine_python_or_skip(engine)
     model = tiny_model(python, folder)
-    extra: list[str] = []
-    if engine == "vllm":
-        extra = [*VLLM_ARGS]
-        if os.environ.get("AGENTLOAD_VLLM_COMPILE") != "1":
-            extra.append("--enforce-eager")
-    else:
-        extra = [*SGLANG_ARGS]
+    extra = [*SGLANG_ARGS] if engine == "sglang" else []  # vLLM's are the cell's (cell_data)
     adapter = get_adapter(engine, cell=cell, server_cmd=[python, "-m", MODULES[engine]])
     return Launch(
         key, engine, folder, cell_path, cell, adapter, model, python, extra, engine_cache(folder), START_TIMEOUT[engine]

@@ -187,11 +187,6 @@ def vllm_submission(project: dict[str, Any]) -> Iterator[Path]:
         f"{python} -m vllm.entrypoints.openai.api_server",
         "--model-path",
         model,
-        "--engine-arg=--dtype",
-        "--engine-arg=bfloat16",
-        "--engine-arg=--kv-cache-memory-bytes",
-        f"--engine-arg={256 << 20}",
-        "--engine-arg=--enforce-eager",
         "--health-timeout",
         "600",
         *env,
@@ -501,6 +496,8 @@ def test_vllm_job_launched_checked_and_completed(vllm_submission: Path, capsys: 
         "-m",
         "vllm.entrypoints.openai.api_server",
     ]
+    argv = m["engine_launch"]["argv"]  # submitted with no --engine-arg: the registered cell's launch extras
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(256 << 20) and "--enforce-eager" in argv
     ok = run.turns[run.turns["status"] == "ok"]
     assert len(ok) > 10 and (ok["n_output_ids"] == 16).all() and (ok["cached_tokens"] > 0).any()
     print(f"vLLM job: engine healthy {m['engine_start']['seconds']:.0f} s after launch; {len(ok)} turns")

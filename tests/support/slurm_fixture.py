@@ -134,6 +134,8 @@ TINY_VLLM_CELL = {
     "waiting_prefix_refresh": False,
     "batching": "mixed",
     "context_length": 8_192,
+    # what the CPU vLLM needs to start (as configs/cells/vllm-cpu-tiny-131k.yaml): a submit needs no --engine-arg
+    "launch_extras": ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager"],
 }
 TINY_WORKLOAD = {
     "kind": "workload",

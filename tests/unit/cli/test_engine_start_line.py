@@ -8,6 +8,7 @@ adapter code (argv, process group, health wait, log in the run directory).
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
 from pathlib import Path
@@ -58,6 +59,14 @@ def _one_line_with_the_cause(err: str, log: Path) -> str:
     return last
 
 
+def _launched_with_the_cells_extras(run_dir: Path) -> bool:
+    """The run's meta.json records a launch carrying the cell's launch extras, given no --engine-arg."""
+    argv = json.loads((run_dir / "meta.json").read_text())["engine_launch"]["argv"]
+    extras = load_config("cells/vllm-cpu-tiny-131k", CellConfig).launch_extras or []
+    i = argv.index(extras[0])
+    return bool(extras) and argv[i : i + len(extras)] == extras
+
+
 def test_smoke_ends_with_one_line(fake: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / "smoke"
     rc = main(
@@ -80,6 +89,7 @@ def test_calibrate_ends_with_one_line(fake: dict[str, str], tmp_path: Path, caps
     last = _one_line_with_the_cause(err, out / "e0a-n4-s0" / "server.log")
     assert last.startswith("agentload: error: closed run n=4 seed=0 ended FAILED: engine did not start (exited)")
     assert not (out / "e0a-n4-s1").exists()  # the stage stopped at the first run that could not start
+    assert _launched_with_the_cells_extras(out / "e0a-n4-s0")
 
 
 def test_run_ends_with_one_line(fake: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,6 +99,7 @@ def test_run_ends_with_one_line(fake: dict[str, str], tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert rc == 1
     _one_line_with_the_cause(err, out / "server.log")
+    assert _launched_with_the_cells_extras(out)
 
 
 def test_test_run_through_worker_processes_ends_with_one_line(
