@@ -160,22 +160,39 @@ def log_tail(path: Path | None, lines: int = 40) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# a line that states a failure: an exception (ValueError: ..., torch.OutOfMemoryError), a logged
-# ERROR or CRITICAL, an argparse refusal (error: unrecognized arguments), a kill
+# an exception stated: "ValueError: ...", "torch.OutOfMemoryError: ..." (after any log prefix)
+_EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w.]*)?(?:Error|Exception)\b:\s.*)$")
+# any line that states a failure: an exception, a logged ERROR or CRITICAL, an argparse refusal, a kill
 _FAILURE = re.compile(r"\b\w*(Error|Exception)\b|\b(ERROR|CRITICAL|FATAL)\b|\berror:|\bKilled\b|out of memory", re.I)
+# a wrapper that points elsewhere ("Engine core initialization failed. See root cause above."): not the cause
+_DEFERS = re.compile(r"root cause|see above|stack trace|see the (log|traceback)", re.I)
+SAID_LINES = 400  # how far back in the log the cause is looked for (vLLM prints ~120 lines after it)
 
 
 def last_said(tail: str, limit: int = 300) -> str:
-    """The last meaningful line of a server log's tail: the last line stating a failure if one
-    does, else the last non-empty line; never the harness's own start marker. '' for an empty log."""
+    """The last meaningful line of a server log's tail, '' for an empty log: the last exception
+    stated that is not a wrapper pointing elsewhere (from its name on, past the log prefix), else
+    the last line stating a failure, else the last non-empty line; never the harness's own marker.
+
+    Why this order: an engine that fails to start prints its cause once, then the wrappers of each
+    process it crosses (vLLM: the worker's ValueError, then "WorkerProc initialization failed ... See
+    stack trace for root cause", then "Engine core initialization failed. See root cause above")."""
     lines = []
     for raw in tail.splitlines():
         line = " ".join(_ANSI.sub("", raw).split())
         if line and not line.startswith("=== agentload"):
             lines.append(line)
-    if not lines:
-        return ""
-    said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1])
+    said = ""
+    for line in reversed(lines):
+        m = _EXCEPTION.search(line)
+        if m and not _DEFERS.search(line):
+            said = m.group(1)
+            break
+    if not said:
+        failures = [x for x in lines if _FAILURE.search(x)]
+        said = next((x for x in reversed(failures) if not _DEFERS.search(x)), failures[-1] if failures else "")
+    if not said and lines:
+        said = lines[-1]
     return said if len(said) <= limit else said[: limit - 3] + "..."
 
 
@@ -351,7 +368,7 @@ class EngineAdapter(abc.ABC):
                     )
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
-            raise EngineStartError(exc.reason, exc.message, log_tail(log_path), log_path) from None
+            raise EngineStartError(exc.reason, exc.message, log_tail(log_path, SAID_LINES), log_path) from None
         except BaseException:
             self.stop(handle, grace=5.0)
             raise

@@ -127,6 +127,24 @@ def test_the_last_meaningful_line_and_a_picklable_error(tmp_path: Path) -> None:
         ]
     )
     assert last_said(tail) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    # vLLM 0.32 on a CPU without the cell's memory flag (its server log, abridged): the cause, from
+    # its name on, not the wrappers printed after it
+    vllm = "\n".join(
+        [
+            "(VllmWorker-0 pid=4663) ERROR 12-01 22:59:16 [multiproc_executor.py:953]     raise ValueError(",
+            "(VllmWorker-0 pid=4663) ERROR 12-01 22:59:16 [multiproc_executor.py:953] ValueError: Available memory "
+            "on node 0 (14.17/16.46 GiB) on startup is less than desired CPU memory utilization (0.92, 15.15 GiB).",
+            "(EngineCore pid=4524) ERROR 12-01 22:59:22 [core.py:1510] EngineCore failed to start.",
+            "(EngineCore pid=4524) ERROR 12-01 22:59:22 [core.py:1510] Exception: WorkerProc initialization failed "
+            "due to an exception in a background process. See stack trace for root cause.",
+            *(["    raise RuntimeError("] * 30),
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        ]
+    )
+    assert last_said(vllm) == (
+        "ValueError: Available memory on node 0 (14.17/16.46 GiB) on startup is less than desired CPU memory "
+        "utilization (0.92, 15.15 GiB)."
+    )
     assert last_said("INFO loading\nINFO still loading\n\n") == "INFO still loading"  # no failure stated: the last line
     assert last_said("=== agentload start ...\n\n") == ""
     assert last_said("error: " + "x" * 400).endswith("...") and len(last_said("error: " + "x" * 400)) == 300
