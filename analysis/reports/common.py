@@ -168,6 +168,11 @@ def per_run_table(
     return [*table(head, rows), *([""] + notes if notes else [])]
 
 
+def bin_mid(t: np.ndarray) -> np.ndarray:
+    """The middles of the bins that start at `t` (the series' own bin width, the protocol's hit_bin)."""
+    return t + 0.5 * np.diff(t[:2]).sum()
+
+
 COLORS = ["#c0392b", "#2471a3", "#239b56", "#8e44ad", "#d68910", "#17a589", "#7f8c8d"]
 
 
@@ -193,7 +198,7 @@ def hit_backlog_figure(
     title: str = "",
     marks: Callable[[Any, float], None] | None = None,
 ) -> Any:
-    """Fig. 1 layout for any arms: per rate a column, hit fraction (100 s) on top, sessions in the
+    """Fig. 1 layout for any arms: per rate a column, hit fraction (per hit_bin) on top, sessions in the
     system (log) below, one line per run coloured by arm."""
     import matplotlib
 
@@ -210,7 +215,7 @@ def hit_backlog_figure(
                 continue
             c = colors.get(a.run.arm.lower(), "gray")
             s = a.series
-            top.plot(s["hit_t"] + 50.0, s["hit"], color=c, lw=0.9, alpha=0.85)
+            top.plot(bin_mid(s["hit_t"]), s["hit"], color=c, lw=0.9, alpha=0.85)
             bot.plot(s["backlog_t"], np.maximum(s["in_system"], 0.8), color=c, lw=0.9, alpha=0.85)
         top.set_ylim(-0.02, 1.02)
         top.set_ylabel("prefix-cache hit fraction")
