@@ -246,8 +246,8 @@ def shown_label(role: Mapping[str, Any], run: StagedRun) -> str:
     """The label a role's run shows: that of the role's `show` set, else of the run's first set."""
     show = role.get("show")
     if show:
-        return run.labels.get(show)  # type: ignore[return-value]
-    return next(iter(run.labels.values()), run.status) if run.labels else run.status
+        return run.labels.get(show) or run.status
+    return next(iter(run.labels.values()), run.status)
 
 
 def _judge_seed(
