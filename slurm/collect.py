@@ -105,10 +105,14 @@ def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] 
         run_status = meta.get("status") if meta else None
         reason = None
         if run_status != "COMPLETED" or state != "COMPLETED":
-            if meta and meta.get("status_reason"):
+            if state == "TIMEOUT":
+                limit = f" ({row.timelimit}, after {row.elapsed})" if row is not None and row.timelimit else ""
+                run_why = meta.get("status_reason") if meta else None
+                reason = f"the scheduler's time limit{limit} ended the job" + (
+                    f"; the run: {run_status}: {run_why}" if run_why else ""
+                )
+            elif meta and meta.get("status_reason"):
                 reason = meta["status_reason"]
-            elif state == "TIMEOUT":
-                reason = "the scheduler's time limit ended the job"
             elif state == "CANCELLED":
                 reason = "cancelled (scancel) before it wrote a run"
             elif state in ("PENDING", "RUNNING", "UNKNOWN"):

@@ -16,7 +16,9 @@ given, so the job itself checks, in this order, and refuses at the first failure
 5. the time left in the job (`squeue -h -j $SLURM_JOB_ID -o %L`) covers the protocol's duration
    divided by the time scale plus the registration's start, smoke and teardown allowances, plus the
    lead of the scheduler's warning signal (slurm/budget.py);
-6. the plan generated now has the registered SHA-256 (checked by the runner before it drives).
+6. a GPU cell on a real engine (SGLang, vLLM) was given a GPU: a gpu gres in SLURM, a device the
+   host's driver lists otherwise (slurm/gpus.py; every job records what it was given);
+7. the plan generated now has the registered SHA-256 (checked by the runner before it drives).
 
 A refusal is an exit status of 3, a `REFUSED: <reason>` line in the job log and a run directory
 whose meta.json has status REFUSED and the reason. Otherwise the runner plays the frozen plan on a
@@ -40,6 +42,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -55,8 +58,9 @@ from provenance.git import GitError, Repo
 from provenance.meta import capture
 from runs.arms import execute_run
 from runs.realrun import EngineOptions
-from slurm.budget import run_budget
-from slurm.scheduler import JobNotFound, SchedulerError, job_facts
+from slurm.budget import SCHEDULER_SLACK_S, run_budget
+from slurm.gpus import gpu_facts, gpu_refusal
+from slurm.scheduler import JobNotFound, SchedulerError, job_facts, time_left_s
 
 EXIT_COMPLETED = 0
 EXIT_REFUSED = 3
@@ -398,6 +402,7 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
         "spec": spec.to_json(),
         "pid": os.getpid(),
         "code_root": str(root),
+        "gpus": gpu_facts(facts),
     }
     meta: dict[str, Any] = {
         "job": job_meta,
@@ -497,6 +502,9 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
             f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)"
         )
         raise Refused("time", f"too little time: {why}; resubmit with a longer --time")
+    no_gpu = gpu_refusal(reg.cell, spec.engine, meta["job"]["gpus"])
+    if no_gpu:
+        raise Refused("gpu", no_gpu)
     options = _engine_options(spec)
     meta["engine_options"] = options
     bundle = reg.bundle()
@@ -520,11 +528,44 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
     if sig.warned and status == "INTERRUPTED":
         reason = f"{reason} (after the scheduler's time-limit warning)"
     _annotate(run_dir, sig, status, reason if sig.warned else None)
+    if sig.warned and status == "INTERRUPTED" and meta["job"].get("in_slurm"):
+        _await_limit(run_dir, sig, meta["job"])
     _say(f"{status}: {reason or 'the run completed'} ({res.wall_s:.1f} s; {run_dir})")
     notes = [code["note"]] if code.get("note") else []
     if status not in EXIT_CODES:
         status = "FAILED"
     return JobOutcome(status, reason, str(run_dir), None, notes)
+
+
+def _await_limit(run_dir: Path, sig: _Signals, job: dict[str, Any]) -> None:
+    """After the time-limit warning ended the run (its records flushed, the engine stopped), wait
+    for the limit itself, so the scheduler ends the job and its accounting says TIMEOUT: the job
+    did run out of time, and a job that exited on its own would read FAILED (exit 5) there, which
+    names no cause. Waits at most the time left plus the scheduler's slack; any signal ends the wait."""
+    try:
+        left = time_left_s(job.get("job_label") or job.get("job_id"))
+    except SchedulerError:
+        left = None
+    wait = (left if left is not None and math.isfinite(left) else 0.0) + 2 * SCHEDULER_SLACK_S
+    _say(
+        f"the run ended INTERRUPTED at the time-limit warning; waiting up to {wait:.0f} s for the limit, so accounting records TIMEOUT"
+    )
+    t0 = time.monotonic()
+    outcome = "the wait ended without a signal"
+    try:
+        while time.monotonic() - t0 < wait:
+            time.sleep(1.0)
+    except Stopped as exc:
+        outcome = f"ended by {exc} (the scheduler's limit)"
+    except KeyboardInterrupt:
+        outcome = "ended by an interrupt"
+
+    def upd(m: dict[str, Any]) -> None:
+        m.setdefault("job", {})["limit_wait"] = {"waited_s": round(time.monotonic() - t0, 3), "max_s": round(wait, 3),
+                                                  "time_left_s": left, "outcome": outcome, "ended_at": _utc()}  # fmt: skip
+        m["job"]["signals"] = list(sig.received)
+
+    _patch_meta(run_dir, upd)
 
 
 def _annotate(

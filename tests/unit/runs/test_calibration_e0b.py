@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from support.paths import REPO
 from support.prereg_fixture import SHORT_PROTOCOL, template_text
 
 from analysis.calibration import e0b_stats
@@ -14,7 +15,6 @@ from analysis.calibration_summaries import dir_sha256, load_inputs
 from harness.config import CellConfig, WorkloadConfig, load_config
 from prereg.fill import fill_registration
 from runs.calibration import calibrate_all, e0b, run_from_empty
-from support.paths import REPO
 
 
 @pytest.fixture(scope="module")

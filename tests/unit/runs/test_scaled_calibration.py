@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.paths import REPO
 from support.prereg_fixture import SHORT_PROTOCOL, template_text, write_case
 
 from analysis.calibration_summaries import load_inputs, load_summary
@@ -27,7 +28,6 @@ from harness.workload.plans import make_plan
 from prereg.fill import fill_registration
 from prereg.registration import dump_registration, load_registration, registration_from_data
 from runs.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
-from support.paths import REPO
 
 K_TIME, K_POP = 50.0, 64 / 20  # as in tests/unit/harness/test_config.py: times / k, populations x the cap ratio
 
