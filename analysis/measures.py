@@ -27,7 +27,8 @@ import pandas as pd
 
 from analysis import family_metrics as F
 from analysis import metrics as M
-from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered
+from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, ordered
+from harness.errors import RuleError
 
 NAN = float("nan")
 LITERAL_ARGS = ("kind", "unit")

@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from analysis.expr import RuleError, names, ordered, parse
+from analysis.expr import names, ordered, parse
 from analysis.measures import LITERAL_ARGS, MEASURES
 from analysis.quantities import GROUP_BASE, PREFIXES, RUN_ENV, RUN_QUANTITIES, TEST_BASE
 from analysis.reports import REPORT_PARAMS
 from analysis.stages import AGGREGATES, TEST_FUNCTIONS
+from harness.errors import RuleError
 
 # Read by every run's window statistics (analysis.metrics.run_statistics), its figure series and the
 # run stage, whatever the family: a spec must state each.

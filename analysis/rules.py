@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from analysis.expr import RuleError
 from analysis.rulecheck import validate_staged
 from analysis.stages import StagedRun, judge_staged, judge_staged_run
+from harness.errors import RuleError
 
 # ---------------------------------------------------------------------------------------------
 # specs

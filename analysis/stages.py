@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.expr import NAN, RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered, truth
+from analysis.expr import NAN, RUN_NAN_PREFIXES, Env, Evaluator, ordered, truth
+from harness.errors import RuleError
 
 COUNTED = "complete"
 NOT_COUNTED = ("MISSING", "FAILED", "INVALID", "NOT-COUNTED", "PARTIAL")

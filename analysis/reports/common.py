@@ -170,7 +170,7 @@ def per_run_table(
 
 def bin_mid(t: np.ndarray) -> np.ndarray:
     """The middles of the bins that start at `t` (the series' own bin width, the protocol's hit_bin)."""
-    return t + 0.5 * np.diff(t[:2]).sum()
+    return np.asarray(t + 0.5 * np.diff(t[:2]).sum())
 
 
 COLORS = ["#c0392b", "#2471a3", "#239b56", "#8e44ad", "#d68910", "#17a589", "#7f8c8d"]
@@ -204,6 +204,7 @@ def hit_backlog_figure(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rates = list(verdict["registered_rates"]) or [None]
     fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
@@ -225,7 +226,7 @@ def hit_backlog_figure(
         bot.set_xlabel("time since start of run (s)")
         if marks is not None:
             marks((top, bot), rate)
-    handles = [plt.Line2D([], [], color=colors[a.lower()], label=a) for a in verdict["arms"]]
+    handles = [Line2D([], [], color=colors[a.lower()], label=a) for a in verdict["arms"]]
     fig.legend(handles=handles, loc="upper center", ncol=max(1, len(handles)), frameon=False)
     if title:
         fig.text(0.5, 0.005, title, ha="center", fontsize=8)

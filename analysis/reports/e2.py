@@ -176,6 +176,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path | str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rates = list(verdict["registered_rates"])
     meta_any = verdict.get("references", {})
@@ -206,7 +207,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path | str
                 if proto["burst"]["size"]:
                     ax.axvline(proto["burst"]["time"], color="0.3", ls="--", lw=0.8)
     handles = [
-        plt.Line2D([], [], color=ARM_COLORS[a], ls=ARM_STYLES.get(a, "-"), label=a)
+        Line2D([], [], color=ARM_COLORS[a], ls=ARM_STYLES.get(a, "-"), label=a)
         for a in ARM_ORDER
         if any(x.run.arm.upper() == a for x in runs)
     ]

@@ -133,9 +133,9 @@ def run_details(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> str:
     """One run's conditions, in the rule's precedence order, as a collapsible block."""
     env = _env(verdict, r)
     expect = ""
-    states = _expectations(verdict.get("rule_spec") or {}).get(str(r.get("arm", "")).upper())
-    if states:
-        expect = f"; the rule expects {' or '.join(states)}"
+    expected = _expectations(verdict.get("rule_spec") or {}).get(str(r.get("arm", "")).upper())
+    if expected:
+        expect = f"; the rule expects {' or '.join(expected)}"
     head = (
         f"{esc(str(r.get('arm')).upper())} {esc(num(r.get('rate'), 6))} × λref seed {esc(r.get('seed'))}: "
         f"<span class='state {_state_class(r)}'>{esc(run_state(r))}</span>{esc(expect)}"
