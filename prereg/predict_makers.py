@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from analysis.report import analyze_run
+from analysis.paired import paired_run
 from analysis.rules import arm_expectation, load_rule
+from analysis.staged_analysis import run_quantities
 from analysis.theory.entry import Server, all_miss_onset, predicted_curve
 from analysis.theory.fluid import plan_fluid_from_plan
 from analysis.theory.model_f import model_f_from_cost
@@ -204,11 +205,12 @@ def simulator_predictions(
         if "exact" in layers:
             todo += [(a, r, s) for a in arm_keys for r in rate_list for s in seeds]
         dirs = _simulate(test_path, todo, work, jobs)
-        verdicts = {k: analyze_run(d, spec, series=False).verdict for k, d in dirs.items()}
+        # each run as the paired verdict lists it (state, good, flags, stats): the one judging path
+        verdicts = {k: paired_run(spec, run_quantities(d, spec, series=False).run) for k, d in dirs.items()}
         extra = {q for q in value_quantities if _INTERVAL.match(q)}
         if extra:
             for k, d in dirs.items():
-                verdicts[k].stats.update(interval_quantities(Path(d), extra))
+                verdicts[k]["stats"].update(interval_quantities(Path(d), extra, float(spec["params"]["backlog_bin"])))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -225,14 +227,14 @@ def simulator_predictions(
     for r in rate_list:
         joint: list[bool] = []
         for s in fresh:
-            joint.append(all(verdicts[(a, r, s)].good for a in arm_keys))
+            joint.append(all(verdicts[(a, r, s)]["good"] for a in arm_keys))
         for a in arm_keys:
             vs = [verdicts[(a, r, s)] for s in fresh]
             c = _Cell(
-                [v.state for v in vs],
-                [bool(v.flags.get("stuck")) for v in vs],
-                [v.good for v in vs],
-                {q: [float(v.stats.get(q, math.nan)) for v in vs] for q in value_quantities},
+                [v["state"] for v in vs],
+                [bool(v["flags"].get("stuck")) for v in vs],
+                [v["good"] for v in vs],
+                {q: [float(_or_nan(v["stats"].get(q))) for v in vs] for q in value_quantities},
             )
             src = {
                 **src_base,
@@ -324,7 +326,7 @@ def simulator_predictions(
                     note="every arm meets its condition in this seed (estimated jointly over fresh seeds)",
                 )
             )
-        need = int(spec["pass"]["min_good_seeds"])
+        need = int(spec["params"]["min_good_seeds"])
 
         preds.append(
             Prediction(
@@ -350,7 +352,13 @@ def simulator_predictions(
                     src = {**src_base, "layer": "exact plan", "seeds": [seed]}
                     preds.append(
                         Prediction(
-                            f"simx-{tag}-state", "state", about, "call", src, {"value": v.state}, "simulator exact plan"
+                            f"simx-{tag}-state",
+                            "state",
+                            about,
+                            "call",
+                            src,
+                            {"value": v["state"]},
+                            "simulator exact plan",
                         )
                     )
                     preds.append(
@@ -360,7 +368,7 @@ def simulator_predictions(
                             about,
                             "call",
                             src,
-                            {"value": bool(v.flags.get("stuck"))},
+                            {"value": bool(v["flags"].get("stuck"))},
                             "simulator exact plan",
                         )
                     )
@@ -399,6 +407,11 @@ def simulator_predictions(
 
 def _expect(spec: Mapping[str, Any], arm: str) -> list[str]:
     return arm_expectation(spec, arm)
+
+
+def _or_nan(v: Any) -> float:
+    """A statistic as the paired verdict lists it (None for a non-finite value) as a number."""
+    return math.nan if v is None else float(v)
 
 
 # ---------------------------------------------------------------------------------------------

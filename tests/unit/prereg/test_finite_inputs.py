@@ -102,11 +102,11 @@ def test_a_cost_file_refuses_inf(tmp_path: Path) -> None:
 
 def test_a_rule_spec_and_its_overrides_refuse_inf(tmp_path: Path) -> None:
     p = _copy(REPO / "configs" / "rules" / "e2-cpu.yaml", tmp_path / "rule.yaml")
-    assert load_rule(p, {"slope_factor": 0.6})["params"]["slope_factor"] == 0.6
-    with pytest.raises(RuleError, match=r"overrides: slope_factor: got inf; expected a finite number"):
-        load_rule(p, {"slope_factor": math.inf})
-    _replace_once(p, "  slope_factor: 0.5\n", "  slope_factor: .nan\n")
-    with pytest.raises(RuleError, match=rf"rule spec {re.escape(str(p))}: params\.slope_factor: got nan"):
+    assert load_rule(p, {"min_window": 13.0})["params"]["min_window"] == 13.0
+    with pytest.raises(RuleError, match=r"overrides: min_window: got inf; expected a finite number"):
+        load_rule(p, {"min_window": math.inf})
+    _replace_once(p, "  min_window: 12.0\n", "  min_window: .nan\n")
+    with pytest.raises(RuleError, match=rf"rule spec {re.escape(str(p))}: params\.min_window: got nan"):
         load_rule(p)
 
 
