@@ -383,15 +383,21 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
 _CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "launch_extras")
 
 
+def cell_dict(cell: CellConfig) -> dict[str, Any]:
+    """A registered cell as plain data, as the registration writes it: the fields added since the
+    first registrations left out while unset, so the configs of an older commit read it too."""
+    data = cell.model_dump(mode="json")
+    for key in _CELL_OMITTED_WHEN_UNSET:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
+
+
 def registration_dict(reg: Registration) -> dict[str, Any]:
     """The registration as plain data, in the documented key order. Every other field is written,
     defaults included, so a reviewer reads the whole test from the file."""
     data = reg.model_dump(mode="json")
-    cell = data.get("cell")
-    if isinstance(cell, dict):
-        for key in _CELL_OMITTED_WHEN_UNSET:
-            if cell.get(key) is None:
-                cell.pop(key, None)
+    data["cell"] = cell_dict(reg.cell)
     return data
 
 

@@ -55,7 +55,7 @@ from analysis.rules import is_paired_form
 from analysis.staged_analysis import analyze_staged
 from harness.errors import UsageError
 from prereg.labels import git_facts
-from prereg.registration import RegistrationError, load_registration
+from prereg.registration import RegistrationError, cell_dict, load_registration
 from provenance.codepaths import CODE_DIRS, is_code_path
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
@@ -331,7 +331,7 @@ def _frozen_test(reg: Any, folder: Path) -> Path:
         p.write_text(yaml.safe_dump(data, sort_keys=False))
         return str(p)
 
-    cell = dump("cell.yaml", reg.cell.model_dump(mode="json"))
+    cell = dump("cell.yaml", cell_dict(reg.cell))  # as registered: no field that commit may not know
     wl = dump("workload.yaml", reg.workload.model_dump(mode="json"))
     prot = dump("protocol.yaml", reg.protocol.model_dump(mode="json"))
     for a in reg.arms:  # bare arm names resolve to arms/<name>.yaml beside the test file
