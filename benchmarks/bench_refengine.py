@@ -42,7 +42,7 @@ from harness.protocols.arms import execute_run  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
 from harness.refengine import model as modelmod  # noqa: E402
 from harness.refengine import request as requestmod  # noqa: E402
-from harness.refengine import separate as separatemod  # noqa: E402
+from harness.refengine import sglang as sglangmod  # noqa: E402
 from harness.workload import draws  # noqa: E402
 from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
@@ -106,7 +106,7 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod.BlockKV, "finish", _ref_finish),
     (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
     (modelmod, "plan_fused_decode", lambda *_a: None),
-    (separatemod.SeparateBatching, "_decode_offset", _direct_decode_left),
+    (sglangmod.SGLangEngine, "_decode_offset", _direct_decode_left),
     (requestmod, "output_ids", _direct_output_ids),
     (draws, "_scratch_generator", draws._generator),
     (draws, "_philox_key", _numpy_key),

@@ -1,4 +1,4 @@
-"""KV memory of the two engine flavours behind one interface the scheduler uses.
+"""KV memory of the two engine flavours: SGLang's token pool with its radix cache, vLLM's block pool.
 
 TokenKV (SGLang): a pool of M token slots plus the radix cache. Admission (decided by the
 scheduler, as SGLang's PrefillAdder does) is gated by free + evictable slots less what running
@@ -35,9 +35,6 @@ class TokenKV:
       PrefillAdder's budget); physical slots are taken with LRU eviction of unlocked leaves.
     """
 
-    per_request_decode = False
-    can_preempt = False
-
     def __init__(self, pool_tokens: int, page_size: int, caching: bool) -> None:
         self.M = pool_tokens
         self.page = page_size
@@ -70,9 +67,6 @@ class TokenKV:
         if node is None or not self.caching:
             return self.free_slots() + self.tree.evictable
         return self.free_slots() + self.tree.evictable_if_locked(node)
-
-    def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:  # the scheduler decides
-        raise AssertionError("radix admission is decided by the scheduler's budget")
 
     def admit(self, req: Req, prefix: int) -> None:
         req.in_tree = prefix
@@ -127,9 +121,6 @@ class TokenKV:
         req.node = None
         req.in_tree = 0
 
-    def preempt(self, req: Req, computed: int) -> None:  # pragma: no cover - never called
-        raise AssertionError("the radix flavour does not preempt")
-
     def flush(self) -> None:
         self.tree.reset()
 
@@ -149,9 +140,6 @@ HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for t
 
 
 class BlockKV:
-    per_request_decode = True
-    can_preempt = True
-
     def __init__(self, pool_tokens: int, block: int, caching: bool) -> None:
         # vLLM sizes the pool in blocks (pool_tokens // block, its num_gpu_blocks) and keeps block 0
         # as a placeholder "null block" that is never allocated, so one block fewer is usable.
@@ -201,9 +189,6 @@ class BlockKV:
         req.hit_entries = ents
         req.hit = (ents % self.pool.num_blocks).tolist()
         return len(req.hit) * self.B
-
-    def touch(self, req: Req) -> None:
-        return None
 
     def _new_blocks(self, req: Req, tokens: int) -> int:
         return max(0, -(-tokens // self.B) - len(req.blocks))
