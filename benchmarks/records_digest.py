@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", action="store_true", help="also the CPU, native and tutorial cells")
     ap.add_argument("--variants", action="store_true", help="also closed populations on cell settings no test uses")
     ap.add_argument("--only", help="only runs whose label contains this")
+    ap.add_argument("--engine", choices=("sglang", "vllm"), help="only runs on this engine's cells")
     args = ap.parse_args(argv)
     runs = RUNS + (EXTRA if args.extra else [])
     before = json.loads(Path(args.compare).read_text()) if args.compare else {}
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             arm, rate = _resolve(test, arm, rate)
             label = f"{Path(test).stem} {arm} {rate} s{seed}"
             if args.only and args.only not in label:
+                continue
+            if args.engine and load_test(ROOT / test).cell.engine.name != args.engine:
                 continue
             t0 = time.process_time()
             got[label] = d = digest_run(test, arm, rate, seed, Path(tmp) / str(i))
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = "  (not in the earlier digests)"
             print(f"{label:<40} {combined[:16]}  {cpu:6.1f} s CPU{verdict}", flush=True)
     for label, cell_name, changes, n, duration in VARIANTS if args.variants else []:
-        if args.only and args.only not in label:
+        if (args.only and args.only not in label) or (args.engine and not cell_name.startswith(args.engine)):
             continue
         t0 = time.process_time()
         got[label] = d = digest_variant(cell_name, changes, n, duration)
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(got, indent=2) + "\n")
     if args.compare:
         missing = [k for k in got if k not in before]
+        if missing:
+            print("not in the earlier digests:", ", ".join(missing))
         print(f"{len(got) - differ - len(missing)} of {len(got)} runs identical" + (f", {differ} DIFFER" if differ else ""))
         return 1 if differ or missing else 0
     return 0

@@ -213,3 +213,99 @@ def test_vllm_lookups_from_the_last_turn_give_the_records_of_full_lookups(tmp_pa
         cols = [c for c in x.columns if "wall" not in c]
         assert x[cols].equals(y[cols]), table
     assert (a.turns.cached_tokens > 0).mean() > (0.5 if not cell_kw else 0.02)  # the tight pool is trapped
+
+
+# -- the radix tree: touches, locks and unlocks per path segment ------------------------------------
+def _path(node) -> bytes:  # noqa: ANN001 - a node of either tree
+    """The ids a node's path spells, root first: a node's identity in both trees."""
+    parts = []
+    while node.parent is not None:
+        parts.append(node.key)
+        node = node.parent
+    return b"".join(reversed(parts))
+
+
+def _tree_state(t) -> tuple:  # noqa: ANN001 - either tree
+    nodes, stack = [], [t.root]
+    while stack:
+        nd = stack.pop()
+        stack.extend(nd.children.values())
+        if nd is not t.root:
+            nodes.append((_path(nd), nd.n, nd.lock > 0))
+    return t.total, t.evictable, t.protected, sorted(nodes)
+
+
+@pytest.mark.parametrize("page, seed", [(1, 0), (1, 1), (1, 2), (4, 3), (16, 4)])
+def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, seed: int) -> None:
+    """Sessions whose sequences grow turn by turn (some sharing a prefix, some forking inside an
+    edge), looked up, inserted from the root or from a held node, locked, unlocked and evicted at
+    random, on the direct node-by-node tree (tests/radix_reference.py) and on the fast one: every
+    return value, the evicted amount and the tree (each node by the ids its path spells, its size
+    and whether it is locked) are the same after every operation, so the eviction order is too."""
+    from radix_reference import RadixCache as Direct
+
+    rng = np.random.default_rng(seed)
+    fast, direct = RadixCache(page), Direct(page)
+    shared = toks(300, 1000 + seed)
+    seqs: list[np.ndarray] = []
+    held: list[tuple[object, object, int, int]] = []  # (fast node, direct node, depth, sequence)
+    locks: list[tuple[object, object]] = []
+    evictions = 0
+    for step in range(2500):
+        op = rng.random()
+        if op < 0.12 or not seqs:  # a new session: fresh, on a shared prefix, or a fork of another
+            r = rng.random()
+            if r < 0.4 or not seqs:
+                s = toks(int(rng.integers(5, 200)), 10_000 * seed + step)
+            elif r < 0.7:
+                s = np.concatenate((shared[: int(rng.integers(1, 300))], toks(int(rng.integers(1, 100)), 20_000 * seed + step)))
+            else:
+                base = seqs[int(rng.integers(len(seqs)))]
+                s = np.concatenate((base[: int(rng.integers(1, len(base) + 1))], toks(int(rng.integers(1, 80)), 30_000 * seed + step)))
+            seqs.append(s)
+        elif op < 0.3:  # a session's next turn: its sequence grows
+            i = int(rng.integers(len(seqs)))
+            seqs[i] = np.concatenate((seqs[i], toks(int(rng.integers(1, 120)), 40_000 * seed + step)))
+        elif op < 0.5:  # a lookup (touching, or an LPM probe without touching)
+            i = int(rng.integers(len(seqs)))
+            s = seqs[i].tobytes()
+            limit = int(rng.integers(0, len(seqs[i]) + 1))
+            touch = bool(rng.random() < 0.85)
+            (nf, f), (nd, d) = fast.match(s, limit, touch), direct.match(s, limit, touch)
+            assert nf == nd and _path(f) == _path(d)
+            if f is not fast.root:
+                held.append((f, d, nf, i))
+        elif op < 0.65:  # an insert, from the root or resuming at a held node of the same sequence
+            i = int(rng.integers(len(seqs)))
+            cut = int(rng.integers(1, len(seqs[i]) + 1))
+            s = seqs[i][:cut].tobytes()
+            mine = [h for h in held if h[3] == i and h[0].alive and h[2] * 4 <= len(s)]  # type: ignore[attr-defined]
+            if mine and rng.random() < 0.6:
+                f0, d0, depth, _ = mine[int(rng.integers(len(mine)))]
+                (af, f), (ad, d) = fast.insert_from(f0, depth, s), direct.insert_from(d0, depth, s)  # type: ignore[arg-type]
+            else:
+                (af, f), (ad, d) = fast.insert(s), direct.insert(s)
+            assert af == ad and _path(f) == _path(d)
+            if f is not fast.root:
+                held.append((f, d, len(_path(f)) // 4, i))
+        elif op < 0.77:  # a request admitted on a held node locks its path
+            live = [h for h in held if h[0].alive]  # type: ignore[attr-defined]
+            if live:
+                f, d, _, _ = live[int(rng.integers(len(live)))]
+                assert fast.evictable_if_locked(f) == direct.evictable_if_locked(d)  # type: ignore[arg-type]
+                fast.lock(f)  # type: ignore[arg-type]
+                direct.lock(d)  # type: ignore[arg-type]
+                locks.append((f, d))
+        elif op < 0.9:  # one finishes
+            if locks:
+                f, d = locks.pop(int(rng.integers(len(locks))))
+                fast.unlock(f)  # type: ignore[arg-type]
+                direct.unlock(d)  # type: ignore[arg-type]
+        else:  # memory is short
+            k = int(rng.integers(1, 150))
+            got, want = fast.evict(k), direct.evict(k)
+            assert got == want
+            evictions += got > 0
+        assert _tree_state(fast) == _tree_state(direct), step
+        assert all(f.alive == d.alive for f, d, _, _ in held)  # type: ignore[attr-defined]
+    assert evictions > 50 and fast.total > 0
