@@ -282,7 +282,8 @@ def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, se
             mine = [h for h in held if h[3] == i and h[0].alive and h[2] * 4 <= len(s)]  # type: ignore[attr-defined]
             if mine and rng.random() < 0.6:
                 f0, d0, depth, _ = mine[int(rng.integers(len(mine)))]
-                (af, f), (ad, d) = fast.insert_from(f0, depth, s), direct.insert_from(d0, depth, s)  # type: ignore[arg-type]
+                off = int(rng.integers(0, depth + 1))  # the fast form may be given only the tail from `off`
+                (af, f), (ad, d) = fast.insert_from(f0, depth, s[off * 4 :], cut, off), direct.insert_from(d0, depth, s)  # type: ignore[arg-type]
             else:
                 (af, f), (ad, d) = fast.insert(s), direct.insert(s)
             assert af == ad and _path(f) == _path(d)
@@ -309,3 +310,113 @@ def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, se
         assert _tree_state(fast) == _tree_state(direct), step
         assert all(f.alive == d.alive for f, d, _, _ in held)  # type: ignore[attr-defined]
     assert evictions > 50 and fast.total > 0
+
+
+@pytest.mark.parametrize("cell_kw", [{}, {"kv_pool_tokens": 12_000}, {"page_size": 16}], ids=["roomy", "tight", "paged"])
+def test_sglang_lookups_from_the_last_turn_give_the_records_of_full_lookups(tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict) -> None:
+    """A follow-up's lookup starts at the node its session's last turn left (TokenKV._history)
+    when that node is still cached; without the history every lookup walks from the root."""
+    import harness.refengine.kv as kv_mod
+    import harness.refengine.radix as radix_mod
+    from harness.client.openloop import PlanClient
+    from harness.config import WorkloadConfig
+    from harness.drivers.virtual import simulate
+    from harness.recording.record import RunRecorder, load_run
+    from harness.workload.draws import STREAM_BASE, draw_session
+
+    from test_driver_virtual import cell as sim_cell
+
+    calls = {"from": 0}
+    real = radix_mod.RadixCache.match_from
+
+    def counting(self, node, depth, ids, limit, touch=True):  # type: ignore[no-untyped-def]
+        calls["from"] += depth > 0
+        return real(self, node, depth, ids, limit, touch)
+
+    monkeypatch.setattr(radix_mod.RadixCache, "match_from", counting)
+    wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
+    specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
+
+    def run(name: str, history: bool):  # type: ignore[no-untyped-def]
+        with monkeypatch.context() as mp:
+            if not history:
+                mp.setattr(kv_mod, "HISTORY_SESSIONS", 0)
+            with RunRecorder(tmp_path / name, {"what": "test"}) as rec:
+                pc = PlanClient(specs, wl, sink=rec)
+                simulate(pc, EngineModel(sim_cell(**{"kv_pool_tokens": 40_000, **cell_kw})), recorder=rec, until=3000.0, gauge_interval=5.0)
+        return load_run(tmp_path / name)
+
+    a = run("history", True)
+    used, calls["from"] = calls["from"], 0
+    b = run("full", False)
+    assert used > (50 if "kv_pool_tokens" in cell_kw else 300) and calls["from"] == 0  # follow-ups started at their last turn's node
+    for table in ("turns", "sessions", "gauges"):
+        x, y = getattr(a, table), getattr(b, table)
+        cols = [c for c in x.columns if "wall" not in c]
+        assert len(x) > 0 and x[cols].equals(y[cols]), table
+    hits = (a.turns.cached_tokens > 0).mean()
+    assert hits > 0.5 if "kv_pool_tokens" not in cell_kw else 0.02 < hits < 0.9  # the tight pool evicts
+
+
+class _NoHistory(dict):  # type: ignore[type-arg]
+    """A TokenKV history that keeps nothing: every lookup walks from the root."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_token_kv_lookups_from_the_history_are_root_walks(seed: int) -> None:
+    """Sessions' turns on two token pools, one looking follow-ups up from the node the session's
+    last turn left, one walking from the root: the next prompt extends the last turn's prompt by
+    its outputs (as a client sends), by other ids than its outputs, or is cut short of it (a
+    lookup limit below the remembered node); the same matches, the same tree, turn by turn."""
+    from harness.refengine.kv import TokenKV
+    from harness.refengine.request import Req
+
+    rng = np.random.default_rng(seed)
+    fast, walk = TokenKV(400_000, 1, True), TokenKV(400_000, 1, True)
+    walk._history = _NoHistory()
+    resumed = [0]
+    match_from = fast.tree.match_from
+
+    def counting(node, depth, ids, limit, touch=True):  # type: ignore[no-untyped-def]
+        resumed[0] += depth > 0
+        return match_from(node, depth, ids, limit, touch)
+
+    fast.tree.match_from = counting  # type: ignore[method-assign]
+    last: list[tuple[np.ndarray, np.ndarray]] = []  # per session: (prompt, outputs) of its last turn
+    rid = 0
+    for step in range(600):
+        rid += 1
+        r = rng.random()
+        if r < 0.2 or not last:
+            prompt = toks(int(rng.integers(20, 300)), 100_000 * seed + rid)
+            last.append((prompt, prompt[:0]))
+            i = len(last) - 1
+        else:
+            i = int(rng.integers(len(last)))
+            p, out = last[i]
+            if r < 0.7:
+                prompt = np.concatenate((p, out, toks(int(rng.integers(1, 60)), rid)))  # the client's follow-up
+            elif r < 0.85:
+                prompt = np.concatenate((p, toks(len(out) + 5, rid)))  # not the outputs it was given
+            else:
+                prompt = np.concatenate((p, out))[: int(rng.integers(1, len(p) + len(out) + 1))]  # shorter
+        d = int(rng.integers(1, 40))
+        reqs = [Req(EngineRequest(rid, prompt, d), 0.0, rid, 0) for _ in (fast, walk)]
+        got = [kv.match(q, True) for kv, q in zip((fast, walk), reqs)]
+        assert got[0] == got[1] and _path(reqs[0].node) == _path(reqs[1].node), step
+        for kv, q, n in zip((fast, walk), reqs, got):
+            kv.admit(q, n)
+            kv.alloc(q, q.L - n)
+            kv.checkpoint(q, q.L)
+            kv.own += d - 1  # its decode tokens (the first came with the prefill)
+            kv.finish(q)
+        last[i] = (prompt, reqs[0].out)
+        if rng.random() < 0.2:
+            k = int(rng.integers(1, 1000))
+            assert fast.tree.evict(k) == walk.tree.evict(k)
+        assert _tree_state(fast.tree) == _tree_state(walk.tree), step
+        assert fast.own == walk.own == 0
+    assert resumed[0] > 100, resumed

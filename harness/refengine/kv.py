@@ -18,8 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from harness.refengine.blocks import BlockPool
-from harness.refengine.radix import RadixCache
+from harness.refengine.radix import Node, RadixCache
 from harness.refengine.request import Req
+
+HISTORY_KEY_BYTES = 64  # a session's first 16 ids key its finished turn's node (radix flavour)
+HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
 
 
 class TokenKV:
@@ -41,20 +44,34 @@ class TokenKV:
         self.caching = caching
         self.tree = RadixCache(page_size)
         self.own = 0  # slots held by running requests outside the tree (uncheckpointed prefill + decode)
+        # A finished request's last node, by its first ids (a session's turns all start with the
+        # same ids), with the ids its path spells (the request's prompt, then the outputs kept): the
+        # next turn's lookup checks those ids with two comparisons and walks the tree only below
+        # that node (RadixCache.match_from).
+        self._history: dict[bytes, tuple[Node, int, bytes, bytes]] = {}
 
     # -- prefix ----------------------------------------------------------------------------------
+    def _match(self, req: Req, touch: bool) -> tuple[int, Node]:
+        ids = req.seq_bytes()
+        past = self._history.get(ids[:HISTORY_KEY_BYTES])
+        if past is not None:
+            node, depth, prompt, outs = past
+            if node.alive and ids.startswith(prompt) and ids.startswith(outs, len(prompt)):
+                return self.tree.match_from(node, depth, ids, req.target - 1, touch)
+        return self.tree.match(ids, req.target - 1, touch)
+
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
             req.node = None
             return 0
-        n, node = self.tree.match(req.seq_bytes(), req.target - 1, touch)
+        n, node = self._match(req, touch)
         req.node = node
         return n
 
     def touch(self, req: Req) -> None:
         """LRU refresh of a waiting request's cached prefix (SGLang's periodic waiting refresh)."""
         if self.caching:
-            self.tree.match(req.seq_bytes(), req.target - 1, True)
+            self._match(req, True)
 
     # -- admission budget --------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -99,11 +116,15 @@ class TokenKV:
         aligned = (upto // self.page) * self.page
         if aligned <= req.in_tree:
             return
-        seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
+        if aligned <= req.L:
+            ids, offset = req.pb, 0
+        else:  # the prompt's tail past what the tree holds, and the outputs: no copy of the rest
+            offset = min(req.in_tree, req.L) if req.node is not None and req.in_tree > 0 else 0
+            ids = req.pb[offset * 4 :] + req.outb[: (aligned - req.L) * 4]
         if req.node is not None and req.in_tree > 0:  # resume the walk at the request's own locked node
-            _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+            _new, node = self.tree.insert_from(req.node, req.in_tree, ids, aligned, offset)
         else:
-            _new, node = self.tree.insert(seq[: aligned * 4])
+            _new, node = self.tree.insert_from(self.tree.root, 0, ids, aligned, offset)
         self.own -= aligned - req.in_tree  # moved into the tree, or freed as duplicates of cached content
         self.tree.lock(node)
         if req.node is not None:
@@ -116,13 +137,24 @@ class TokenKV:
         kept = req.L + req.max_tokens - 1
         self.checkpoint(req, kept)
         self.own -= kept - req.in_tree  # the unaligned tail (or everything, with caching off)
-        if req.node is not None:
-            self.tree.unlock(req.node)
+        node = req.node
+        if node is not None:
+            self.tree.unlock(node)
+            if node is not self.tree.root and req.in_tree * 4 >= HISTORY_KEY_BYTES:
+                held = req.in_tree
+                prompt = req.pb if held >= req.L else req.pb[: held * 4]
+                outs = req.outb[: max(0, held - req.L) * 4]
+                key = prompt[:HISTORY_KEY_BYTES]
+                self._history.pop(key, None)
+                self._history[key] = (node, held, prompt, outs)
+                if len(self._history) > HISTORY_SESSIONS:
+                    del self._history[next(iter(self._history))]  # the least recently finished
         req.node = None
         req.in_tree = 0
 
     def flush(self) -> None:
         self.tree.reset()
+        self._history.clear()
 
     # -- gauges ----------------------------------------------------------------------------------
     def used_running(self) -> int:
@@ -136,7 +168,6 @@ class TokenKV:
 
 
 NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
-HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
 
 
 class BlockKV:

@@ -98,9 +98,16 @@ class RadixCache:
         Returns (tokens, last node). The caller passes limit = len(prompt) - 1 so at least one
         token is computed (the logits of the last prompt position produce the first output).
         """
+        return self.match_from(self.root, 0, ids, limit, touch)
+
+    def match_from(self, node: Node, depth: int, ids: bytes, limit: int, touch: bool = True) -> tuple[int, Node]:
+        """`match(ids, limit, touch)` for a caller that knows live `node` ends at `depth` tokens on
+        the path of `ids` (it spells ids[:depth]): the walk from the root would pass through it, so
+        it starts there (from the root if `depth` is beyond the limit)."""
         limit_b = (limit // self.page) * self._pb
-        node = self.root
-        pos = 0
+        pos = depth * _ITEM
+        if pos > limit_b:
+            node, pos = self.root, 0
         pb = self._pb
         while pos < limit_b:
             child = node.children.get(ids[pos : pos + pb])
@@ -185,12 +192,18 @@ class RadixCache:
         """
         return self.insert_from(self.root, 0, ids)
 
-    def insert_from(self, node: Node, depth: int, ids: bytes) -> tuple[int, Node]:
-        """`insert(ids)` for a caller that knows `node` ends at `depth` tokens on the path of `ids`
-        (a request's own locked node): the walk starts there, without comparing the tokens above
-        it again; the whole path is touched, as a walk from the root would."""
-        end = (len(ids) // self._pb) * self._pb
-        pos = depth * _ITEM
+    def insert_from(self, node: Node, depth: int, ids: bytes, upto: int | None = None, offset: int = 0) -> tuple[int, Node]:
+        """`insert(seq[:upto])` for a caller that knows `node` ends at `depth` tokens on the path of
+        the sequence `seq` (a request's own locked node): the walk starts there, without comparing
+        the tokens above it again; the whole path is touched, as a walk from the root would.
+
+        `ids` holds seq from token `offset` on (offset <= depth: the walk never reads before
+        `depth`, so a caller passes the tail it has, without copying the rest); `upto` (tokens,
+        default all of `ids`) is cut down to whole pages."""
+        if upto is None:
+            upto = offset + len(ids) // _ITEM
+        end = ((upto // self.page) * self.page - offset) * _ITEM
+        pos = (depth - offset) * _ITEM
         pb = self._pb
         while pos < end:
             child = node.children.get(ids[pos : pos + pb])

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.refengine.radix import Node
+
 
 @dataclass
 class EngineRequest:
@@ -105,10 +107,10 @@ class Req:
         self.first_token = float("nan")
         self.admitted = float("nan")
         self.preemptions = 0
-        self.node = None
+        self.node: Node | None = None  # radix flavour: the node its matched or inserted path ends at
         self.blocks: list[int] = []
         self.hit: list[int] = []
-        self.hit_entries = None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
+        self.hit_entries: np.ndarray | None = None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
         self.reserve = 0
         self.keys: list[int] = []
         self.keys_len = -1
