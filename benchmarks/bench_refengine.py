@@ -5,7 +5,10 @@ reset per-thread generator of a turn's ids (harness/workload/draws.py) replaced 
 and build-per-call code; then fused vLLM decode steps (harness/refengine/fused.py), lookups that
 start from a session's last turn (BlockKV._history), SGLang's decode reservation kept as it
 changes, the radix admission check without lock/unlock, Philox keys without a SeedSequence and
-in-place output ids replaced stepping one at a time, full lookups and direct sums (the direct
+in-place output ids replaced stepping one at a time, full lookups and direct sums; then the radix
+tree's touches and locks per path segment (tests/radix_reference.py keeps the direct form), SGLang
+lookups from a session's last turn, checkpoints without copies and a session's turn keys derived
+from what they share replaced node-by-node walks, root walks, copies and a key per turn (the direct
 forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
 once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
 methods and token generator, kept below), once as the code is, alternating, and checks that every
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
+from radix_reference import RadixCache as ReferenceRadix  # noqa: E402
 
 from harness.config import load_test  # noqa: E402
 from harness.protocols.arms import execute_run  # noqa: E402
@@ -87,6 +91,55 @@ def _ref_finish(self: Any, req: Any) -> None:
     self._free(req, req.L + req.max_tokens - 1)
 
 
+# -- the former TokenKV methods (before lookups from the last turn and checkpoints without copies) ----
+def _ref_token_match(self: Any, req: Any, touch: bool = True) -> int:
+    if not self.caching:
+        req.node = None
+        return 0
+    n, node = self.tree.match(req.seq_bytes(), req.target - 1, touch)
+    req.node = node
+    return n
+
+
+def _ref_token_touch(self: Any, req: Any) -> None:
+    if self.caching:
+        self.tree.match(req.seq_bytes(), req.target - 1, True)
+
+
+def _ref_checkpoint(self: Any, req: Any, upto: int) -> None:
+    if not self.caching:
+        return
+    aligned = (upto // self.page) * self.page
+    if aligned <= req.in_tree:
+        return
+    seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
+    if req.node is not None and req.in_tree > 0:
+        _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+    else:
+        _new, node = self.tree.insert(seq[: aligned * 4])
+    self.own -= aligned - req.in_tree
+    self.tree.lock(node)
+    if req.node is not None:
+        self.tree.unlock(req.node)
+    req.node = node
+    req.in_tree = aligned
+
+
+def _ref_token_finish(self: Any, req: Any) -> None:
+    kept = req.L + req.max_tokens - 1
+    self.checkpoint(req, kept)
+    self.own -= kept - req.in_tree
+    if req.node is not None:
+        self.tree.unlock(req.node)
+    req.node = None
+    req.in_tree = 0
+
+
+def _ref_turn_generator(token_seed: int, turn: int) -> Any:
+    """A turn's generator built afresh from numpy's SeedSequence (the first formulation)."""
+    return draws._generator(draws._TOKEN_DOMAIN, token_seed & 0xFFFFFFFF, token_seed >> 32, turn)
+
+
 def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
     node = req.node if req is not None else None
     if node is None or not self.caching:
@@ -105,10 +158,15 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod.BlockKV, "grow_req", _ref_grow_req),
     (kvmod.BlockKV, "finish", _ref_finish),
     (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
+    (kvmod, "RadixCache", ReferenceRadix),
+    (kvmod.TokenKV, "match", _ref_token_match),
+    (kvmod.TokenKV, "touch", _ref_token_touch),
+    (kvmod.TokenKV, "checkpoint", _ref_checkpoint),
+    (kvmod.TokenKV, "finish", _ref_token_finish),
     (modelmod, "plan_fused_decode", lambda *_a: None),
     (sglangmod.SGLangEngine, "_decode_offset", _direct_decode_left),
     (requestmod, "output_ids", _direct_output_ids),
-    (draws, "_scratch_generator", draws._generator),
+    (draws, "_turn_generator", _ref_turn_generator),
     (draws, "_philox_key", _numpy_key),
 ]
 

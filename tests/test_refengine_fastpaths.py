@@ -39,6 +39,20 @@ def test_philox_key_is_numpys_seed_sequence() -> None:
         assert tuple(int(x) for x in got) == _numpy_key(key), key
 
 
+def test_token_key_is_numpys_seed_sequence() -> None:
+    """A session's turn keys from the part its turns share (derived once per session, kept for
+    recent sessions) are numpy's SeedSequence of (domain, seed low word, seed high word, turn)."""
+    from harness.workload import draws
+
+    rng = np.random.default_rng(8)
+    seeds = [int(rng.integers(0, 2**63 - 1)) for _ in range(400)] + [0, 1, 2**32 - 1, 2**32, 2**63 - 2]
+    for seed in seeds:
+        for turn in [1, 2, *rng.integers(3, 65, size=3).tolist(), 0, 2**32 - 1]:
+            want = _numpy_key((_TOKEN_DOMAIN, seed & 0xFFFFFFFF, seed >> 32, int(turn)))
+            assert draws._token_key(seed, int(turn)) == want, (seed, turn)
+    assert 0 < len(draws._TOKEN_POOLS) <= draws._TOKEN_POOLS_MAX
+
+
 def test_philox_key_refuses_what_numpy_refuses() -> None:
     with pytest.raises(ValueError):
         _philox_key((1, -2))

@@ -102,6 +102,63 @@ def _philox_key(key: tuple[int, ...]) -> tuple[int, int] | np.ndarray:
     return (st[0] | st[1] << 32, st[2] | st[3] << 32)
 
 
+def _hashmix(v: int, step: int) -> int:
+    x, m = _SS_A[step]
+    v = ((v ^ x) * m) & _M32
+    return v ^ (v >> 16)
+
+
+def _mix(d: int, v: int) -> int:
+    r = (_MIX_L * d - _MIX_R * v) & _M32
+    return r ^ (r >> 16)
+
+
+def _token_pool(token_seed: int) -> tuple[int, int, int, int, int, int]:
+    """What the SeedSequences of a session's token streams, (domain, seed low, seed high, turn),
+    share: the pool words and hashes that never read the turn. Of the mixing steps, (0,1) ... (2,1)
+    leave words 0-2 as they are for every turn, and word 3 (the turn's) takes in word s's hash at
+    steps (s,3), a hash that does not depend on the turn either."""
+    p0 = _hashmix(_TOKEN_DOMAIN, 0)
+    p1 = _hashmix(token_seed & _M32, 1)
+    p2 = _hashmix(token_seed >> 32, 2)
+    p1 = _mix(p1, _hashmix(p0, 4))  # (0,1)
+    p2 = _mix(p2, _hashmix(p0, 5))  # (0,2)
+    h03 = _hashmix(p0, 6)  # (0,3)
+    p0 = _mix(p0, _hashmix(p1, 7))  # (1,0)
+    p2 = _mix(p2, _hashmix(p1, 8))  # (1,2)
+    h13 = _hashmix(p1, 9)  # (1,3)
+    p0 = _mix(p0, _hashmix(p2, 10))  # (2,0)
+    p1 = _mix(p1, _hashmix(p2, 11))  # (2,1)
+    h23 = _hashmix(p2, 12)  # (2,3)
+    return p0, p1, p2, h03, h13, h23
+
+
+_TOKEN_POOLS: dict[int, tuple[int, int, int, int, int, int]] = {}  # token seed -> _token_pool (recent sessions)
+_TOKEN_POOLS_MAX = 4096
+
+
+def _token_key(token_seed: int, turn: int) -> tuple[int, int]:
+    """`_philox_key((_TOKEN_DOMAIN, seed low word, seed high word, turn))` for 0 <= turn < 2**32,
+    from the part a session's turns share, derived once per session (tests/test_workload_tokens.py
+    checks it against numpy's SeedSequence)."""
+    pool = _TOKEN_POOLS.get(token_seed)
+    if pool is None:
+        if len(_TOKEN_POOLS) >= _TOKEN_POOLS_MAX:
+            del _TOKEN_POOLS[next(iter(_TOKEN_POOLS))]
+        pool = _TOKEN_POOLS[token_seed] = _token_pool(token_seed)
+    p0, p1, p2, h03, h13, h23 = pool
+    p3 = _mix(_mix(_mix(_hashmix(turn, 3), h03), h13), h23)
+    p0 = _mix(p0, _hashmix(p3, 13))  # (3,0)
+    p1 = _mix(p1, _hashmix(p3, 14))  # (3,1)
+    p2 = _mix(p2, _hashmix(p3, 15))  # (3,2)
+    st = []
+    for j, v in enumerate((p0, p1, p2, p3)):
+        x, m = _SS_B[j]
+        v = ((v ^ x) * m) & _M32
+        st.append(v ^ (v >> 16))
+    return (st[0] | st[1] << 32, st[2] | st[3] << 32)
+
+
 def _generator(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=np.array(_philox_key(key), dtype=np.uint64)))
 
@@ -110,17 +167,34 @@ _ZERO4 = np.zeros(4, dtype=np.uint64)
 _local = threading.local()
 
 
-def _scratch_generator(*key: int) -> np.random.Generator:
-    """The generator `_generator(*key)` returns, as a per-thread generator reset to that fresh
-    state (a Philox with this key: counter, buffer and carried bits zero). Building a Philox costs
-    more than drawing a turn's ids; the draws are the same. Use it only for draws made at once,
-    before the next call on this thread."""
-    g = getattr(_local, "g", None)
-    if g is None:
-        g = _local.g = np.random.Generator(np.random.Philox(key=_ZERO4[:2]))
-    g.bit_generator.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": np.array(_philox_key(key), dtype=np.uint64)}, "buffer": _ZERO4,
-                             "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}  # fmt: skip
+def _scratch_philox(k0: int, k1: int) -> np.random.Generator:
+    """A per-thread generator reset to the fresh state of a Philox with key (k0, k1) (counter,
+    buffer and carried bits zero). Building a Philox costs more than drawing a turn's ids; the
+    draws are the same. Use it only for draws made at once, before the next call on this thread."""
+    mine = getattr(_local, "scratch", None)
+    if mine is None:
+        key = np.zeros(2, dtype=np.uint64)
+        state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": key}, "buffer": _ZERO4,
+                 "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}  # fmt: skip
+        mine = _local.scratch = (np.random.Generator(np.random.Philox(key=_ZERO4[:2])), key, state)
+    g, key, state = mine
+    key[0] = k0
+    key[1] = k1
+    g.bit_generator.state = state  # the setter copies the values; the dict is reused
     return g
+
+
+def _scratch_generator(*key: int) -> np.random.Generator:
+    """The generator `_generator(*key)` returns, as the per-thread generator of _scratch_philox."""
+    k0, k1 = (int(x) for x in _philox_key(key))
+    return _scratch_philox(k0, k1)
+
+
+def _turn_generator(token_seed: int, turn: int) -> np.random.Generator:
+    """The generator of turn `turn`'s ids: `_generator(_TOKEN_DOMAIN, seed low, seed high, turn)`,
+    its key from the session's shared part (_token_key), on the per-thread scratch generator."""
+    k0, k1 = _token_key(token_seed, turn)
+    return _scratch_philox(k0, k1)
 
 
 @dataclass(frozen=True)
@@ -195,5 +269,5 @@ def turn_tokens(workload: WorkloadConfig, spec: SessionSpec, turn: int) -> np.nd
     if turn < 1 or turn > spec.n_turns:
         raise ValueError(f"turn {turn} outside 1..{spec.n_turns}")
     n = workload.first_prompt if turn == 1 else workload.tool_tokens
-    g = _scratch_generator(_TOKEN_DOMAIN, spec.token_seed & 0xFFFFFFFF, spec.token_seed >> 32, turn)
+    g = _turn_generator(spec.token_seed, turn)
     return g.integers(workload.token_ids.low, workload.token_ids.high, size=n, dtype=np.int32)
