@@ -7,6 +7,7 @@ change because a fast path did."""
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -297,7 +298,11 @@ def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, se
             if mine and rng.random() < 0.6:
                 f0, d0, depth, _ = mine[int(rng.integers(len(mine)))]
                 off = int(rng.integers(0, depth + 1))  # the fast form may be given only the tail from `off`
-                (af, f), (ad, d) = fast.insert_from(f0, depth, s[off * 4 :], cut, off), direct.insert_from(d0, depth, s)  # type: ignore[arg-type]
+                lock = bool(rng.random() < 0.5)  # and lock the path it ends at, as a checkpoint does
+                (af, f), (ad, d) = fast.insert_from(f0, depth, s[off * 4 :], cut, off, lock=lock), direct.insert_from(d0, depth, s)  # type: ignore[arg-type]
+                if lock:
+                    direct.lock(d)
+                    locks.append((f, d))
             else:
                 (af, f), (ad, d) = fast.insert(s), direct.insert(s)
             assert af == ad and _path(f) == _path(d)
@@ -372,10 +377,13 @@ def test_sglang_lookups_from_the_last_turn_give_the_records_of_full_lookups(tmp_
     assert hits > 0.5 if "kv_pool_tokens" not in cell_kw else 0.02 < hits < 0.9  # the tight pool evicts
 
 
-class _NoHistory(dict):  # type: ignore[type-arg]
+class _NoHistory(OrderedDict):  # type: ignore[type-arg]
     """A TokenKV history that keeps nothing: every lookup walks from the root."""
 
     def __setitem__(self, key: object, value: object) -> None:
+        return None
+
+    def move_to_end(self, key: object, last: bool = True) -> None:
         return None
 
 

@@ -15,6 +15,8 @@ allocate as they go, and a running request that cannot get a block forces a pree
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from harness.refengine.blocks import BlockPool
@@ -45,20 +47,20 @@ class TokenKV:
         self.tree = RadixCache(page_size)
         self.own = 0  # slots held by running requests outside the tree (uncheckpointed prefill + decode)
         # A finished request's last node, by its first ids (a session's turns all start with the
-        # same ids), with the ids its path spells (the request's prompt, then the outputs kept): the
-        # next turn's lookup checks those ids with two comparisons and walks the tree only below
-        # that node (RadixCache.match_from).
-        self._history: dict[bytes, tuple[Node, int, bytes, bytes]] = {}
+        # same ids); the node keeps the ids its path spells (Node.spelt: the request's prompt, then
+        # the outputs kept) while it is cached: the next turn's lookup checks those ids with two
+        # comparisons and walks the tree only below that node (RadixCache.match_from).
+        self._history: OrderedDict[bytes, Node] = OrderedDict()
 
     # -- prefix ----------------------------------------------------------------------------------
     def _match(self, req: Req, touch: bool) -> tuple[int, Node]:
-        ids = req.seq_bytes()
-        past = self._history.get(ids[:HISTORY_KEY_BYTES])
-        if past is not None:
-            node, depth, prompt, outs = past
-            if node.alive and ids.startswith(prompt) and ids.startswith(outs, len(prompt)):
-                return self.tree.match_from(node, depth, ids, req.target - 1, touch)
-        return self.tree.match(ids, req.target - 1, touch)
+        ids = req.pb if req.target == req.L else req.seq_bytes()
+        node = self._history.get(ids[:HISTORY_KEY_BYTES])
+        if node is not None and node.spelt is not None:  # spelt is None once the node was evicted
+            prompt, outs = node.spelt
+            if ids.startswith(prompt) and ids.startswith(outs, len(prompt)):
+                return self.tree.match_from(node, (len(prompt) + len(outs)) // 4, ids, req.target - 1, touch)
+        return self.tree.match_from(self.tree.root, 0, ids, req.target - 1, touch)
 
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
@@ -122,11 +124,10 @@ class TokenKV:
             offset = min(req.in_tree, req.L) if req.node is not None and req.in_tree > 0 else 0
             ids = req.pb[offset * 4 :] + req.outb[: (aligned - req.L) * 4]
         if req.node is not None and req.in_tree > 0:  # resume the walk at the request's own locked node
-            _new, node = self.tree.insert_from(req.node, req.in_tree, ids, aligned, offset)
+            _new, node = self.tree.insert_from(req.node, req.in_tree, ids, aligned, offset, lock=True)
         else:
-            _new, node = self.tree.insert_from(self.tree.root, 0, ids, aligned, offset)
+            _new, node = self.tree.insert_from(self.tree.root, 0, ids, aligned, offset, lock=True)
         self.own -= aligned - req.in_tree  # moved into the tree, or freed as duplicates of cached content
-        self.tree.lock(node)
         if req.node is not None:
             self.tree.unlock(req.node)
         req.node = node
@@ -145,10 +146,11 @@ class TokenKV:
                 prompt = req.pb if held >= req.L else req.pb[: held * 4]
                 outs = req.outb[: max(0, held - req.L) * 4]
                 key = prompt[:HISTORY_KEY_BYTES]
-                self._history.pop(key, None)
-                self._history[key] = (node, held, prompt, outs)
+                node.spelt = (prompt, outs)
+                self._history[key] = node
+                self._history.move_to_end(key)
                 if len(self._history) > HISTORY_SESSIONS:
-                    del self._history[next(iter(self._history))]  # the least recently finished
+                    self._history.popitem(last=False)  # the least recently finished
         req.node = None
         req.in_tree = 0
 
@@ -184,7 +186,7 @@ class BlockKV:
         # A finished request's cached blocks by the key of its first block (a session's turns all
         # start with the same blocks): the next turn's lookup validates these entries at once and
         # reads the hash maps only for what follows them (BlockPool.lookup_entries' `known`).
-        self._history: dict[int, tuple[np.ndarray, int]] = {}
+        self._history: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
         """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
@@ -278,10 +280,10 @@ class BlockKV:
             ents = self.pool.first_entries(req.blocks[: req.ncached])
             if ents.size:
                 first = req.keys[0]
-                self._history.pop(first, None)
                 self._history[first] = (ents, req.keys[ents.size - 1])
+                self._history.move_to_end(first)
                 if len(self._history) > HISTORY_SESSIONS:
-                    del self._history[next(iter(self._history))]  # the least recently finished
+                    self._history.popitem(last=False)  # the least recently finished
         self._free(req, kept)
 
     def preempt(self, req: Req, computed: int) -> None:

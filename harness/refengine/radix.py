@@ -39,7 +39,7 @@ _ITEM = 4  # bytes per token id (int32)
 
 
 class Node:
-    __slots__ = ("key", "n", "children", "parent", "lock", "stamp", "alive", "nid")
+    __slots__ = ("key", "n", "children", "parent", "lock", "stamp", "alive", "nid", "spelt")
 
     def __init__(self, key: bytes, parent: "Node | None", nid: int) -> None:
         self.key = key
@@ -50,6 +50,9 @@ class Node:
         self.stamp = 0  # newest touch recorded here or handed up by an evicted child
         self.alive = True
         self.nid = nid
+        # the ids the path from the root to here spells, as (prompt, outputs) of a request that
+        # finished here (TokenKV's lookups from a session's last turn); dropped when evicted
+        self.spelt: tuple[bytes, bytes] | None = None
 
 
 class RadixCache:
@@ -192,14 +195,18 @@ class RadixCache:
         """
         return self.insert_from(self.root, 0, ids)
 
-    def insert_from(self, node: Node, depth: int, ids: bytes, upto: int | None = None, offset: int = 0) -> tuple[int, Node]:
+    def insert_from(
+        self, node: Node, depth: int, ids: bytes, upto: int | None = None, offset: int = 0, lock: bool = False
+    ) -> tuple[int, Node]:
         """`insert(seq[:upto])` for a caller that knows `node` ends at `depth` tokens on the path of
         the sequence `seq` (a request's own locked node): the walk starts there, without comparing
         the tokens above it again; the whole path is touched, as a walk from the root would.
 
         `ids` holds seq from token `offset` on (offset <= depth: the walk never reads before
         `depth`, so a caller passes the tail it has, without copying the rest); `upto` (tokens,
-        default all of `ids`) is cut down to whole pages."""
+        default all of `ids`) is cut down to whole pages. `lock`: then lock the path, as
+        `lock(last node)` after the insert would; the last node is locked before its touch, so it
+        is not queued for eviction only to be found locked (unlocking it queues it again)."""
         if upto is None:
             upto = offset + len(ids) // _ITEM
         end = ((upto // self.page) * self.page - offset) * _ITEM
@@ -212,6 +219,8 @@ class RadixCache:
                 node.children[ids[pos : pos + pb]] = leaf
                 self.total += leaf.n
                 self.evictable += leaf.n
+                if lock:
+                    self.lock(leaf)
                 self._touch_path(leaf)
                 return (end - pos) // _ITEM, leaf
             klen = len(child.key)
@@ -222,6 +231,8 @@ class RadixCache:
             m = self._common(child.key, ids, pos, min(klen, end - pos))
             node = self._split(child, m)
             pos += m
+        if lock:
+            self.lock(node)
         self._touch_path(node)
         return 0, node
 
@@ -238,6 +249,7 @@ class RadixCache:
             assert parent is not None
             del parent.children[node.key[: self._pb]]
             node.alive = False
+            node.spelt = None
             if node.stamp > parent.stamp:
                 parent.stamp = node.stamp  # the parent was touched with it, through this node
             freed += node.n

@@ -229,15 +229,14 @@ class SGLangEngine(BaseEngine):
             del waiting[:k]
         self._eos_states = None
         # slots for the whole batch at once (prepare_for_extend), then the chunks are placed
-        total = sum(x for _r, x in items)
-        if items:
-            kv.alloc(items[0][0], total)
         tokens = 0
         pairs = 0.0
         for req, x in items:
             pairs += x * (req.done + (x + 1) / 2.0)
             req.done += x
             tokens += x
+        if items:
+            kv.alloc(items[0][0], tokens)
         return tokens, pairs
 
     def _fits_ignore_eos(self, req: Req, x: int, items: list[tuple[Req, int]], remaining_current: int, remaining_total: int) -> bool:

@@ -147,14 +147,26 @@ def _token_key(token_seed: int, turn: int) -> tuple[int, int]:
             del _TOKEN_POOLS[next(iter(_TOKEN_POOLS))]
         pool = _TOKEN_POOLS[token_seed] = _token_pool(token_seed)
     p0, p1, p2, h03, h13, h23 = pool
-    p3 = _mix(_mix(_mix(_hashmix(turn, 3), h03), h13), h23)
-    p0 = _mix(p0, _hashmix(p3, 13))  # (3,0)
-    p1 = _mix(p1, _hashmix(p3, 14))  # (3,1)
-    p2 = _mix(p2, _hashmix(p3, 15))  # (3,2)
+    # the per-turn steps written out (as helper calls they cost twice as much): word 3's hashmix,
+    # its mixes with h03, h13, h23, then (3,0), (3,1), (3,2) and generate_state's hashes
+    x, m = _SS_A[3]
+    v = ((turn ^ x) * m) & _M32
+    p3 = v ^ (v >> 16)
+    for h in (h03, h13, h23):
+        r = (_MIX_L * p3 - _MIX_R * h) & _M32
+        p3 = r ^ (r >> 16)
+    out = []
+    for d, step in ((p0, 13), (p1, 14), (p2, 15)):
+        x, m = _SS_A[step]
+        v = ((p3 ^ x) * m) & _M32
+        v ^= v >> 16
+        r = (_MIX_L * d - _MIX_R * v) & _M32
+        out.append(r ^ (r >> 16))
+    out.append(p3)
     st = []
-    for j, v in enumerate((p0, p1, p2, p3)):
+    for j in range(4):
         x, m = _SS_B[j]
-        v = ((v ^ x) * m) & _M32
+        v = ((out[j] ^ x) * m) & _M32
         st.append(v ^ (v >> 16))
     return (st[0] | st[1] << 32, st[2] | st[3] << 32)
 
