@@ -442,3 +442,20 @@ def test_token_kv_lookups_from_the_history_are_root_walks(seed: int) -> None:
         assert _tree_state(fast.tree) == _tree_state(walk.tree), step
         assert fast.own == walk.own == 0
     assert resumed[0] > 100, resumed
+
+
+# -- the vLLM flavour's prefix keys, read from the prompt and outputs in place --------------------------
+def test_prefix_keys_of_parts_are_the_keys_of_their_concatenation() -> None:
+    from harness.refengine.blocks import PrefixHasher
+
+    rng = np.random.default_rng(4)
+    for block in (1, 16, 32):
+        h = PrefixHasher(block)
+        for _ in range(200):
+            a = toks(int(rng.integers(0, 900)), int(rng.integers(1 << 30)))
+            b = toks(int(rng.integers(0, 300)), int(rng.integers(1 << 30)))
+            nb = int(rng.integers(0, (a.size + b.size) // block + 1))
+            whole = h.keys(np.concatenate((a, b)), nb)
+            assert h.key_array((a, b), nb).tolist() == whole and len(whole) == nb
+    with pytest.raises(ValueError):
+        PrefixHasher(16).key_array((toks(20, 0),), 2)

@@ -193,7 +193,8 @@ class BlockKV:
         id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each."""
         if req.keys_len < 0:
             total = req.L + req.max_tokens
-            req.keys = self.pool.hasher.keys(req.seq_tokens(total), total // self.B)
+            req.key_array = self.pool.hasher.key_array((req.prompt, req.out), total // self.B)
+            req.keys = req.key_array.tolist()
             req.keys_len = total
         return req.keys[:nblocks]
 
@@ -203,7 +204,7 @@ class BlockKV:
         if self.caching and nfull > req.ncached:
             if req.keys_len < 0:
                 self._keys(req, 0)
-            self.pool.register(req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull])
+            self.pool.register(req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull], req.key_array[req.ncached : nfull])
             req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:

@@ -37,6 +37,7 @@ _U_VOCAB = np.uint64(_VOCAB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_NO_KEYS = np.empty(0, dtype=np.uint64)
 _COUNTERS: dict[int, np.ndarray] = {}  # n -> (1..n) * golden ratio, read-only
 
 
@@ -83,7 +84,7 @@ class Req:
     __slots__ = (
         "rid", "prompt", "pb", "L", "max_tokens", "out", "outb", "submit", "seq",
         "gen", "join", "stint", "done", "target", "cached", "prefix", "first_token",
-        "preemptions", "node", "blocks", "hit", "hit_entries", "reserve", "keys", "keys_len", "ncached", "in_tree", "admitted", "state",
+        "preemptions", "node", "blocks", "hit", "hit_entries", "reserve", "keys", "key_array", "keys_len", "ncached", "in_tree", "admitted", "state",
     )
 
     def __init__(self, req: EngineRequest, now: float, seq: int, salt: int) -> None:
@@ -113,6 +114,7 @@ class Req:
         self.hit_entries: np.ndarray | None = None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
         self.reserve = 0
         self.keys: list[int] = []
+        self.key_array: np.ndarray = _NO_KEYS  # vLLM flavour: `keys` as uint64
         self.keys_len = -1
         self.in_tree = 0  # radix flavour: leading tokens of the sequence this request holds in the tree
         self.ncached = 0  # leading blocks of `blocks` that carry their hash (vLLM flavour)
@@ -123,9 +125,3 @@ class Req:
         if self.target == self.L:
             return self.pb
         return self.pb + self.outb[: (self.target - self.L) * 4]
-
-    def seq_tokens(self, n: int) -> np.ndarray:
-        """The first n ids of prompt + output."""
-        if n <= self.L:
-            return self.prompt[:n]
-        return np.concatenate((self.prompt, self.out[: n - self.L]))
