@@ -55,6 +55,7 @@ class BaseEngine:
         self.seed = seed
         self.chunk = cell.chunked_prefill
         self.max_running = cell.max_running
+        self.context_length = cell.context_length
         self.waiting: list[Req] = []
         self.running: dict[int, Req] = {}  # admission order (the preemption order is its reverse)
         self.prefilling: list[Req] = []  # admitted, prefill not complete (admission order)
@@ -84,7 +85,7 @@ class BaseEngine:
 
     def _check_length(self, n: int, max_tokens: int) -> None:
         """Refuse a request whose length the engine refuses (prompt of n tokens)."""
-        ctx = self.cell.context_length
+        ctx = self.context_length
         if n + max_tokens > ctx:
             raise ValueError(f"prompt of {n} tokens plus max_tokens {max_tokens} exceeds the context length {ctx}")
 

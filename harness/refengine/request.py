@@ -67,8 +67,9 @@ def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
     z *= _C2
     np.right_shift(z, _S31, out=t)
     z ^= t
-    np.remainder(z, _U_VOCAB, out=z)
-    return z.astype(np.int32)
+    out = np.empty(n, dtype=np.int32)
+    np.remainder(z, _U_VOCAB, out=out, casting="unsafe")  # < 32000: the int32 values themselves
+    return out
 
 
 class Req:

@@ -59,10 +59,11 @@ class SGLangEngine(BaseEngine):
 
     # -- the lifecycle hooks -------------------------------------------------------------------------
     def _check_length(self, n: int, max_tokens: int) -> None:
-        ctx = self.cell.context_length
+        ctx = self.context_length
         if n >= ctx:
             raise ValueError(f"prompt of {n} tokens exceeds the context length {ctx}")
-        super()._check_length(n, max_tokens)
+        if n + max_tokens > ctx:
+            super()._check_length(n, max_tokens)  # its error message
 
     def _prefilled(self, req: Req, upto: int) -> None:
         self.kv.checkpoint(req, upto)  # the computed prompt goes into the tree, locked by req
