@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +62,14 @@ RECORDS = ("turns.parquet", "sessions.parquet", "gauges.parquet", "gate_events.p
 
 
 # -- the former BlockKV methods (before the decode fast path) ---------------------------------------
+def _ref_keys(self: Any, req: Any, nblocks: int) -> list[int]:
+    if req.keys_len < 0:
+        total = req.L + req.max_tokens
+        req.keys = self.pool.hasher.keys(np.concatenate((req.prompt, req.out))[:total], total // self.B)
+        req.keys_len = total
+    return req.keys[:nblocks]
+
+
 def _ref_cache_full(self: Any, req: Any, tokens: int) -> None:
     nfull = tokens // self.B
     if self.caching and nfull > req.ncached:
@@ -153,6 +162,7 @@ def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
 # (module or class, attribute, reference formulation)
 SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod, "BlockPool", ReferencePool),
+    (kvmod.BlockKV, "_keys", _ref_keys),
     (kvmod.BlockKV, "_cache_full", _ref_cache_full),
     (kvmod.BlockKV, "match", _ref_match),
     (kvmod.BlockKV, "grow_req", _ref_grow_req),
