@@ -376,16 +376,16 @@ class BlockPool:
         n = self.num_blocks
         stamp = self._stamp
         if len(blocks) <= self.SMALL:
-            for b, k in zip(blocks, keys):
-                if stamp[b] >= 0:
+            for blk, k in zip(blocks, keys):
+                if stamp[blk] >= 0:
                     continue
-                e = self._sid * n + b
+                ent = self._sid * n + blk
                 self._sid += 1
-                stamp[b] = e
-                self._key[b] = k
+                stamp[blk] = ent
+                self._key[blk] = k
                 self.n_hashed += 1
-                self._insert(k, e)
-                self._first[b] = self._map.get(k) == e
+                self._insert(k, ent)
+                self._first[blk] = self._map.get(k) == ent
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them
             b = np.asarray(blocks[:m], dtype=np.int64)
