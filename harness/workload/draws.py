@@ -196,12 +196,6 @@ def _scratch_philox(k0: int, k1: int) -> np.random.Generator:
     return g
 
 
-def _scratch_generator(*key: int) -> np.random.Generator:
-    """The generator `_generator(*key)` returns, as the per-thread generator of _scratch_philox."""
-    k0, k1 = (int(x) for x in _philox_key(key))
-    return _scratch_philox(k0, k1)
-
-
 def _turn_generator(token_seed: int, turn: int) -> np.random.Generator:
     """The generator of turn `turn`'s ids: `_generator(_TOKEN_DOMAIN, seed low, seed high, turn)`,
     its key from the session's shared part (_token_key), on the per-thread scratch generator."""
