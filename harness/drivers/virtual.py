@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.client.contract import Client, Command, Send, Timer, TurnResponse
-from harness.refengine.model import EngineModel, EngineRequest
+from harness.refengine.model import BaseEngine, EngineRequest
 
 _ENGINE, _TIMER, _GAUGE = 0, 1, 2
 
@@ -67,7 +67,7 @@ def _gauge_writer(recorder: Any) -> Callable[[float, dict[str, float]], None] | 
 
 def simulate(
     client: Client,
-    engine: EngineModel,
+    engine: BaseEngine,
     *,
     recorder: Any = None,
     until: float | None = None,
