@@ -15,29 +15,28 @@ from __future__ import annotations
 
 import logging
 import math
-import queue as queue_mod
 import time
-import traceback
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
-from harness.recording.schema import HIT_THRESHOLD, is_hit
 from analysis.openloop import open_loop_summary, warning_text
+from analysis.rules import RuleError, arm_expectation, is_staged, load_rule
+from harness.client.contract import Command, TurnResponse
 from harness.client.gates import make_gate
 from harness.client.openloop import PlanClient, ToolSlowRule
-from harness.client.contract import Command, TurnResponse
-from harness.config import ArmConfig, TestBundle, load_test
-from harness.errors import ConfigError
-from harness.workload.plans import make_plan
-from harness.workload.planfile import read_plan, write_plan
-from harness.recording.record import RunRecorder
-from runs import realrun  # noqa: F401 - registers the real-engine and emulator backends
-from runs.backend import Backend, BackendResult, RunContext, get_backend, register_backend
-from harness.refengine.model import EngineModel
+from harness.config import ArmConfig, TestBundle
 from harness.drivers.virtual import simulate
+from harness.errors import ConfigError
+from harness.recording.record import RunRecorder
+from harness.recording.schema import HIT_THRESHOLD, is_hit
+from harness.refengine.model import EngineModel
+from harness.workload.planfile import read_plan, write_plan
+from harness.workload.plans import make_plan
 from provenance.meta import capture
-from analysis.rules import RuleError, arm_expectation, is_staged, load_rule
+from runs import realrun  # noqa: F401 - registers the real-engine and emulator backends
+from runs.backend import BackendResult, RunContext, get_backend, register_backend
 
 log = logging.getLogger("agentload.runner")
 
@@ -50,8 +49,13 @@ PLAN_FILE = "plan.parquet"
 def _sim_backend(ctx: RunContext) -> BackendResult:
     client = ctx.observer.wrap(ctx.client) if ctx.observer else ctx.client
     engine = EngineModel(ctx.bundle.cell, seed=ctx.seed)
-    res = simulate(client, engine, recorder=ctx.recorder, until=ctx.duration, gauge_interval=ctx.bundle.protocol.gauge_interval)
-    meta = {"engine": {"backend": "sim", "model": "harness.refengine.model.EngineModel (virtual time)"}, "simulation": res.as_meta()}
+    res = simulate(
+        client, engine, recorder=ctx.recorder, until=ctx.duration, gauge_interval=ctx.bundle.protocol.gauge_interval
+    )
+    meta = {
+        "engine": {"backend": "sim", "model": "harness.refengine.model.EngineModel (virtual time)"},
+        "simulation": res.as_meta(),
+    }
     return BackendResult("COMPLETED", None, float(res.end_time), meta)
 
 
@@ -75,7 +79,7 @@ class Observer:
         self._n = 0
         self._hits = 0
 
-    def wrap(self, client: PlanClient) -> "_Observed":
+    def wrap(self, client: PlanClient) -> _Observed:
         return _Observed(client, self)
 
     def see(self, now: float, client: PlanClient) -> None:
@@ -83,7 +87,16 @@ class Observer:
             self._next = (math.floor(now / self.every) + 1) * self.every
             hf = self._hits / self._n if self._n else None
             self._n = self._hits = 0
-            self.post({"key": self.key, "t": now, "in_system": client.in_system, "in_flight": client.in_flight, "held": client.held, "hit": hf})
+            self.post(
+                {
+                    "key": self.key,
+                    "t": now,
+                    "in_system": client.in_system,
+                    "in_flight": client.in_flight,
+                    "held": client.held,
+                    "hit": hf,
+                }
+            )
 
 
 class _Observed:
@@ -152,8 +165,10 @@ def references(bundle: TestBundle) -> dict[str, float]:
     lam = own.lambda_ref if own and own.lambda_ref is not None else cell.lambda_ref
     amr = own.all_miss_token_rate if own and own.all_miss_token_rate is not None else cell.all_miss_token_rate
     if lam is None or amr is None:
-        raise ConfigError(f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test; "
-                          "record them in the cell or in the test's references")
+        raise ConfigError(
+            f"cell {cell.name!r}: lambda_ref and all_miss_token_rate are needed (from E0a) to run a test; "
+            "record them in the cell or in the test's references"
+        )
     return {"lambda_ref": float(lam), "all_miss_token_rate": float(amr)}
 
 
@@ -216,8 +231,10 @@ def execute_run(
     if extra_meta:
         meta.update(extra_meta)
     if expect_plan_sha256 is not None and sha != expect_plan_sha256.lower():
-        reason = (f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
-                  "the configs no longer generate the registered plan")
+        reason = (
+            f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
+            "the configs no longer generate the registered plan"
+        )
         meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
         with RunRecorder(run_dir, meta) as rec:
             rec.close("REFUSED", reason)
@@ -233,17 +250,39 @@ def execute_run(
             toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
             sink=rec,
         )
-        ctx = RunContext(bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {}))
+        ctx = RunContext(
+            bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {})
+        )
         res = backend(ctx)
         client.close(res.end_time)
-        open_loop = open_loop_summary(client.start_lateness("base"), client.start_lateness("burst"), bundle.test.start_lateness_p99)
+        open_loop = open_loop_summary(
+            client.start_lateness("base"), client.start_lateness("burst"), bundle.test.start_lateness_p99
+        )
         warn = warning_text(open_loop)
         warnings = [warn] if warn else []
-        rec.update_meta({**res.meta, "client": client.counters(), "open_loop": open_loop, "warnings": warnings,
-                         "end_time": res.end_time, "wall_s": time.monotonic() - t0})
+        rec.update_meta(
+            {
+                **res.meta,
+                "client": client.counters(),
+                "open_loop": open_loop,
+                "warnings": warnings,
+                "end_time": res.end_time,
+                "wall_s": time.monotonic() - t0,
+            }
+        )
         rec.close(res.status, res.reason)
-    return RunResult(str(run_dir), key, float(rate), int(seed), res.status, res.reason, time.monotonic() - t0, res.end_time,
-                     open_loop=open_loop, warnings=warnings)
+    return RunResult(
+        str(run_dir),
+        key,
+        float(rate),
+        int(seed),
+        res.status,
+        res.reason,
+        time.monotonic() - t0,
+        res.end_time,
+        open_loop=open_loop,
+        warnings=warnings,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +333,11 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
     # The rule measures with its own bins and spans; a protocol scaled to a faster cell must come
     # with a rule scaled alike, or every run would be judged on the paper's clock (state X).
     p = bundle.protocol
-    clash = [f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})" for k in ("min_window", "backlog_bin", "recovered_span")
-             if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))]
+    clash = [
+        f"{k} {spec['params'][k]:g} (protocol {getattr(p, k):g})"
+        for k in ("min_window", "backlog_bin", "recovered_span")
+        if k in spec["params"] and float(spec["params"][k]) != float(getattr(p, k))
+    ]
     if clash:
         raise ConfigError(
             f"{bundle.path or bundle.test.name}: {where} does not match protocol {p.name!r}: {', '.join(clash)}; "

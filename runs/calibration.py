@@ -28,10 +28,12 @@ died half way need not start over, and what was measured is what is summarised.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -46,23 +48,26 @@ from analysis.calibration import (
     e0b_stats,
     window_stats,
 )
+from analysis.calibration_summaries import e0a_summary_dict, e0b_summary_dict, stage_c_summary, write_summary
 from harness.client.closed import ClosedClient
-from harness.config import ArmConfig, CellConfig, ProtocolConfig, WorkloadConfig
-from harness.refengine.model import EngineModel
+from harness.client.openloop import PlanClient
+from harness.config import (
+    DEFAULT_TOP_RATE,
+    ArmConfig,
+    CellConfig,
+    ProtocolConfig,
+    WorkloadConfig,
+    config_ref,
+    load_config,
+)
 from harness.drivers.virtual import SimResult, simulate
+from harness.recording.record import RunRecorder, load_run
+from harness.refengine.model import EngineModel
 from harness.workload.draws import expected_turns
-from harness.config import DEFAULT_TOP_RATE
-from harness.recording.record import load_run
-from harness.recording.record import RunRecorder
+from harness.workload.planfile import plan_bytes, read_plan, write_plan
+from harness.workload.plans import make_plan
 from provenance.meta import capture
 from runs.realrun import run_real
-from harness.config import config_ref, load_config
-from harness.client.openloop import PlanClient
-from harness.workload.plans import make_plan
-from harness.workload.planfile import read_plan, write_plan
-import hashlib
-from harness.workload.planfile import plan_bytes
-from analysis.calibration_summaries import e0a_summary_dict, e0b_summary_dict, stage_c_summary, write_summary
 
 STAGE_C_NS = (16, 20, 24, 28, 32, 36, 48, 96, 300)
 WARMUP = 900.0
@@ -83,8 +88,19 @@ class ClosedRun:
 
 # Cell settings that change what the engine does (a cell's name, description, references and cost
 # model do not): a run recorded under the same values measured the same thing.
-ENGINE_FIELDS = ("engine", "model", "kv_pool_tokens", "page_size", "schedule_policy", "chunked_prefill", "max_running",
-                 "prefix_cache", "waiting_prefix_refresh", "batching", "context_length")
+ENGINE_FIELDS = (
+    "engine",
+    "model",
+    "kv_pool_tokens",
+    "page_size",
+    "schedule_policy",
+    "chunked_prefill",
+    "max_running",
+    "prefix_cache",
+    "waiting_prefix_refresh",
+    "batching",
+    "context_length",
+)
 
 
 def completed_run(run_dir: Path | str | None, cell: CellConfig, workload: WorkloadConfig, want: dict[str, Any]) -> bool:
@@ -136,13 +152,32 @@ def run_closed(
     """
     end = warmup + window
     kind = "sim" if engine is None else engine.engine
-    want = {"run_kind": "closed", "engine_kind": kind, "population": n, "seed": seed, "warmup": warmup, "window": window}
+    want = {
+        "run_kind": "closed",
+        "engine_kind": kind,
+        "population": n,
+        "seed": seed,
+        "warmup": warmup,
+        "window": window,
+    }
     if resume and completed_run(run_dir, cell, workload, want):
         data = load_run(run_dir)  # type: ignore[arg-type]
-        return ClosedRun(window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed), None)  # type: ignore[arg-type]
+        return ClosedRun(
+            window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed), None
+        )  # type: ignore[arg-type]
     if engine is not None:
-        return _run_closed_real(cell, workload, n, seed=seed, end=end, warmup=warmup, run_dir=run_dir,
-                                meta=meta, gauge_interval=gauge_interval, options=engine)
+        return _run_closed_real(
+            cell,
+            workload,
+            n,
+            seed=seed,
+            end=end,
+            warmup=warmup,
+            run_dir=run_dir,
+            meta=meta,
+            gauge_interval=gauge_interval,
+            options=engine,
+        )
     engine = EngineModel(cell, seed=seed)
     if run_dir is None:
         client = ClosedClient(workload, n, seed=seed)
@@ -208,14 +243,23 @@ def _run_closed_real(
     rec = RunRecorder(run_dir, _closed_meta(options.engine, cell, workload, n, seed, warmup, end - warmup, meta))
     try:
         client = ClosedClient(workload, n, seed=seed, sink=rec)
-        result = run_real(client, cell=cell, options=options, run_dir=run_dir, recorder=rec,
-                          duration=end, gauge_interval=gauge_interval)
+        result = run_real(
+            client,
+            cell=cell,
+            options=options,
+            run_dir=run_dir,
+            recorder=rec,
+            duration=end,
+            gauge_interval=gauge_interval,
+        )
     except BaseException:
         rec.close("FAILED", "calibration run raised")
         raise
     rec.close()
     if result.status != "COMPLETED":
-        raise RuntimeError(f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})")
+        raise RuntimeError(
+            f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})"
+        )
     data = load_run(run_dir)
     stats = window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
     return ClosedRun(stats, None)  # type: ignore[arg-type]
@@ -236,8 +280,22 @@ def stage_c(
 ) -> list[WindowStats]:
     """μ(n) and hit fraction for each population n (and seed). `mapper` runs the runs elsewhere
     (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order."""
-    calls = [(cell, workload, n, s, warmup, window, None if out_dir is None else str(Path(out_dir) / f"stage-c-n{n}-s{s}"),
-              {"stage": "C"}, engine, resume) for n in ns for s in seeds]
+    calls = [
+        (
+            cell,
+            workload,
+            n,
+            s,
+            warmup,
+            window,
+            None if out_dir is None else str(Path(out_dir) / f"stage-c-n{n}-s{s}"),
+            {"stage": "C"},
+            engine,
+            resume,
+        )
+        for n in ns
+        for s in seeds
+    ]
     return list((mapper or serial)(closed_stats, calls))
 
 
@@ -249,11 +307,31 @@ def serial(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any
     return [fn(*c) for c in calls]
 
 
-def closed_stats(cell: CellConfig, workload: WorkloadConfig, n: int, seed: int, warmup: float, window: float,
-                 run_dir: str | None, meta: dict[str, Any], engine: Any, resume: bool = False) -> WindowStats:
+def closed_stats(
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    n: int,
+    seed: int,
+    warmup: float,
+    window: float,
+    run_dir: str | None,
+    meta: dict[str, Any],
+    engine: Any,
+    resume: bool = False,
+) -> WindowStats:
     """One closed run's window statistics (a module-level function, so a job array can run it)."""
-    return run_closed(cell, workload, n, seed=seed, warmup=warmup, window=window, run_dir=run_dir, meta=meta, engine=engine,
-                      resume=resume).stats
+    return run_closed(
+        cell,
+        workload,
+        n,
+        seed=seed,
+        warmup=warmup,
+        window=window,
+        run_dir=run_dir,
+        meta=meta,
+        engine=engine,
+        resume=resume,
+    ).stats
 
 
 def cache_off(cell: CellConfig) -> CellConfig:
@@ -329,11 +407,25 @@ def run_from_empty(
     prot = protocol or e0b_protocol(rise_span=rise_span)
     arm = load_config(config_ref("noburst", "arms"), ArmConfig)
     plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed, top_rate)
-    stat_args = dict(multiple=multiple, seed=seed, lambda_ref=lambda_ref, duration=prot.duration, rise_span=rise_span,
-                     bin_s=prot.backlog_bin, final_max=final_max, rise_max=rise_max)
+    stat_args = dict(
+        multiple=multiple,
+        seed=seed,
+        lambda_ref=lambda_ref,
+        duration=prot.duration,
+        rise_span=rise_span,
+        bin_s=prot.backlog_bin,
+        final_max=final_max,
+        rise_max=rise_max,
+    )
     kind = "sim" if engine is None else engine.engine
-    want = {"run_kind": "from_empty", "engine_kind": kind, "seed": seed, "rate": float(multiple), "protocol": prot.model_dump(mode="json"),
-            "references": {"lambda_ref": float(lambda_ref)}}
+    want = {
+        "run_kind": "from_empty",
+        "engine_kind": kind,
+        "seed": seed,
+        "rate": float(multiple),
+        "protocol": prot.model_dump(mode="json"),
+        "references": {"lambda_ref": float(lambda_ref)},
+    }
     if resume and completed_run(run_dir, cell, workload, want) and _plan_sha(run_dir) == _plan_sha256(plan):
         data = load_run(run_dir)  # type: ignore[arg-type]
         return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
@@ -349,21 +441,40 @@ def run_from_empty(
     sha = write_plan(plan, rd / "plan.parquet")
     plan = read_plan(rd / "plan.parquet")
     kind = "sim" if engine is None else engine.engine
-    meta = {**_closed_meta(kind, cell, workload, 0, seed, 0.0, prot.duration, {"stage": "E0b"}),
-            "run_kind": "from_empty", "protocol": prot, "rate": float(multiple), "rate_abs": float(multiple) * lambda_ref,
-            "references": {"lambda_ref": float(lambda_ref)}, "arm": "NOBURST",
-            "plan": {"file": "plan.parquet", "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate}}
+    meta = {
+        **_closed_meta(kind, cell, workload, 0, seed, 0.0, prot.duration, {"stage": "E0b"}),
+        "run_kind": "from_empty",
+        "protocol": prot,
+        "rate": float(multiple),
+        "rate_abs": float(multiple) * lambda_ref,
+        "references": {"lambda_ref": float(lambda_ref)},
+        "arm": "NOBURST",
+        "plan": {"file": "plan.parquet", "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate},
+    }
     meta.pop("population", None)
     rec = RunRecorder(rd, meta)
     try:
         client = PlanClient(plan.sessions, plan.workload, sink=rec)
         if engine is None:
-            res = simulate(client, EngineModel(cell, seed=seed), recorder=rec, until=prot.duration, gauge_interval=prot.gauge_interval)
+            res = simulate(
+                client,
+                EngineModel(cell, seed=seed),
+                recorder=rec,
+                until=prot.duration,
+                gauge_interval=prot.gauge_interval,
+            )
             rec.update_meta({"simulation": res.as_meta()})
             status, reason = "COMPLETED", None
         else:
-            result = run_real(client, cell=cell, options=engine, run_dir=rd, recorder=rec, duration=prot.duration,
-                              gauge_interval=prot.gauge_interval)
+            result = run_real(
+                client,
+                cell=cell,
+                options=engine,
+                run_dir=rd,
+                recorder=rec,
+                duration=prot.duration,
+                gauge_interval=prot.gauge_interval,
+            )
             status, reason = result.status, result.reason
         client.close(prot.duration)
     except BaseException:
@@ -398,19 +509,59 @@ def e0b(
     `duration` and `rise_span` default to the named protocol's duration and window."""
     prot = e0b_protocol(duration, rise_span, protocol)
     rise_span = prot.window.end - prot.window.start
-    calls = [(cell, workload, m, lambda_ref, s, prot, rise_span, final_max, rise_max,
-              None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"), engine, top_rate, resume)
-             for m in grid for s in seeds]
+    calls = [
+        (
+            cell,
+            workload,
+            m,
+            lambda_ref,
+            s,
+            prot,
+            rise_span,
+            final_max,
+            rise_max,
+            None if out_dir is None else str(Path(out_dir) / f"e0b-m{m:g}-s{s}"),
+            engine,
+            top_rate,
+            resume,
+        )
+        for m in grid
+        for s in seeds
+    ]
     return list((mapper or serial)(from_empty_stats, calls))
 
 
-def from_empty_stats(cell: CellConfig, workload: WorkloadConfig, multiple: float, lambda_ref: float, seed: int, protocol: ProtocolConfig,
-                     rise_span: float, final_max: float, rise_max: float, run_dir: str | None, engine: Any,
-                     top_rate: float = DEFAULT_TOP_RATE, resume: bool = False) -> E0bStats:
+def from_empty_stats(
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    multiple: float,
+    lambda_ref: float,
+    seed: int,
+    protocol: ProtocolConfig,
+    rise_span: float,
+    final_max: float,
+    rise_max: float,
+    run_dir: str | None,
+    engine: Any,
+    top_rate: float = DEFAULT_TOP_RATE,
+    resume: bool = False,
+) -> E0bStats:
     """`run_from_empty` with positional arguments (a module-level function for job arrays)."""
-    return run_from_empty(cell, workload, multiple, lambda_ref, seed=seed, protocol=protocol, rise_span=rise_span,
-                          final_max=final_max, rise_max=rise_max, run_dir=run_dir, engine=engine, top_rate=top_rate,
-                          resume=resume)
+    return run_from_empty(
+        cell,
+        workload,
+        multiple,
+        lambda_ref,
+        seed=seed,
+        protocol=protocol,
+        rise_span=rise_span,
+        final_max=final_max,
+        rise_max=rise_max,
+        run_dir=run_dir,
+        engine=engine,
+        top_rate=top_rate,
+        resume=resume,
+    )
 
 
 def _plan_sha(run_dir: Path | str | None) -> str | None:
@@ -470,35 +621,99 @@ def calibrate_all(
     say = log or (lambda msg: None)
     eprot = e0b_protocol(e0b_duration, rise_span, e0b_protocol_ref)
     e0b_duration, rise_span = eprot.duration, eprot.window.end - eprot.window.start
-    src = (f"agentload calibrate all --cell {cell.name} --engine {engine_name}: Stage C n={list(ns)} seeds {list(stage_c_seeds)} "
-           f"({warmup:g} s + {window:g} s); E0a n={e0a_n} seeds {list(e0a_seeds)} check n={check_n}; "
-           f"E0b {e0b_protocol_ref} grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s")
+    src = (
+        f"agentload calibrate all --cell {cell.name} --engine {engine_name}: Stage C n={list(ns)} seeds {list(stage_c_seeds)} "
+        f"({warmup:g} s + {window:g} s); E0a n={e0a_n} seeds {list(e0a_seeds)} check n={check_n}; "
+        f"E0b {e0b_protocol_ref} grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s"
+    )
     if top_rate != DEFAULT_TOP_RATE:
         src += f", top rate {top_rate:g} sessions/s"
     say(f"Stage C: n = {list(ns)}")
-    sc = stage_c(cell, workload, ns, seeds=stage_c_seeds, out_dir=runs, warmup=warmup, window=window, engine=engine, mapper=mapper,
-                 resume=resume)
+    sc = stage_c(
+        cell,
+        workload,
+        ns,
+        seeds=stage_c_seeds,
+        out_dir=runs,
+        warmup=warmup,
+        window=window,
+        engine=engine,
+        mapper=mapper,
+        resume=resume,
+    )
     sc_dirs = [runs / f"stage-c-n{n}-s{s}" for n in ns for s in stage_c_seeds]
     say(f"E0a: n = {e0a_n}, seeds {list(e0a_seeds)}")
     per_seed: list[WindowStats] = []
-    ea = e0a(cell, workload, seeds=e0a_seeds, n=e0a_n, check_n=check_n, out_dir=runs, warmup=warmup, window=window,
-             engine=engine, runs=per_seed, mapper=mapper, resume=resume)
-    ea_dirs = [runs / f"e0a-n{e0a_n}-s{s}" for s in e0a_seeds] + ([runs / f"e0a-n{check_n}-s{e0a_seeds[0]}"] if check_n else [])
+    ea = e0a(
+        cell,
+        workload,
+        seeds=e0a_seeds,
+        n=e0a_n,
+        check_n=check_n,
+        out_dir=runs,
+        warmup=warmup,
+        window=window,
+        engine=engine,
+        runs=per_seed,
+        mapper=mapper,
+        resume=resume,
+    )
+    ea_dirs = [runs / f"e0a-n{e0a_n}-s{s}" for s in e0a_seeds] + (
+        [runs / f"e0a-n{check_n}-s{e0a_seeds[0]}"] if check_n else []
+    )
     lam = ea.lambda_ref
     say(f"E0b: grid {list(grid)} x lambda_ref = {lam:.5f} sessions/s")
-    eb = e0b(cell, workload, lam, grid=grid, seeds=e0b_seeds, duration=e0b_duration, rise_span=rise_span, final_max=final_max,
-             rise_max=rise_max, out_dir=runs, engine=engine, protocol=e0b_protocol_ref, top_rate=top_rate, resume=resume,
-             mapper=mapper)
+    eb = e0b(
+        cell,
+        workload,
+        lam,
+        grid=grid,
+        seeds=e0b_seeds,
+        duration=e0b_duration,
+        rise_span=rise_span,
+        final_max=final_max,
+        rise_max=rise_max,
+        out_dir=runs,
+        engine=engine,
+        protocol=e0b_protocol_ref,
+        top_rate=top_rate,
+        resume=resume,
+        mapper=mapper,
+    )
     eb_dirs = [runs / f"e0b-m{m:g}-s{s}" for m in grid for s in e0b_seeds]
     files: dict[str, tuple[Path, str]] = {}
     docs = {
-        "stage-c": stage_c_summary(cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src + load_note(sc_dirs)),
-        "e0a": e0a_summary_dict(cell.name, per_seed, ea, n=e0a_n, warmup=warmup, window=window, run_dirs=ea_dirs, folder=out,
-                                source=src + load_note(ea_dirs)),
-        "e0b": e0b_summary_dict(cell.name, eb, lambda_ref=lam, grid=list(grid), seeds=list(e0b_seeds), duration=e0b_duration,
-                                rise_span=rise_span, final_max=final_max, rise_max=rise_max, run_dirs=eb_dirs, folder=out,
-                                source=src + load_note(eb_dirs),
-                                bin_s=eprot.backlog_bin, top_rate=top_rate, protocol=e0b_protocol_ref),
+        "stage-c": stage_c_summary(
+            cell.name, sc, warmup=warmup, window=window, run_dirs=sc_dirs, folder=out, source=src + load_note(sc_dirs)
+        ),
+        "e0a": e0a_summary_dict(
+            cell.name,
+            per_seed,
+            ea,
+            n=e0a_n,
+            warmup=warmup,
+            window=window,
+            run_dirs=ea_dirs,
+            folder=out,
+            source=src + load_note(ea_dirs),
+        ),
+        "e0b": e0b_summary_dict(
+            cell.name,
+            eb,
+            lambda_ref=lam,
+            grid=list(grid),
+            seeds=list(e0b_seeds),
+            duration=e0b_duration,
+            rise_span=rise_span,
+            final_max=final_max,
+            rise_max=rise_max,
+            run_dirs=eb_dirs,
+            folder=out,
+            source=src + load_note(eb_dirs),
+            bin_s=eprot.backlog_bin,
+            top_rate=top_rate,
+            protocol=e0b_protocol_ref,
+        ),
     }
     for stage, data in docs.items():
         path = out / f"{stage}.yaml"
@@ -528,5 +743,3 @@ def load_note(run_dirs: Sequence[Path]) -> str:
     if shares:
         note += f", engine CPU share {min(shares):.2f}-{max(shares):.2f} of a core"
     return note
-
-

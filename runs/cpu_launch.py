@@ -23,8 +23,8 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.errors import EngineError
-from runs.realrun import EngineOptions
 from harness.servers.vllm import VLLM_MODULE
+from runs.realrun import EngineOptions
 
 ENGINE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 HEALTH_TIMEOUT = 600.0  # a loaded 2-core host has taken up to ~90 s to start the server
@@ -38,20 +38,37 @@ def engine_env() -> tuple[str, str]:
     """(engine python, model directory) from the environment, or a LaunchError saying how to get them."""
     py, model = os.environ.get("AGENTLOAD_VLLM_PYTHON"), os.environ.get("AGENTLOAD_TINY_MODEL")
     if not py or not model:
-        raise LaunchError('AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL must be set: eval "$(scripts/ci-engine-tests.sh --print-env)"')
+        raise LaunchError(
+            'AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL must be set: eval "$(scripts/ci-engine-tests.sh --print-env)"'
+        )
     return py, model
 
 
 def cli_options(python: str, model: str) -> list[str]:
     """The real-engine options of `agentload calibrate|run|test run` for the CPU vLLM."""
-    out = ["--engine", "vllm", "--server-cmd", f"{shlex.quote(python)} -m {VLLM_MODULE}", "--model-path", model,
-           "--health-timeout", f"{HEALTH_TIMEOUT:g}"]
+    out = [
+        "--engine",
+        "vllm",
+        "--server-cmd",
+        f"{shlex.quote(python)} -m {VLLM_MODULE}",
+        "--model-path",
+        model,
+        "--health-timeout",
+        f"{HEALTH_TIMEOUT:g}",
+    ]
     return out + [f"--engine-arg={a}" for a in ENGINE_ARGS]
 
 
 def run_options(python: str, model: str, **more: Any) -> dict[str, Any]:
     """The runner's options dict (RunContext.options) for the same launch, e.g. for execute_run."""
-    opts = asdict(EngineOptions(engine="vllm", server_cmd=(python, "-m", VLLM_MODULE), model=model, extra_args=ENGINE_ARGS,
-                                health_timeout=HEALTH_TIMEOUT))
+    opts = asdict(
+        EngineOptions(
+            engine="vllm",
+            server_cmd=(python, "-m", VLLM_MODULE),
+            model=model,
+            extra_args=ENGINE_ARGS,
+            health_timeout=HEALTH_TIMEOUT,
+        )
+    )
     opts.update(more)
     return opts

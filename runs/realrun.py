@@ -22,20 +22,18 @@ import os
 import shlex
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from harness.config import CellConfig, resolve_path
 from harness.drivers.wall import FAILED, INTERRUPTED, DriveResult, drive
-from harness.config import CellConfig
-from harness.errors import EngineError
-from runs.backend import Backend, BackendResult, RunContext, register_backend
-from datetime import datetime, timezone
-from harness.servers import EngineStartError, free_port, get_adapter
-from harness.servers import smoke
-from harness.errors import ConfigError
-from harness.config import resolve_path
+from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
+from harness.servers import EngineStartError, free_port, get_adapter, smoke
+from runs.backend import Backend, BackendResult, RunContext, register_backend
 
 log = logging.getLogger("agentload.realrun")
 
@@ -70,19 +68,34 @@ class EngineOptions:
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The `run` command's options for real engines (the runner adds them to its parser)."""
     g = p.add_argument_group("real engines (--engine emulator|vllm|sglang)")
-    g.add_argument("--server-cmd", default=None, help="launcher prefix replacing the engine's default program, e.g. '.engine-venv/vllm/bin/python -m vllm.entrypoints.openai.api_server'")
+    g.add_argument(
+        "--server-cmd",
+        default=None,
+        help="launcher prefix replacing the engine's default program, e.g. '.engine-venv/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
+    )
     g.add_argument("--base-url", default=None, help="drive an already running server at this URL (no launch, no stop)")
-    g.add_argument("--flavor", choices=("sglang", "vllm"), default=None, help="emulator API dialect (default: the cell's engine)")
+    g.add_argument(
+        "--flavor", choices=("sglang", "vllm"), default=None, help="emulator API dialect (default: the cell's engine)"
+    )
     g.add_argument("--time-scale", type=float, default=1.0, help="emulator only: plan seconds per wall second")
     g.add_argument("--model-path", default=None, help="weights the engine loads (default: the cell's model)")
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--port", type=int, default=None, help="server port on 127.0.0.1 (default: a free one)")
-    g.add_argument("--engine-arg", action="append", default=[], metavar="ARG", help="extra server argument (repeatable)")
+    g.add_argument(
+        "--engine-arg", action="append", default=[], metavar="ARG", help="extra server argument (repeatable)"
+    )
     g.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait for /health (default 900)")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="wall seconds per turn before it is a timeout (default 600)")
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="wall seconds per turn before it is a timeout (default 600)",
+    )
     g.add_argument("--no-smoke", action="store_true", help="skip the pre-run smoke checks")
     g.add_argument("--no-canary", action="store_true", help="skip the flush + canary check (exploratory runs only)")
-    g.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal")
+    g.add_argument(
+        "--progress-every", type=float, default=30.0, help="seconds between progress lines when not on a terminal"
+    )
 
 
 def options_from_args(args: argparse.Namespace, *, cell_ref: str | None = None) -> EngineOptions:
@@ -133,7 +146,7 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _failed(status: str, reason: str, t0: float) -> DriveResult:
@@ -173,18 +186,41 @@ def run_real(
         try:
             if options.base_url is None:
                 port = options.port or free_port(options.host)
-                argv, env = adapter.launch_command(cell, model=options.model or cell.model, host=options.host, port=port, extra_args=options.extra_args)
+                argv, env = adapter.launch_command(
+                    cell, model=options.model or cell.model, host=options.host, port=port, extra_args=options.extra_args
+                )
                 _meta(recorder, {"engine_launch": {"argv": argv, "env": env, "port": port}})
                 log.info("starting %s: %s", options.engine, shlex.join(argv))
                 launched_at, t_launch = _utc_now(), time.monotonic()
-                handle = adapter.start(argv, env, run_dir, host=options.host, port=port, health_timeout=options.health_timeout)
+                handle = adapter.start(
+                    argv, env, run_dir, host=options.host, port=port, health_timeout=options.health_timeout
+                )
                 # When the server answered /health: a job's start allowance is judged against this.
-                _meta(recorder, {"engine_start": {"launched_at": launched_at, "healthy_at": _utc_now(), "seconds": time.monotonic() - t_launch}})
+                _meta(
+                    recorder,
+                    {
+                        "engine_start": {
+                            "launched_at": launched_at,
+                            "healthy_at": _utc_now(),
+                            "seconds": time.monotonic() - t_launch,
+                        }
+                    },
+                )
                 base_url = handle.base_url
             else:
                 base_url = options.base_url.rstrip("/")
             model_name = options.served_model_name or _served_name(adapter, cell)
-            _meta(recorder, {"engine_adapter": {**adapter.describe(), "base_url": base_url, "model_name": model_name, "time_scale": options.time_scale}})
+            _meta(
+                recorder,
+                {
+                    "engine_adapter": {
+                        **adapter.describe(),
+                        "base_url": base_url,
+                        "model_name": model_name,
+                        "time_scale": options.time_scale,
+                    }
+                },
+            )
             checks = asyncio.run(_preflight(adapter, base_url, cell, model_name, options))
             _meta(recorder, {"preflight": checks})
             alive = _liveness(handle)
@@ -289,7 +325,9 @@ class PreflightError(EngineError):
     """The server is up but unfit for a registered run (smoke failed, cache not emptied)."""
 
 
-async def _preflight(adapter: Any, base_url: str, cell: CellConfig, model_name: str, options: EngineOptions) -> dict[str, Any]:
+async def _preflight(
+    adapter: Any, base_url: str, cell: CellConfig, model_name: str, options: EngineOptions
+) -> dict[str, Any]:
     """Stage 0 smoke checks and the flush + canary (cache-off cells: a no-reuse check instead)."""
     import aiohttp
 
@@ -330,8 +368,14 @@ async def _cache_off_check(adapter: Any, http: Any, base_url: str, model_name: s
     first = await adapter.complete(http, base_url, prompt, 4, model_name)
     again = await adapter.complete(http, base_url, prompt, 4, model_name)
     if again.cached_tokens > 0:
-        raise PreflightError(f"prefix cache is not off: a repeated 256-token prompt reused {again.cached_tokens} tokens")
-    return {"repeat_cached_tokens": int(again.cached_tokens), "first_cached_tokens": int(first.cached_tokens), "passed": True}
+        raise PreflightError(
+            f"prefix cache is not off: a repeated 256-token prompt reused {again.cached_tokens} tokens"
+        )
+    return {
+        "repeat_cached_tokens": int(again.cached_tokens),
+        "first_cached_tokens": int(first.cached_tokens),
+        "passed": True,
+    }
 
 
 def _served_name(adapter: Any, cell: CellConfig) -> str:
@@ -413,7 +457,9 @@ def real_backend(engine: str) -> Backend:
         client = ctx.observer.wrap(ctx.client) if ctx.observer is not None else ctx.client
         progress = None
         if ctx.observer is None and ctx.options.get("progress", True):
-            progress = RunProgress(duration=ctx.duration, title=ctx.run_dir.name, log_every=float(ctx.options.get("progress_every", 30.0)))
+            progress = RunProgress(
+                duration=ctx.duration, title=ctx.run_dir.name, log_every=float(ctx.options.get("progress_every", 30.0))
+            )
         try:
             res = run_real(
                 client,
@@ -428,7 +474,14 @@ def real_backend(engine: str) -> Backend:
         finally:
             if progress is not None:
                 progress.close()
-        meta = {"engine": {"backend": engine, "time_scale": opts.time_scale, "base_url": opts.base_url, "summary": res.summary()}}
+        meta = {
+            "engine": {
+                "backend": engine,
+                "time_scale": opts.time_scale,
+                "base_url": opts.base_url,
+                "summary": res.summary(),
+            }
+        }
         return BackendResult(res.status, res.reason or None, float(res.plan_time), meta)
 
     return backend

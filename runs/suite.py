@@ -16,13 +16,14 @@ import os
 import queue as queue_mod
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from harness.errors import ConfigError
 from harness.config import TestBundle, load_test
+from harness.errors import ConfigError
 from runs.arms import Observer, RunResult, check_before_runs, execute_run, planned_runs, refuse_existing_runs, run_name
 
 
@@ -92,7 +93,9 @@ def drive_pool(
             t.out.mkdir(parents=True, exist_ok=True)
             t.started = time.monotonic()
             for a, r, s in t.todo:
-                f = pool.submit(_worker, str(t.bundle.path), a, r, s, engine, str(t.out / run_name(a, r, s)), every, t.options)
+                f = pool.submit(
+                    _worker, str(t.bundle.path), a, r, s, engine, str(t.out / run_name(a, r, s)), every, t.options
+                )
                 futs[f] = (t, a, r, s)
         pending = set(futs)
         while pending:
@@ -104,7 +107,9 @@ def drive_pool(
                 try:
                     res = f.result()
                 except Exception as exc:  # the worker process itself died
-                    res = RunResult(str(t.out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan"))
+                    res = RunResult(
+                        str(t.out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan")
+                    )
                 t.results.append(res)
                 if display is not None:
                     display.finished(run_name(a, r, s), res)
@@ -138,15 +143,28 @@ def _post(msg: dict[str, Any]) -> None:
             pass
 
 
-def _worker(test_path: str, arm: str, rate: float, seed: int, engine: str, run_dir: str, every: float, options: dict[str, Any] | None) -> RunResult:
+def _worker(
+    test_path: str,
+    arm: str,
+    rate: float,
+    seed: int,
+    engine: str,
+    run_dir: str,
+    every: float,
+    options: dict[str, Any] | None,
+) -> RunResult:
     bundle = load_test(test_path)
     key = run_name(arm, rate, seed)
     try:
-        res = execute_run(bundle, arm, rate, seed, engine, run_dir, observer=Observer(key, _post, every), options=options)
+        res = execute_run(
+            bundle, arm, rate, seed, engine, run_dir, observer=Observer(key, _post, every), options=options
+        )
     except Exception as exc:
         _post({"key": key, "done": True, "status": "FAILED"})
         tb = traceback.format_exc(limit=8)
-        return RunResult(run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb)
+        return RunResult(
+            run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb
+        )
     _post({"key": key, "done": True, "status": res.status, "wall": res.wall_s})
     return res
 
@@ -188,8 +206,15 @@ def run_test(
     return test.results
 
 
-def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[str, float, int]], every: float,
-                   options: dict[str, Any] | None, executor: Any) -> list[RunResult]:
+def _run_elsewhere(
+    bundle: TestBundle,
+    engine: str,
+    out: Path,
+    todo: list[tuple[str, float, int]],
+    every: float,
+    options: dict[str, Any] | None,
+    executor: Any,
+) -> list[RunResult]:
     """The runs of a test through an executor (each call is `_worker`, as in the local pool)."""
     test_path = str(Path(bundle.path).resolve()) if bundle.path else None
     if test_path is None:
@@ -201,7 +226,9 @@ def _run_elsewhere(bundle: TestBundle, engine: str, out: Path, todo: list[tuple[
         if o.ok:
             results.append(o.value)
         else:
-            results.append(RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"job failed: {o.error}", 0.0, float("nan")))
+            results.append(
+                RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"job failed: {o.error}", 0.0, float("nan"))
+            )
     return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
 
 
