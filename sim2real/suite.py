@@ -111,10 +111,6 @@ def run_suite(
     return out
 
 
-def run_vllm_suite(specs: list[TraceSpec] | None = None, **kw: Any) -> dict[str, Any]:
-    return run_suite("vllm", specs, **kw)
-
-
 def write_report(summary: dict[str, Any], out_dir: Path | str) -> Path:
     """JSON of every trace plus a Markdown table of the agreement rates."""
     out = Path(out_dir)

@@ -122,10 +122,6 @@ def timer_tag(key: Hashable) -> str:
     return str(key)
 
 
-class _Stop(Exception):
-    pass
-
-
 class _Driver:
     def __init__(
         self,

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from support.gitfixture import commit_file, git, make_repo
 
-from prereg.freeze import FreezeError, freeze, parse_tag_message, read_frozen
+from prereg.freeze import FreezeError, freeze, read_frozen
 from prereg.predictions import About, Prediction, make_file, write_predictions
 from provenance.git import Repo
 from provenance.meta import sha256_file
+from provenance.proofcheck import tag_message_hashes
 from provenance.proofs import prove, verify_proof
 
 
@@ -38,7 +39,7 @@ def test_freeze_commits_tags_pushes_and_reads_back(tmp_path: Path, fmt: str) -> 
     rec = freeze([f], tag="pred-unit")
     repo = Repo(work)
     assert rec.data["object_format"] == fmt and rec.data["new_commit"]
-    assert parse_tag_message(repo.tag_message("pred-unit")) == {"predictions/p.yaml": sha256_file(f)}
+    assert tag_message_hashes(repo.tag_message("pred-unit")) == {"predictions/p.yaml": sha256_file(f)}
     # the remote holds the commit on its branch and the very tag object
     assert git(remote, "rev-parse", "refs/heads/main") == rec.commit
     assert git(remote, "rev-parse", "refs/tags/pred-unit") == rec.data["tag_object"]
@@ -68,7 +69,7 @@ def test_a_remade_tracked_prediction_file_is_frozen_again(tmp_path: Path) -> Non
     _predictions(f, 0.7)
     rec = freeze([f], tag="pred-second")
     assert (
-        parse_tag_message(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)}
+        tag_message_hashes(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)}
         and rec.data["new_commit"]
     )
 
