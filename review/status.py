@@ -26,28 +26,28 @@ import math
 from pathlib import Path
 from typing import Any
 
+from harness.recording.schema import RunStatus
 from prereg.labels import label_now
 from review.registered import bind_run
 from review.testdir import PRESENT, TestDir
+from slurm.parsers import PENDING_STATES, RUNNING_STATES, JobState, normalise_state
 from slurm.scheduler import SchedulerError, job_states
 
-PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-RUNNING_STATES = {"RUNNING", "CONFIGURING", "COMPLETING", "STAGE_OUT", "SIGNALING", "SUSPENDED", "STOPPED", "RESIZING"}
 CATEGORIES = ("pending", "running", "done", "failed", "refused", "unknown")
 
 
 def job_category(state: str | None, run_status: str | None) -> str:
-    """A job's category from its scheduler state and its run's recorded status."""
-    if run_status == "REFUSED":
+    """A job's category from its scheduler state (raw or normalised) and its run's recorded status."""
+    if run_status == RunStatus.REFUSED:
         return "refused"
     if state is None:
         return "unknown"
-    s = state.split(" ", 1)[0].rstrip("+").upper()
+    s = normalise_state(state)
     if s in PENDING_STATES:
         return "pending"
     if s in RUNNING_STATES:
         return "running"
-    if s == "COMPLETED":
+    if s == JobState.COMPLETED:
         return "done"
     return "failed"
 

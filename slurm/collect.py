@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from provenance.git import GitError, Repo
+from slurm.accounting_export import write_accounting_export
 from slurm.manifest import (
     ACCOUNTING_CSV,
     ACCOUNTING_JSON,
@@ -41,14 +42,8 @@ from slurm.manifest import (
     test_dir,
     write_manifest,
 )
-from slurm.scheduler import (
-    TERMINAL_STATES,
-    SchedulerError,
-    accounting,
-    job_states,
-    wait_for_accounting,
-    write_accounting_export,
-)
+from slurm.parsers import TERMINAL_STATES
+from slurm.scheduler import SchedulerError, accounting, job_states, wait_for_accounting
 
 EXIT_MEANING = {
     3: "refused by the job's checks",

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from slurm.scheduler import SchedulerError, accounting, wait_for_accounting, write_accounting_export
+from slurm.accounting_export import write_accounting_export
+from slurm.scheduler import SchedulerError, accounting, wait_for_accounting
 
 
 @dataclass

@@ -127,7 +127,8 @@ def test_job_states_from_the_accounting_export_when_the_scheduler_cannot_be_aske
 ) -> None:
     from datetime import datetime
 
-    from slurm.scheduler import AccountingRow, write_accounting_export
+    from slurm.accounting_export import write_accounting_export
+    from slurm.parsers import AccountingRow
 
     td_path = copy_world(world, tmp_path / "td")
     t = datetime(2026, 1, 1, tzinfo=UTC)

@@ -314,7 +314,7 @@ def test_label_from_the_manifest_and_the_schedulers_submit_times() -> None:
 # -------------------------------------------------------------------------------- collection
 def test_the_export_is_checked_against_the_manifest() -> None:
     from slurm.collect import agreement
-    from slurm.scheduler import AccountingRow
+    from slurm.parsers import AccountingRow
 
     t = datetime(2026, 12, 1, 6, 19, 7, tzinfo=UTC)
     doc = {
