@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import CellConfig, resolve_path
-from harness.drivers.wall import FAILED, INTERRUPTED, DriveResult, drive
+from harness.drivers.wall import DriveResult, drive
 from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
+from harness.recording.schema import RunStatus
 from harness.servers import EngineStartError, free_port, get_adapter, smoke
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 
@@ -149,7 +150,7 @@ def _utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-def _failed(status: str, reason: str, t0: float) -> DriveResult:
+def _failed(status: RunStatus, reason: str, t0: float) -> DriveResult:
     return DriveResult(status=status, reason=reason, plan_time=0.0, wall_seconds=time.monotonic() - t0, cpu_seconds=0.0)
 
 
@@ -244,16 +245,16 @@ def run_real(
             _install_interrupt()
             load.mark("drive_end", group)
         except EngineStartError as exc:
-            result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
+            result = _failed(RunStatus.FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
-            result = _failed(FAILED, f"pre-run check failed: {exc}", t0)
+            result = _failed(RunStatus.FAILED, f"pre-run check failed: {exc}", t0)
         except (_Interrupted, KeyboardInterrupt) as exc:
-            result = _failed(INTERRUPTED, f"interrupted before the drive: {exc or 'KeyboardInterrupt'}", t0)
+            result = _failed(RunStatus.INTERRUPTED, f"interrupted before the drive: {exc or 'KeyboardInterrupt'}", t0)
         finally:
             if handle is not None:
                 with contextlib.suppress(Exception):
                     adapter.stop(handle)
-    if result.status == FAILED and handle is not None and handle.log_path is not None:
+    if result.status == RunStatus.FAILED and handle is not None and handle.log_path is not None:
         result.reason += _log_tail_note(handle.log_path)
     _meta(recorder, {"host_load": load.as_meta()})
     _finish(recorder, result)

@@ -330,8 +330,9 @@ def case_open_loop_run(live: Live, tmp_path: Path) -> None:
     exactly the previous prompt and output, whole pages only; gauges are recorded; the flush
     then empties the cache."""
     from harness.client.openloop import PlanClient
-    from harness.drivers.wall import COMPLETED, drive
+    from harness.drivers.wall import drive
     from harness.recording.record import RunRecorder, load_run
+    from harness.recording.schema import RunStatus
 
     workload = WorkloadConfig.model_validate(OPEN_LOOP)
     n = 12
@@ -354,7 +355,7 @@ def case_open_loop_run(live: Live, tmp_path: Path) -> None:
     wall = time.monotonic() - t0
     rec.close()
     data = load_run(tmp_path / "run")
-    assert result.status == COMPLETED, result.reason
+    assert result.status == RunStatus.COMPLETED, result.reason
     assert result.errors == 0 and result.timeouts == 0 and client.prompt_mismatches == 0
 
     turns = data.turns
