@@ -26,6 +26,7 @@ from analysis.theory.predict import freeze_predictions
 from harness.config import load_test
 from harness.errors import ConfigError, UsageError
 from harness.recording.progress import TestDisplay
+from harness.recording.schema import RunStatus
 from prereg.registration import load_registration
 from provenance.git import GitError, Repo
 from runs.arms import RunResult, execute_run, references, run_name
@@ -136,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if res.status != "COMPLETED":
+    if res.status != RunStatus.COMPLETED:
         print(res.reason if args.debug else one_line(res.reason), file=sys.stderr)
         return 1
     return 0
@@ -176,7 +177,7 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     wall = time.monotonic() - t0
     if sweep is not None:
         print(f"SLURM accounting of the array: {sweep.export_accounting(out / 'provenance')}", flush=True)
-    failed = [r for r in results if r.status != "COMPLETED"]
+    failed = [r for r in results if r.status != RunStatus.COMPLETED]
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
     if len(failed) < len(results):
@@ -301,12 +302,12 @@ def run_suite_command(args: argparse.Namespace) -> int:
     codes: dict[str, int] = {}
 
     def run_done(t: SuiteTest, res: RunResult, done: int, total: int) -> None:
-        status = res.status if res.status != "COMPLETED" else f"{res.wall_s:.0f} s"
+        status = res.status if res.status != RunStatus.COMPLETED else f"{res.wall_s:.0f} s"
         print(f"[{done}/{total}] {t.bundle.test.name}/{Path(res.run_dir).name}: {status}", flush=True)
 
     def test_done(t: SuiteTest) -> None:
         b = t.bundle
-        failed = [r for r in t.results if r.status != "COMPLETED"]
+        failed = [r for r in t.results if r.status != RunStatus.COMPLETED]
         (t.out / "wall.json").write_text(
             f'{{"runs": {len(t.results)}, "wall_s": {t.wall_s:.2f}, "jobs": {jobs}, "suite": true}}\n'
         )

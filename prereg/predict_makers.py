@@ -41,6 +41,7 @@ from analysis.theory.model_f import model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import CellConfig, TestBundle, WorkloadConfig, load_config, load_test
 from harness.errors import ConfigError
+from harness.recording.schema import RunStatus
 from harness.workload.planfile import plan_bytes
 from harness.workload.plans import make_plan
 from prereg.freeze import utc_precise
@@ -129,7 +130,7 @@ def _arms(bundle: TestBundle, arms: Sequence[str] | None) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 def _sim_one(test_path: str, arm: str, rate: float, seed: int, run_dir: str) -> str:
     res = execute_run(load_bundle(test_path), arm, rate, seed, "sim", run_dir)
-    if res.status != "COMPLETED":
+    if res.status != RunStatus.COMPLETED:
         raise RuntimeError(f"simulated run {arm} r{rate} s{seed} ended {res.status}: {res.reason}")
     return res.run_dir
 

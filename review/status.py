@@ -88,8 +88,8 @@ def jobs_status(td: TestDir, *, ask_scheduler: bool = True, runner: Any = None) 
         raw = raw_jobs[i] if i < len(raw_jobs) and isinstance(raw_jobs[i], dict) else {}
         run = by_dir.get(Path(j.run_dir).name) if j.run_dir else None
         run_status = run.status if run else None
-        if raw.get("refused") or str(raw.get("status", "")).upper() == "REFUSED":
-            run_status = "REFUSED"
+        if raw.get("refused") or str(raw.get("status", "")).upper() == RunStatus.REFUSED:
+            run_status = RunStatus.REFUSED
         tasks = {k: v for k, v in states.items() if k.startswith(j.job_id + "_")} if j.job_id not in states else {}
         for jid, st in [(j.job_id, states.get(j.job_id))] if not tasks else sorted(tasks.items()):
             cat = job_category(st, run_status)

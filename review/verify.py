@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from harness.recording.schema import RunStatus
 from provenance.codepaths import is_code_path
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
@@ -214,7 +215,7 @@ def verify_test(
         v.add(
             "runs",
             f"{name} completed",
-            r.status == "COMPLETED",
+            r.status == RunStatus.COMPLETED,
             f"status {r.status}" + (f": {r.meta.get('status_reason')}" if r.meta.get("status_reason") else ""),
         )
         if not code_check:

@@ -30,7 +30,7 @@ from harness.config import ArmConfig, TestBundle
 from harness.drivers.virtual import simulate
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
-from harness.recording.schema import HIT_THRESHOLD, is_hit
+from harness.recording.schema import HIT_THRESHOLD, RunStatus, is_hit
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan, write_plan
 from harness.workload.plans import make_plan
@@ -56,7 +56,7 @@ def _sim_backend(ctx: RunContext) -> BackendResult:
         "engine": {"backend": "sim", "model": "harness.refengine.model.EngineModel (virtual time)"},
         "simulation": res.as_meta(),
     }
-    return BackendResult("COMPLETED", None, float(res.end_time), meta)
+    return BackendResult(RunStatus.COMPLETED, None, float(res.end_time), meta)
 
 
 register_backend("sim", _sim_backend)
@@ -149,7 +149,7 @@ class RunResult:
     arm: str
     rate: float
     seed: int
-    status: str
+    status: RunStatus
     reason: str | None
     wall_s: float
     plan_time: float
@@ -237,8 +237,10 @@ def execute_run(
         )
         meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
         with RunRecorder(run_dir, meta) as rec:
-            rec.close("REFUSED", reason)
-        return RunResult(str(run_dir), key, float(rate), int(seed), "REFUSED", reason, time.monotonic() - t0, 0.0)
+            rec.close(RunStatus.REFUSED, reason)
+        return RunResult(
+            str(run_dir), key, float(rate), int(seed), RunStatus.REFUSED, reason, time.monotonic() - t0, 0.0
+        )
     if expect_plan_sha256 is not None:
         meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": True}
     ts = arm.toolslow

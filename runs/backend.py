@@ -18,6 +18,7 @@ from harness.client.openloop import PlanClient
 from harness.config import ArmConfig, TestBundle
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
+from harness.recording.schema import RunStatus
 
 
 class Watcher(Protocol):
@@ -44,7 +45,7 @@ class RunContext:
 
 @dataclass
 class BackendResult:
-    status: str  # COMPLETED | FAILED | INTERRUPTED
+    status: RunStatus  # COMPLETED | FAILED | INTERRUPTED
     reason: str | None
     end_time: float  # plan time at which the drive stopped
     meta: dict[str, Any] = field(default_factory=dict)  # engine facts for meta.json

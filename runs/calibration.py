@@ -62,6 +62,7 @@ from harness.config import (
 )
 from harness.drivers.virtual import SimResult, simulate
 from harness.recording.record import RunRecorder, load_run
+from harness.recording.schema import RunStatus
 from harness.refengine.model import EngineModel
 from harness.workload.draws import expected_turns
 from harness.workload.planfile import plan_bytes, read_plan, write_plan
@@ -113,7 +114,7 @@ def completed_run(run_dir: Path | str | None, cell: CellConfig, workload: Worklo
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    if meta.get("status") != "COMPLETED":
+    if meta.get("status") != RunStatus.COMPLETED:
         return False
     c = cell.model_dump(mode="json")
     got_cell = meta.get("cell") or {}
@@ -191,9 +192,9 @@ def run_closed(
             res = simulate(client, engine, recorder=rec, until=end, gauge_interval=gauge_interval)
             rec.update_meta({"simulation": res.as_meta()})
         except BaseException:
-            rec.close("FAILED", "simulation raised")
+            rec.close(RunStatus.FAILED, "simulation raised")
             raise
-        rec.close("COMPLETED")
+        rec.close(RunStatus.COMPLETED)
         data = load_run(run_dir)
         turns, sessions = data.turns, data.sessions
     stats = window_stats(turns, sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
@@ -253,10 +254,10 @@ def _run_closed_real(
             gauge_interval=gauge_interval,
         )
     except BaseException:
-        rec.close("FAILED", "calibration run raised")
+        rec.close(RunStatus.FAILED, "calibration run raised")
         raise
     rec.close()
-    if result.status != "COMPLETED":
+    if result.status != RunStatus.COMPLETED:
         raise RuntimeError(
             f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})"
         )
@@ -464,7 +465,7 @@ def run_from_empty(
                 gauge_interval=prot.gauge_interval,
             )
             rec.update_meta({"simulation": res.as_meta()})
-            status, reason = "COMPLETED", None
+            status, reason = RunStatus.COMPLETED, None
         else:
             result = run_real(
                 client,
@@ -478,10 +479,10 @@ def run_from_empty(
             status, reason = result.status, result.reason
         client.close(prot.duration)
     except BaseException:
-        rec.close("FAILED", "E0b run raised")
+        rec.close(RunStatus.FAILED, "E0b run raised")
         raise
     rec.close(status, reason) if engine is None else rec.close()
-    if status != "COMPLETED":
+    if status != RunStatus.COMPLETED:
         raise RuntimeError(f"E0b run at {multiple} x lambda_ref seed {seed} ended {status}: {reason} (records in {rd})")
     data = load_run(rd)
     return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]

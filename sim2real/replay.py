@@ -19,6 +19,7 @@ from harness.config import ArmConfig, CellConfig, CostConfig, ProtocolConfig, lo
 from harness.drivers.virtual import simulate
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
+from harness.recording.schema import RunStatus
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan
 from provenance.meta import capture, sha256_file
@@ -122,5 +123,5 @@ def replay_run(
                 "wall_s": time.monotonic() - t0,
             }
         )
-        rec.close("COMPLETED")
+        rec.close(RunStatus.COMPLETED)
     return out_dir

@@ -25,6 +25,7 @@ from typing import Any
 
 import harness
 from slurm.accounting_export import write_accounting_export
+from slurm.parsers import JobState
 from slurm.scheduler import SchedulerError, accounting, wait_for_accounting
 
 
@@ -36,7 +37,7 @@ class Outcome:
     value: Any
     error: str | None
     job_id: str
-    state: str
+    state: JobState
 
 
 class SweepError(SchedulerError):
@@ -123,7 +124,7 @@ class SlurmSweep:
         states = self._states(array_id)
         out = []
         for i, j in enumerate(jobs):
-            state = states.get(str(j.job_id), "UNKNOWN")
+            state = states.get(str(j.job_id), JobState.UNKNOWN)
             try:
                 out.append(Outcome(True, j.result(), None, str(j.job_id), state))
             except Exception as exc:  # a failed task is an outcome, not a crash of the sweep
@@ -137,7 +138,7 @@ class SlurmSweep:
         return out
 
     @staticmethod
-    def _states(array_id: str) -> dict[str, str]:
+    def _states(array_id: str) -> dict[str, JobState]:
         """Each task's final state from one accounting call (submitit's cached state can be stale)."""
         try:
             return {r.job_id: r.state for r in accounting([array_id])}

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import write_text_atomic
 from review.html.figures import data_uri, fig1_charts, json_script
 from review.html.markdown import render
 from review.html.records import (
@@ -220,7 +221,4 @@ def write_html(td: TestDir, out_path: str | Path | None = None, *, status: Mappi
     out = Path(out_path) if out_path is not None else td.path / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = build_page(td, out.resolve(), status=status)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return write_text_atomic(out, text)

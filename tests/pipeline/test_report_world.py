@@ -23,7 +23,7 @@ from cli.main import main
 from provenance.git import Repo
 from review.html import write_html
 from review.status import collect_status, format_status
-from review.testdir import open_testdir
+from review.testdir import find_verdicts, open_testdir
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,9 @@ def test_a_refused_job_and_an_edited_run_show_as_such(world: dict[str, Any], tmp
     m = orjson.loads((run / "meta.json").read_bytes())
     m["status"], m["status_reason"] = "REFUSED", "registration SHA-256 differs from the one the job was submitted with"
     (run / "meta.json").write_bytes(orjson.dumps(m))
+    # the edit comes after the verdict (status allows a second of clock skew; the world may be younger)
+    later = max(p.stat().st_mtime for p in find_verdicts(td_path)) + 10.0
+    os.utime(run / "meta.json", (later, later))
     st = collect_status(_td(world, td_path), runner=squeue_runner(STATES))
     cats = {x["job_id"]: x["category"] for x in st["jobs"]["jobs"]}
     assert cats["103"] == "refused" and st["jobs"]["counts"]["refused"] == 1
