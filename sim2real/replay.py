@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.client.gates import make_gate
-from harness.client.openloop import PlanClient, ToolSlowRule
+from harness.client.openloop import arm_client
 from harness.config import ArmConfig, CellConfig, CostConfig, ProtocolConfig, load_cost_file
 from harness.drivers.virtual import simulate
 from harness.errors import ConfigError
@@ -103,15 +102,8 @@ def replay_run(
         "provenance": capture(include_gpu=False),
     }
     t0 = time.monotonic()
-    ts = arm.toolslow
     with RunRecorder(out_dir, rmeta) as rec:
-        client = PlanClient(
-            plan.sessions,
-            plan.workload,
-            gate=make_gate(arm.gate, cap),
-            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
-            sink=rec,
-        )
+        client = arm_client(plan.sessions, plan.workload, arm, cap, rec)
         engine = EngineModel(cell, seed=int(meta.get("seed", 0) if seed is None else seed))
         res = simulate(client, engine, recorder=rec, until=duration, gauge_interval=protocol.gauge_interval)
         client.close(float(res.end_time))
