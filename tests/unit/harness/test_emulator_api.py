@@ -664,7 +664,7 @@ def test_sglang_health_warms_up_then_answers_after_its_poll() -> None:
 
     early, late, secs = run(go())
     assert early == 503 and late == 200 and secs >= 0.19
-    from harness.emulator.server import HEALTH_POLL, WARMUP
+    from harness.emulator.core import HEALTH_POLL, WARMUP
 
     assert HEALTH_POLL == {"sglang": 1.0, "vllm": 0.0} and WARMUP["sglang"] > 0 and WARMUP["vllm"] == 0
 
