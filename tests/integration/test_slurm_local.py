@@ -33,7 +33,7 @@ from slurm import parsers as P
 from slurm import scheduler as S
 from slurm.local import ClusterStatus, ensure_up, status
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.wallclock, pytest.mark.usefixtures("slurm_cluster")]
 
 # The functions below run inside jobs. This module is imported by pytest under a name the job's
 # interpreter cannot import, so they travel by value.

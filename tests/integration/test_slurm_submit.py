@@ -47,7 +47,7 @@ from prereg.registration import load_registration, registration_dict, write_regi
 from slurm import accounting_export as X
 from slurm import scheduler as S
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.wallclock, pytest.mark.usefixtures("slurm_cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from harness.recording.schema import RunStatus
 from harness.servers import get_adapter
 from harness.workload.draws import STREAM_BASE, draw_session
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 SCALE = 100.0
 WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)

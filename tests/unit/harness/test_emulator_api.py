@@ -23,7 +23,7 @@ from harness.config import CellConfig, load_config
 from harness.emulator.server import Emulator, Faults, serve
 from harness.servers import get_adapter
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 D = 8  # output tokens per request in these tests
 

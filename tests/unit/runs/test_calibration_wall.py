@@ -18,7 +18,7 @@ from harness.recording.record import load_run
 from runs.closed_runs import cache_off, e0a, run_closed
 from runs.realrun import EngineOptions
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
 
