@@ -30,6 +30,7 @@ from harness.errors import ConfigError
 from prereg.predictions import FORMAT, PredictionFile, parse_predictions
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
+from provenance.portable import portable_argv, remote_label
 from provenance.proofcheck import tag_message_hashes
 
 # The rule engine's model-value files (analysis/predictions.py: values a rule compares runs with,
@@ -213,14 +214,14 @@ def freeze(
         "tagged_at": repo.tag_time(tag),
         "remote": {
             "name": remote,
-            "url": chk.url,
+            "url": remote_label(chk.url),
             "branch": branch,
             "remote_head": chk.remote_head,
             "contains_commit": chk.contains,
             "tag_object_on_remote": remote_tag,
         },
         "confirmed_at": confirmed_at,
-        "command": list(sys.argv),
+        "command": portable_argv(sys.argv, repo.path),
     }
     out_dirs = [Path(d) for d in record_dirs] or [repo.path / RECORD_DIR]
     written = None

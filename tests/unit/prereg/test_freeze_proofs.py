@@ -44,7 +44,10 @@ def test_freeze_commits_tags_pushes_and_reads_back(tmp_path: Path, fmt: str) -> 
     assert git(remote, "rev-parse", "refs/heads/main") == rec.commit
     assert git(remote, "rev-parse", "refs/tags/pred-unit") == rec.data["tag_object"]
     assert rec.confirmed_at and rec.confirmed_at >= rec.data["committed_at"]
-    assert json.loads((work / "prereg" / "freezes" / "pred-unit.json").read_text())["tag"] == "pred-unit"
+    record_text = (work / "prereg" / "freezes" / "pred-unit.json").read_text()
+    assert json.loads(record_text)["tag"] == "pred-unit"
+    # the record is committed: the local bare remote is named, no path of this host is in it
+    assert rec.data["remote"]["url"] == remote.name and str(tmp_path) not in record_text
     # a tag is never moved or re-made
     with pytest.raises(FreezeError, match="never moves a tag"):
         freeze([f], tag="pred-unit")
