@@ -34,6 +34,12 @@ from runs.realrun import add_engine_arguments, engine_options
 from runs.suite import SuiteTest, run_suite, run_test
 from slurm.sweep import sweep_from_args
 
+#: What `--engine` names: the engine backend a run is driven by (runs/backend.py).
+ENGINE_HELP = (
+    "engine backend: sim (the engine model in virtual time; default), emulator or emulator:sglang|vllm "
+    "(the engine model behind HTTP in wall time), vllm or sglang (a real engine server)"
+)
+
 DEFAULT_RESULTS = Path("results")
 
 
@@ -234,7 +240,7 @@ def register(cli: Any) -> None:
     p.add_argument("--arm", required=True, help="arm name, e.g. BURST")
     p.add_argument("--rate", required=True, type=float, help="arrival rate in multiples of the cell's lambda_ref")
     p.add_argument("--seed", required=True, type=int)
-    p.add_argument("--engine", default="sim", help="engine backend (default: sim)")
+    p.add_argument("--engine", default="sim", help=ENGINE_HELP)
     p.add_argument("--out", help="run directory (default: results/runs/<test>-<time>/<arm>-r<rate>-s<seed>)")
     p.add_argument("--debug", action="store_true", help="show a failed run's whole reason")
     _add_engine_options(p)
@@ -253,7 +259,7 @@ def register(cli: Any) -> None:
     tr.add_argument(
         "test", nargs="+", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml (several: one pool for all)"
     )
-    tr.add_argument("--engine", default="sim", help="engine backend (default: sim)")
+    tr.add_argument("--engine", default="sim", help=ENGINE_HELP)
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
     tr.add_argument(
         "--out",

@@ -1,6 +1,6 @@
 """Closed populations on an engine: Stage C (the closed curve mu(n)) and E0a (all-miss capacity).
 
-Protocol (paper App. E.3): a closed population of n sessions starts at t = 0, a finished session
+The procedure (paper App. E.3): a closed population of n sessions starts at t = 0, a finished session
 is replaced at once, and statistics are taken over a window after a warm-up (900 s + 1800 s).
 Stage C runs the cell as configured for each n; E0a runs it with the prefix cache disabled at 32
 sessions for seeds 0-2, plus a 64-session check that the engine is saturated (the token rate

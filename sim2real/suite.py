@@ -20,7 +20,7 @@ from sim2real.traces import TraceSpec, default_suite, make_trace
 
 
 class DriverSide:
-    """The real engine behind the differential runner's Side protocol."""
+    """The real engine behind the differential runner's `Side` interface."""
 
     def __init__(self, proc: EngineProc) -> None:
         self.proc = proc

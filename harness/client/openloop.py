@@ -151,7 +151,7 @@ class PlanClient:
         self.prompt_mismatches = 0  # client prompt length != server-reported prompt tokens
         self._lateness: list[tuple[str, float]] = []  # (kind, start lateness) of every arrival played
 
-    # ------------------------------------------------------------------ Client protocol
+    # ------------------------------------------------------------------ the Client contract
     def start(self, now: float) -> Sequence[Command]:
         cmds: list[Command] = []
         self._schedule_arrival(cmds)

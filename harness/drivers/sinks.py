@@ -1,9 +1,9 @@
 """What the drivers write to while they play a client: the run's recorder and a progress display.
 
-Why protocols and not the classes: a driver is used by the runner (a `RunRecorder`, a
+Why interfaces and not the classes: a driver is used by the runner (a `RunRecorder`, a
 `RunProgress`), by sim2real replays, by calibration stages and by tests with a recorder of their
 own, and it must not import the recording package's writer (Parquet, pandas) to be typed. Each
-protocol names only the methods a driver calls; `RunRecorder` and `RunProgress` satisfy them.
+interface (a `typing.Protocol`) names only the methods a driver calls; `RunRecorder` and `RunProgress` satisfy them.
 
 Gauges. An engine may export more gauges than the run record keeps (vLLM's `kv_usage_frac`, the
 emulator's extras); `gauge_values` keeps the columns of the record's gauges table
