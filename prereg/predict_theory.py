@@ -145,37 +145,41 @@ def model_f_predictions(
                     asy = mf.asymptotics(r * lam_ref)
                     w = f"{w0:g}_{w1:g}"
                     ts = {**src, "asymptotic": True, "rate": r}
+                    targets = (
+                        (
+                            "S1",
+                            f"mean_prompt_{w}",
+                            round(asy.tilted_prompt, 3),
+                            0.08,
+                            "S1: tilted-mix mean prompt of the turns completed in the window",
+                        ),
+                        (
+                            "S3",
+                            "sessions_completed_rate",
+                            round(asy.D, 6),
+                            0.15,
+                            "S3: completions D (the pooled tolerance, applied per run)",
+                        ),
+                        (
+                            "S4",
+                            "slope",
+                            round(asy.alpha, 6),
+                            0.35,
+                            "S4: backlog growth alpha (the pooled tolerance, applied per run)",
+                        ),
+                    )
                     preds += [
                         Prediction(
-                            f"mf-{tag}-S1",
-                            f"mean_prompt_{w}",
+                            f"mf-{tag}-{sid}",
+                            quantity,
                             about,
                             "value",
                             ts,
-                            {"value": round(asy.tilted_prompt, 3), "tolerance": {"rel": 0.08}},
+                            {"value": value, "tolerance": {"rel": rel}},
                             "model F trap state",
-                            note="S1: tilted-mix mean prompt of the turns completed in the window",
-                        ),
-                        Prediction(
-                            f"mf-{tag}-S3",
-                            "sessions_completed_rate",
-                            about,
-                            "value",
-                            ts,
-                            {"value": round(asy.D, 6), "tolerance": {"rel": 0.15}},
-                            "model F trap state",
-                            note="S3: completions D (the pooled tolerance, applied per run)",
-                        ),
-                        Prediction(
-                            f"mf-{tag}-S4",
-                            "slope",
-                            about,
-                            "value",
-                            ts,
-                            {"value": round(asy.alpha, 6), "tolerance": {"rel": 0.35}},
-                            "model F trap state",
-                            note="S4: backlog growth alpha (the pooled tolerance, applied per run)",
-                        ),
+                            note=note,
+                        )
+                        for sid, quantity, value, rel, note in targets
                     ]
                 preds += [
                     Prediction(

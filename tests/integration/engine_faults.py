@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import yaml
-from engine_runs import cli_argv, tiny_test_files
+from engine_runs import attached_burst_run, tiny_test_files
 from engine_suite import check_follow_ups, run, sessions, tag, with_http
 from live_engines import REPO, D, Live
 
@@ -146,28 +146,7 @@ def case_sigterm_interrupts_an_attached_run(live: Live, tmp_path: Path) -> None:
 
     test = tiny_test_files(live, tmp_path / "cfg", duration=900.0)
     out = tmp_path / "out"
-    cmd = cli_argv(
-        "run",
-        "--config",
-        str(test),
-        "--arm",
-        "burst",
-        "--rate",
-        "1.0",
-        "--seed",
-        "0",
-        "--engine",
-        live.engine,
-        "--base-url",
-        live.url,
-        "--served-model-name",
-        live.model_name,
-        "--out",
-        str(out),
-        "--request-timeout",
-        "120",
-        "--no-smoke",
-    )
+    cmd = attached_burst_run(live, test, out, "--request-timeout", "120")
     t0 = time.monotonic()
     child = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -198,15 +198,10 @@ def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
 
-def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
-    """`agentload run --engine ... --base-url ...`: a BURST arm of a tiny test from config files to a
-    COMPLETED run directory, through the runner, against the running server (the canary before
-    it; the run command's smoke checks are the case above)."""
-    from harness.recording.record import load_run
-
-    test = tiny_test_files(live, tmp_path, duration=horizon(live, 12.0))
-    out = tmp_path / "out"
-    cmd = cli_argv(
+def attached_burst_run(live: Live, test: Path, out: Path, *extra: str) -> list[str]:
+    """`agentload run` of the test's BURST arm at 1.0 x lambda_ref, seed 0, against the running
+    server (no launch, no smoke: the canary before it and the smoke case cover those)."""
+    return cli_argv(
         "run",
         "--config",
         str(test),
@@ -224,8 +219,20 @@ def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
         live.model_name,
         "--out",
         str(out),
+        *extra,
         "--no-smoke",
     )
+
+
+def case_cli_run_attached(live: Live, tmp_path: Path) -> None:
+    """`agentload run --engine ... --base-url ...`: a BURST arm of a tiny test from config files to a
+    COMPLETED run directory, through the runner, against the running server (the canary before
+    it; the run command's smoke checks are the case above)."""
+    from harness.recording.record import load_run
+
+    test = tiny_test_files(live, tmp_path, duration=horizon(live, 12.0))
+    out = tmp_path / "out"
+    cmd = attached_burst_run(live, test, out)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = load_run(out)
