@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from harness.atomic import write_bytes_atomic
+from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
 from harness.recording.schema import RunStatus
 from prereg.registration import RegistrationError, load_registration
@@ -100,9 +101,9 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ValueError(f"job spec: unknown field(s) {unknown}")
+            raise ConfigError(f"job spec: unknown field(s) {unknown}; expected some of {list(cls.__dataclass_fields__)}")
         return cls(**data)
 
 
