@@ -103,7 +103,9 @@ class JobSpec:
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ConfigError(f"job spec: unknown field(s) {unknown}; expected some of {list(cls.__dataclass_fields__)}")
+            raise ConfigError(
+                f"job spec: unknown field(s) {unknown}; expected some of {list(cls.__dataclass_fields__)}"
+            )
         return cls(**data)
 
 
