@@ -41,6 +41,7 @@ import submitit  # noqa: E402
 
 from slurm import accounting_export as X  # noqa: E402
 from slurm import scheduler as S  # noqa: E402
+from slurm.job_options import JobOptions  # noqa: E402
 from slurm.local import SCRIPT, down, ensure_up, status  # noqa: E402
 
 
@@ -135,29 +136,9 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
         if not (Path(model) / "config.json").exists():
             subprocess.run([py, str(ROOT / "harness/servers/tiny_model.py"), model], check=True, capture_output=True)
         cache = os.environ.get("AGENTLOAD_ENGINE_CACHE") or str(folder / "engine-cache")
-        cases.append(
-            (
-                "vllm",
-                vreg,
-                SubmitOptions(
-                    engine="vllm",
-                    out=str(folder / "vllm"),
-                    job_env=private_cache_env(cache),
-                    engine_options={
-                        "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"],
-                        "model": model,
-                        "health_timeout": 900.0,
-                        "extra_args": [
-                            "--dtype",
-                            "bfloat16",
-                            "--kv-cache-memory-bytes",
-                            str(256 << 20),
-                            "--enforce-eager",
-                        ],
-                    },
-                ),
-            )
-        )
+        cases.append(("vllm", vreg, SubmitOptions(engine="vllm", out=str(folder / "vllm"), job=JobOptions(job_env=private_cache_env(cache)), engine_options={
+            "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"], "model": model, "health_timeout": 900.0,
+            "extra_args": ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager"]})))  # fmt: skip
     jobs = []
     for engine, path, opts in cases:
         doc = submit_registration(path, opts)

@@ -128,20 +128,18 @@ class CLI:
         self._sub = self.parser.add_subparsers(dest="command", metavar="COMMAND")
         self.registered: list[str] = []
 
-    def command(self, name: str, *, group: str, help: str, **kwargs: object) -> argparse.ArgumentParser:
+    def command(self, name: str, *, group: str, help: str) -> argparse.ArgumentParser:
         """Add a top-level command and return its parser; it must match its row in COMMANDS."""
         row = BY_NAME.get(name)
         if row is None or row.group != group or row.help != help:
             raise ValueError(
                 f"command {name!r} (group {group!r}, help {help!r}) does not match its row in "
-                f"harness.commands.COMMANDS ({row}); change both together"
+                f"cli.commands.COMMANDS ({row}); change both together"
             )
         if name in self.registered:
             raise ValueError(f"command {name!r} registered twice")
         self.registered.append(name)
-        return self._sub.add_parser(
-            name, description=help, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
-        )  # type: ignore[arg-type]
+        return self._sub.add_parser(name, description=help, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def finish(self) -> argparse.ArgumentParser:
         """Put the whole command table, grouped by the data flow, into the top-level help."""

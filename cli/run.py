@@ -32,6 +32,7 @@ from provenance.git import GitError, Repo
 from runs.arms import RunResult, execute_run, references, run_name
 from runs.realrun import add_engine_arguments, engine_options
 from runs.suite import SuiteTest, run_suite, run_test
+from slurm.job_options import add_job_options
 from slurm.sweep import sweep_from_args
 
 #: What `--engine` names: the engine backend a run is driven by (runs/backend.py).
@@ -68,12 +69,8 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
         default="local",
         help="local worker processes (default), or one SLURM job array through submitit (the same records)",
     )
-    g.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's default)")
-    g.add_argument(
-        "--job-time", type=int, default=60, metavar="MINUTES", help="--executor slurm: time limit of each task (60)"
-    )
-    g.add_argument(
-        "--parallel", type=int, help="--executor slurm: tasks running at once (default: as many as the cluster allows)"
+    add_job_options(
+        p, time_default="60 minutes per task", title="scheduler jobs (--executor slurm; the options `submit` takes)"
     )
 
 

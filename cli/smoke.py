@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from cli.commands import CLI
-from harness.config import CellConfig, load_config
+from harness.config import CellConfig, config_ref, load_config
 from harness.servers.base import free_port
 from harness.servers.registry import get_adapter
 from harness.servers.smoke import WORKLOAD_MAX_PROMPT, run_smoke_blocking
@@ -61,7 +61,7 @@ def register(cli: CLI) -> None:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    cell = load_config(args.cell, CellConfig)
+    cell = load_config(config_ref(args.cell, "cells"), CellConfig)
     adapter = get_adapter(
         args.engine,
         cell=cell,

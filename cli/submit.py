@@ -7,20 +7,10 @@ import shlex
 import sys
 from typing import Any
 
-from harness.errors import UsageError
 from review.registered import collection_verdict
 from slurm.collect import collect, dump, format_collection, format_table, status
+from slurm.job_options import add_job_options, job_options_from_args
 from slurm.submit import SubmitOptions, format_plan, submit_registration
-
-
-def _kv(items: list[str], flag: str) -> dict[str, str]:
-    out = {}
-    for it in items or []:
-        k, sep, v = it.partition("=")
-        if not sep or not k:
-            raise UsageError(f"{flag} {it!r}: expected NAME=VALUE")
-        out[k] = v
-    return out
 
 
 def _engine_options(args: Any) -> dict[str, Any]:
@@ -48,21 +38,12 @@ def _cmd_submit(args: Any) -> int:
         engine=args.engine,
         time_scale=args.time_scale,
         engine_options=_engine_options(args),
-        partition=args.partition,
-        time=args.time,
         dry_run=args.dry_run,
         exploratory=args.exploratory,
         out=args.out,
         remote=args.remote,
         branch=args.branch,
-        parallel=args.parallel,
-        cpus_per_task=args.cpus_per_task,
-        mem=args.mem,
-        gres=args.gres,
-        account=args.account,
-        qos=args.qos,
-        python=args.python,
-        job_env=_kv(args.job_env, "--job-env"),
+        job=job_options_from_args(args),
     )
     doc = submit_registration(args.registration, opts, echo=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
@@ -117,11 +98,6 @@ def register(cli: Any) -> None:
         help="engine backend of every job: sglang | vllm | emulator[:flavor] | sim (default: the cell's engine)",
     )
     p.add_argument("--time-scale", type=float, help="emulator only: plan seconds per wall second")
-    p.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
-    p.add_argument(
-        "--time",
-        help="per-job limit as sbatch reads it (minutes, HH:MM:SS, D-HH:MM); default: from the protocol with a margin",
-    )
     p.add_argument("--dry-run", action="store_true", help="check and print what would be submitted; submit nothing")
     p.add_argument(
         "--exploratory",
@@ -131,23 +107,8 @@ def register(cli: Any) -> None:
     p.add_argument("--out", help="test directory (default: results/submissions/<registration>-<time>)")
     p.add_argument("--remote", help="git remote to ask (default: the branch's upstream, else origin)")
     p.add_argument("--branch", help="remote branch to ask (default: the upstream branch)")
-    p.add_argument(
-        "--parallel", type=int, help="jobs running at once (SLURM array parallelism; local: processes, default 1)"
-    )
-    p.add_argument("--cpus-per-task", type=int, default=1)
-    p.add_argument("--mem", help="memory per job, as sbatch --mem")
-    p.add_argument("--gres", help="generic resources per job, e.g. gpu:1")
-    p.add_argument("--account")
-    p.add_argument("--qos")
-    p.add_argument("--python", help="interpreter the jobs run (default: this one)")
-    p.add_argument(
-        "--job-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="environment variable for every job (repeatable)",
-    )
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    add_job_options(p, time_default="from the protocol with a margin (slurm/budget.py)")
     g = p.add_argument_group("engine launch (as for `agentload run`)")
     g.add_argument("--server-cmd", help="launcher prefix replacing the engine's default program")
     g.add_argument("--model-path", help="weights the engine loads (default: the cell's model)")

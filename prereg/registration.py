@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from analysis.rules import RuleError, validate_rule
+from analysis.rules import validate_rule
 from harness.config import (
     DEFAULT_START_LATENESS_P99,
     DEFAULT_TOP_RATE,
@@ -38,7 +38,7 @@ from harness.config import (
     rate_above_top,
 )
 from harness.config.files import dump_yaml
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RuleError
 
 FORMAT = "agentload-registration"
 FORMAT_VERSION = 1

@@ -23,10 +23,10 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.errors import EngineError
+from harness.servers.vllm import CPU_ENGINE_ARGS as ENGINE_ARGS
 from harness.servers.vllm import VLLM_MODULE
 from runs.realrun import EngineOptions
 
-ENGINE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 HEALTH_TIMEOUT = 600.0  # a loaded 2-core host has taken up to ~90 s to start the server
 
 

@@ -20,6 +20,8 @@
 # (vLLM) and ~190-290 s (SGLang) the first time, 0-40 s when kept; model ~7-24 s; tests: one
 # server per engine for the session (SGLang: two page sizes), all booting together at its start
 # (25-290 s each, depending on the load), then 13 cases per engine: 11-14 min in all at load 8-18.
+# Plus ~20 s for the launch check (tests/integration/test_engine_launches.py: every cell's launch
+# command parsed by each engine's own parser, the /metrics series looked up in its source; no server).
 # Plus ~8-9 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
 # NOBURST of seed 0 at one registered rate on a fresh vLLM server; -k 'not cpu_trap' skips it).
 # Plus the tutorial's real-engine steps, each on a fresh server of its own (-k 'not tutorial' skips
@@ -38,7 +40,7 @@ for arg in "$@"; do
   case "$arg" in
     --fresh) fresh=(--fresh) ;;
     --print-env) print_env=1 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done

@@ -84,7 +84,8 @@ def timeline(turns: pd.DataFrame) -> Timeline:
 
 
 def _overlap(lo: np.ndarray, hi: np.ndarray, u: float, v: float) -> np.ndarray:
-    return np.clip(np.minimum(hi, v) - np.maximum(lo, u), 0.0, None)
+    out: np.ndarray = np.clip(np.minimum(hi, v) - np.maximum(lo, u), 0.0, None)
+    return out
 
 
 def design(tl: Timeline, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

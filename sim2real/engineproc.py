@@ -87,7 +87,7 @@ class EngineProc:
             raise EngineProcError(
                 f"{self.engine} driver exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr_tail()}"
             )
-        reply = json.loads(line)
+        reply: dict[str, Any] = json.loads(line)
         if "error" in reply:
             raise EngineProcError(f"{self.engine} driver: {op} failed: {reply['error']}\n{reply.get('trace', '')}")
         return reply

@@ -30,7 +30,8 @@ def _meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "meta.json"
     if not path.exists():
         raise ConfigError(f"{run_dir}: no meta.json (not a run directory)")
-    return json.loads(path.read_text())
+    meta: dict[str, Any] = json.loads(path.read_text())
+    return meta
 
 
 def replay_cell(meta: dict[str, Any], cost: CostConfig | None) -> CellConfig:

@@ -97,10 +97,14 @@ def job_table(
         run_status = meta.get("status") if meta else None
         reason = None
         if run_status != RunStatus.COMPLETED or state != JobState.COMPLETED:
-            if meta and meta.get("status_reason"):
+            if state == JobState.TIMEOUT:
+                limit = f" ({row.timelimit}, after {row.elapsed})" if row is not None and row.timelimit else ""
+                run_why = meta.get("status_reason") if meta else None
+                reason = f"the scheduler's time limit{limit} ended the job" + (
+                    f"; the run: {run_status}: {run_why}" if run_why else ""
+                )
+            elif meta and meta.get("status_reason"):
                 reason = meta["status_reason"]
-            elif state == JobState.TIMEOUT:
-                reason = "the scheduler's time limit ended the job"
             elif state == JobState.CANCELLED:
                 reason = "cancelled (scancel) before it wrote a run"
             elif state in (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
+from slurm.job_options import JobOptions
 from slurm.parsers import JobState
 
 
@@ -53,43 +54,65 @@ def sbatch_setup(checkout: Path, env: dict[str, str] | None = None) -> list[str]
     return lines
 
 
-def slurm_executor(
-    folder: Path,
-    *,
-    time_min: int,
-    warning_lead_s: int,
-    checkout: Path,
-    comment: str,
-    job_name: str,
-    partition: str | None = None,
-    cpus_per_task: int = 1,
-    mem: str | None = None,
-    gres: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    parallelism: int | None = None,
-    python: str | None = None,
-    env: dict[str, str] | None = None,
-) -> Any:
-    """A submitit SlurmExecutor with the submission's parameters."""
-    import submitit
-
-    ex = submitit.SlurmExecutor(folder=folder / "%j", python=python or sys.executable)
-    params: dict[str, Any] = dict(
-        time=int(time_min),
-        cpus_per_task=int(cpus_per_task),
-        job_name=job_name,
-        comment=comment,
-        setup=sbatch_setup(checkout, env),
-        additional_parameters={"chdir": str(checkout), "signal": f"{WARNING_SIGNAL.name[3:]}@{int(warning_lead_s)}"},
-    )
-    for k, v in (("partition", partition), ("mem", mem), ("gres", gres), ("account", account), ("qos", qos)):
+def job_parameters(job: JobOptions) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for what every job of a command asks for (the shared
+    option set of `submit` and `--executor slurm`): partition, CPUs, memory, gres, account, QOS,
+    array parallelism. The time limit and the script's setup lines are the caller's."""
+    params: dict[str, Any] = {"cpus_per_task": int(job.cpus_per_task)}
+    for k, v in (
+        ("partition", job.partition),
+        ("mem", job.mem),
+        ("gres", job.gres),
+        ("account", job.account),
+        ("qos", job.qos),
+    ):
         if v:
             params[k] = v
-    if parallelism:
-        params["array_parallelism"] = int(parallelism)
-    ex.update_parameters(**params)
+    if job.parallel:
+        params["array_parallelism"] = int(job.parallel)
+    return params
+
+
+def sbatch_parameters(*, time_min: int, warning_lead_s: int, checkout: Path, comment: str, job_name: str,
+                      job: JobOptions | None = None) -> dict[str, Any]:  # fmt: skip
+    """submitit's SlurmExecutor parameters of a registered submission's jobs."""
+    job = job or JobOptions()
+    return dict(
+        time=int(time_min),
+        job_name=job_name,
+        comment=comment,
+        setup=sbatch_setup(checkout, job.job_env),
+        additional_parameters={"chdir": str(checkout), "signal": f"{WARNING_SIGNAL.name[3:]}@{int(warning_lead_s)}"},
+        **job_parameters(job),
+    )
+
+
+def slurm_executor(folder: Path, *, job: JobOptions | None = None, **params: Any) -> Any:
+    """A submitit SlurmExecutor with the submission's parameters (sbatch_parameters' keywords)."""
+    import submitit
+
+    job = job or JobOptions()
+    ex = submitit.SlurmExecutor(folder=folder / "%j", python=job.python or sys.executable)
+    ex.update_parameters(**sbatch_parameters(job=job, **params))
     return ex
+
+
+def sbatch_script(folder: Path, n_jobs: int, *, job: JobOptions | None = None, **params: Any) -> str:
+    """The sbatch script `slurm_executor(folder, ...)` would submit for `n_jobs` jobs (one array when
+    there are several, its task i running job i's pickled spec), without a scheduler or submitting
+    anything: what `submit --dry-run` shows before a cluster's hours are spent. Written by submitit's
+    own script writer and command line (submitit 1.5: SlurmExecutor._make_submission_file_text and
+    _submitit_command_str), so it is the script a submission sends."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    job = job or JobOptions()
+    folder = (folder / "%j").expanduser().absolute()
+    python = shlex.quote(sys.executable) if job.python is None else job.python  # as SlurmExecutor does
+    command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    kw = sbatch_parameters(job=job, **params)
+    if n_jobs > 1:
+        kw["map_count"] = int(n_jobs)
+    return str(_make_sbatch_string(command=command, folder=folder, **kw))
 
 
 def submit_slurm(specs: Sequence[JobSpec], executor: Any) -> list[dict[str, Any]]:

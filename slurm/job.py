@@ -16,7 +16,9 @@ given, so the job itself checks, in this order, and refuses at the first failure
 5. the time left in the job (`squeue -h -j $SLURM_JOB_ID -o %L`) covers the protocol's duration
    divided by the time scale plus the registration's start, smoke and teardown allowances, plus the
    lead of the scheduler's warning signal (slurm/budget.py);
-6. the plan generated now has the registered SHA-256 (checked by the runner before it drives).
+6. a GPU cell on a real engine (SGLang, vLLM) was given a GPU: a gpu gres in SLURM, a device the
+   host's driver lists otherwise (slurm/gpus.py; every job records what it was given);
+7. the plan generated now has the registered SHA-256 (checked by the runner before it drives).
 
 A refusal is an exit status of 3, a `REFUSED: <reason>` line in the job log and a run directory
 whose meta.json has status REFUSED and the reason. Otherwise the runner plays the frozen plan on a
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,10 +58,12 @@ from prereg.registration import RegistrationError, load_registration
 from provenance.meta import capture
 from runs.arms import execute_run
 from runs.realrun import EngineOptions
-from slurm.budget import run_budget
+from slurm.budget import SCHEDULER_SLACK_S, run_budget
 from slurm.checks import CodeCheck, Refused, SchedulerFacts, TimeCheck, code_check, scheduler_facts, time_check
 from slurm.checks import utc_now as _utc
 from slurm.exits import JobExit
+from slurm.gpus import gpu_facts, gpu_refusal
+from slurm.scheduler import SchedulerError, time_left_s
 
 #: The scheduler's warning before the time limit (sbatch --signal=URG@lead; slurm/submit.py).
 #: SIGURG is ignored by default, so the engine server, which gets every signal the job's processes
@@ -154,6 +160,7 @@ class JobRecord:
     spec: JobSpec
     pid: int
     code_root: str
+    gpus: dict[str, Any] = field(default_factory=dict)  # what GPUs the job was given (slurm/gpus.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +170,7 @@ class JobRecord:
             "spec": self.spec.to_json(),
             "pid": self.pid,
             "code_root": self.code_root,
+            "gpus": self.gpus,
         }
 
 
@@ -326,7 +334,7 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
     run_dir = Path(spec.run_dir)
     facts = scheduler_facts()
     meta = JobRunMeta(
-        job=JobRecord(facts, _utc(), spec, os.getpid(), str(root)),
+        job=JobRecord(facts, _utc(), spec, os.getpid(), str(root), gpu_facts(facts.to_json())),
         arm=spec.arm,
         rate=float(spec.rate),
         seed=int(spec.seed),
@@ -422,6 +430,9 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: JobRunMeta, sig
             f"({tc.needed_s:.0f} s for the run and its allowances + {tc.warning_lead_s:.0f} s warning lead)"
         )
         raise Refused("time", f"too little time: {why}; resubmit with a longer --time")
+    no_gpu = gpu_refusal(reg.cell, spec.engine, meta.job.gpus)
+    if no_gpu:
+        raise Refused("gpu", no_gpu)
     options = _engine_options(spec)
     meta.engine_options = options
     bundle = reg.bundle()
@@ -445,11 +456,50 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: JobRunMeta, sig
     if sig.warned and status == RunStatus.INTERRUPTED:
         reason = f"{reason} (after the scheduler's time-limit warning)"
     _annotate(run_dir, sig, status, reason if sig.warned else None)
+    if sig.warned and status == RunStatus.INTERRUPTED and meta.job.facts.in_slurm:
+        _await_limit(run_dir, sig, meta.job.facts)
     _say(f"{status}: {reason or 'the run completed'} ({res.wall_s:.1f} s; {run_dir})")
     notes = [code.note] if code.note else []
     if status == RunStatus.RUNNING:  # a run the runner left open did not end as a job may end
         status = RunStatus.FAILED
     return JobOutcome(status, reason, str(run_dir), None, notes)
+
+
+def _await_limit(run_dir: Path, sig: _Signals, facts: SchedulerFacts) -> None:
+    """After the time-limit warning ended the run (its records flushed, the engine stopped), wait
+    for the limit itself, so the scheduler ends the job and its accounting says TIMEOUT: the job
+    did run out of time, and a job that exited on its own would read FAILED (exit 5) there, which
+    names no cause. Waits at most the time left plus the scheduler's slack; any signal ends the wait."""
+    try:
+        left = time_left_s(facts.job_label or facts.job_id)
+    except SchedulerError:
+        left = None
+    wait = (left if left is not None and math.isfinite(left) else 0.0) + 2 * SCHEDULER_SLACK_S
+    _say(
+        f"the run ended INTERRUPTED at the time-limit warning; waiting up to {wait:.0f} s for the limit, "
+        "so accounting records TIMEOUT"
+    )
+    t0 = time.monotonic()
+    outcome = "the wait ended without a signal"
+    try:
+        while time.monotonic() - t0 < wait:
+            time.sleep(1.0)
+    except Stopped as exc:
+        outcome = f"ended by {exc} (the scheduler's limit)"
+    except KeyboardInterrupt:
+        outcome = "ended by an interrupt"
+
+    def upd(m: dict[str, Any]) -> None:
+        m.setdefault("job", {})["limit_wait"] = {
+            "waited_s": round(time.monotonic() - t0, 3),
+            "max_s": round(wait, 3),
+            "time_left_s": left,
+            "outcome": outcome,
+            "ended_at": _utc(),
+        }
+        m["job"]["signals"] = list(sig.received)
+
+    _patch_meta(run_dir, upd)
 
 
 def _annotate(

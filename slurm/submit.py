@@ -39,8 +39,10 @@ from provenance.git import GitError, Repo
 from provenance.portable import remote_label
 from runs.arms import run_name
 from slurm.budget import job_time_limit, parse_time_minutes, run_budget
-from slurm.executors import run_local, slurm_executor, submit_slurm
+from slurm.executors import run_local, sbatch_script, slurm_executor, submit_slurm
+from slurm.gpus import GPUS_PER_JOB, gres_gpus, needs_gpu
 from slurm.job import CODE_ROOT, JobSpec
+from slurm.job_options import JobOptions
 from slurm.manifest import FORMAT, FORMAT_VERSION, JOBS, MANIFEST, RUNS, label_from_record, write_manifest
 from slurm.scheduler import SchedulerError, accounting
 
@@ -55,27 +57,19 @@ class SubmitRefused(AgentloadError):
 
 @dataclass
 class SubmitOptions:
-    """The command line of `agentload submit`, as data (recorded in the manifest)."""
+    """The command line of `agentload submit`, as data (recorded in the manifest); `job` holds what
+    every job asks the scheduler for, the same option set as `--executor slurm`'s."""
 
     executor: str = "slurm"  # slurm | local
     engine: str | None = None  # default: the registered cell's engine
     time_scale: float | None = None
     engine_options: dict[str, Any] = field(default_factory=dict)
-    partition: str | None = None
-    time: str | None = None  # --time as sbatch reads it
     dry_run: bool = False
     exploratory: bool = False
     out: str | None = None
     remote: str | None = None
     branch: str | None = None
-    parallel: int | None = None  # array parallelism (slurm) / concurrent processes (local)
-    cpus_per_task: int = 1
-    mem: str | None = None
-    gres: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    python: str | None = None
-    job_env: dict[str, str] = field(default_factory=dict)
+    job: JobOptions = field(default_factory=JobOptions)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,14 +137,12 @@ def plan_submission(
     engine = opts.engine or reg.cell.engine.name
     try:
         budget = run_budget(reg.protocol.duration, reg.allowances, engine, opts.time_scale)
-        limit = job_time_limit(budget, parse_time_minutes(opts.time) if opts.time else None)
+        limit = job_time_limit(budget, parse_time_minutes(opts.job.time) if opts.job.time else None)
     except ValueError as exc:
         raise SubmitRefused(f"submission refused: {exc}") from None
     if not limit.fits:
-        say(
-            f"warning: --time {opts.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
-            f"{limit.warning_lead_s} s warning lead); every job will refuse to run"
-        )
+        say(f"warning: --time {opts.job.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
+            f"{limit.warning_lead_s} s warning lead); every job will refuse to run")  # fmt: skip
     out = Path(opts.out) if opts.out else Path("results") / "submissions" / f"{reg.name}-{_stamp()}"
     out = out.resolve()
     if (out / MANIFEST).exists() and not opts.dry_run:
@@ -175,6 +167,9 @@ def plan_submission(
             )
         )
     comment = f"agentload registration {reg.name} sha256={reg.sha256}"
+    gpus = gres_gpus(opts.job.gres) if opts.job.gres else (GPUS_PER_JOB if needs_gpu(reg.cell, engine) else 0)
+    cost = {"jobs": len(specs), "need_s": budget.needed_s, "limit_s": limit.seconds, "gpus_per_job": gpus,
+            "gpu_hours": len(specs) * budget.needed_s * gpus / 3600.0, "gpu_hours_limit": len(specs) * limit.seconds * gpus / 3600.0}  # fmt: skip
     doc: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -214,6 +209,7 @@ def plan_submission(
         "arguments": {"argv": list(sys.argv), **opts.to_json(), "engine": engine},
         "budget": budget.to_json(),
         "time_limit": limit.to_json(),
+        "cost": cost,
         "comment": comment,
         "job_name": f"agentload-{reg.name}",
         "plans": [{"arm": pl.arm, "rate": pl.rate, "seed": pl.seed, "sha256": pl.sha256} for pl in reg.plans],
@@ -232,6 +228,9 @@ def plan_submission(
         ],
         "_path": str(out / MANIFEST),
     }
+    if opts.executor == "slurm" and opts.dry_run:
+        doc["sbatch_script"] = sbatch_script(out / JOBS, len(specs), time_min=limit.minutes, warning_lead_s=limit.warning_lead_s,
+                                             checkout=root, comment=comment, job_name=doc["job_name"], job=opts.job)  # fmt: skip
     return doc
 
 
@@ -278,23 +277,8 @@ def submit_registration(
 
     if opts.executor == "slurm":
         tl = doc["time_limit"]
-        ex = slurm_executor(
-            folder,
-            time_min=tl["minutes"],
-            warning_lead_s=tl["warning_lead_s"],
-            checkout=root,
-            comment=doc["comment"],
-            job_name=doc["job_name"],
-            partition=opts.partition,
-            cpus_per_task=opts.cpus_per_task,
-            mem=opts.mem,
-            gres=opts.gres,
-            account=opts.account,
-            qos=opts.qos,
-            parallelism=opts.parallel,
-            python=opts.python,
-            env=opts.job_env,
-        )
+        ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
+                            job_name=doc["job_name"], job=opts.job)  # fmt: skip
         records = submit_slurm(specs, ex)
         for job, rec in zip(doc["jobs"], records):
             job.update(rec)
@@ -319,16 +303,8 @@ def submit_registration(
             save()
 
         save()
-        records = run_local(
-            specs,
-            folder,
-            checkout=root,
-            python=opts.python,
-            env=opts.job_env,
-            parallel=opts.parallel or 1,
-            on_change=changed,
-            echo=say,
-        )
+        records = run_local(specs, folder, checkout=root, python=opts.job.python, env=opts.job.job_env, parallel=opts.job.parallel or 1,
+                            on_change=changed, echo=say)  # fmt: skip
         changed(records)
     lab = label_from_record(doc, [j.get("submit_utc") for j in doc["jobs"]])
     doc["label_at_submission"] = lab.to_json()
@@ -347,15 +323,29 @@ def format_plan(doc: dict[str, Any]) -> str:
         f"  engine   {doc['arguments']['engine']}"
         + (f" at time scale {doc['budget']['time_scale']:g}" if doc["budget"]["time_scale"] not in (None, 1.0) else ""),
         f"  limit    {tl['slurm']} per job ({tl['source']}; needs {tl['needed_s']:.0f} s + {tl['warning_lead_s']} s warning lead"
-        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse")
-        + ")",
-        f"  jobs     {len(doc['jobs'])} via {doc['executor']}"
-        + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
-    ]
+        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
+        f"  jobs     {len(doc['jobs'])} via {doc['executor']}" + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
+    ]  # fmt: skip
+    cost = doc.get("cost")
+    if cost and cost["gpus_per_job"]:
+        lines.append(f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s x {cost['gpus_per_job']} GPU = {cost['gpu_hours']:,.1f} GPU-hours "
+                     f"(at most {cost['gpu_hours_limit']:,.1f} at the limit)")  # fmt: skip
+    elif cost:
+        lines.append(
+            f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s, no GPU (engine {doc['arguments']['engine']})"
+        )
     for j in doc["jobs"]:
         lines.append(
             f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}"
         )
     lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]
     lines.append(f"  label    {lab['label']}: {lab['reason']}")
+    if doc.get("sbatch_script"):
+        n = len(doc["jobs"])
+        what = (
+            f"the sbatch script of the job array (task i runs job i above; {n} tasks)"
+            if n > 1
+            else "the sbatch script of the job"
+        )
+        lines += ["", f"{what}, as submitit would submit it:", doc["sbatch_script"].rstrip()]
     return "\n".join(lines)

@@ -15,7 +15,6 @@ its jobs do not enforce a registration.
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,9 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import harness
+from harness.errors import UsageError
 from slurm.accounting_export import write_accounting_export
+from slurm.budget import parse_time_minutes
+from slurm.executors import job_parameters, sbatch_setup
+from slurm.job_options import JobOptions, job_options_from_args
 from slurm.parsers import JobState
 from slurm.scheduler import SchedulerError, accounting, wait_for_accounting
+
+#: Time limit of a sweep task when --time is not given, minutes.
+DEFAULT_TASK_MIN = 60
 
 
 @dataclass
@@ -55,23 +61,14 @@ class SlurmSweep:
         self,
         folder: str | Path,
         *,
-        time_min: int = 60,
-        partition: str | None = None,
-        cpus_per_task: int = 1,
-        mem: str | None = None,
-        parallelism: int | None = None,
-        python: str | None = None,
+        job: JobOptions | None = None,
         name: str = "agentload-sweep",
         echo: Callable[[str], None] | None = None,
         poll_s: float = 2.0,
     ) -> None:
         self.folder = Path(folder).resolve()
-        self.time_min = int(time_min)
-        self.partition = partition
-        self.cpus_per_task = int(cpus_per_task)
-        self.mem = mem
-        self.parallelism = parallelism
-        self.python = python
+        self.job = job or JobOptions()
+        self.time_min = parse_time_minutes(self.job.time) if self.job.time else DEFAULT_TASK_MIN
         self.name = name
         self.echo = echo or (lambda m: print(m, file=sys.stderr, flush=True))
         self.poll_s = poll_s
@@ -81,21 +78,9 @@ class SlurmSweep:
         import submitit
 
         root = _code_root()
-        ex = submitit.SlurmExecutor(folder=self.folder / "%j", python=self.python or sys.executable)
-        params: dict[str, Any] = dict(
-            time=self.time_min,
-            cpus_per_task=self.cpus_per_task,
-            job_name=self.name,
-            setup=[f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}"],
-            additional_parameters={"chdir": str(root)},
-        )
-        if self.partition:
-            params["partition"] = self.partition
-        if self.mem:
-            params["mem"] = self.mem
-        if self.parallelism:
-            params["array_parallelism"] = int(self.parallelism)
-        ex.update_parameters(**params)
+        ex = submitit.SlurmExecutor(folder=self.folder / "%j", python=self.job.python or sys.executable)
+        ex.update_parameters(time=self.time_min, job_name=self.name, setup=sbatch_setup(root, self.job.job_env),
+                             additional_parameters={"chdir": str(root)}, **job_parameters(self.job))  # fmt: skip
         return ex
 
     def map(
@@ -167,11 +152,11 @@ class SlurmSweep:
 
 
 def sweep_from_args(args: Any, folder: str | Path) -> SlurmSweep:
-    """A sweep from the `--executor slurm` options of `test run` / `calibrate`."""
-    return SlurmSweep(
-        folder,
-        time_min=int(getattr(args, "job_time", 60) or 60),
-        partition=getattr(args, "partition", None),
-        parallelism=getattr(args, "parallel", None),
-        name=f"agentload-{getattr(args, 'sweep_name', 'sweep')}",
-    )
+    """A sweep from the `--executor slurm` options of `test run` / `calibrate` (the job options
+    `submit` takes, slurm/job_options.py)."""
+    try:
+        return SlurmSweep(
+            folder, job=job_options_from_args(args), name=f"agentload-{getattr(args, 'sweep_name', 'sweep')}"
+        )
+    except ValueError as exc:  # a --time sbatch cannot read
+        raise UsageError(str(exc)) from None

@@ -34,7 +34,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _expected(e: Any) -> str:
-    msg = e["msg"].removeprefix("Value error, ")
+    msg: str = e["msg"].removeprefix("Value error, ")
     if msg.startswith("Input should be "):
         msg = msg.removeprefix("Input should be ")
     return msg
@@ -93,7 +93,7 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,9 +64,27 @@ def series(samples: list[Sample], name: str, *, reduce: str = "sum") -> float | 
     return sum(vals)
 
 
-def first(*names: str, reduce: str = "sum") -> Callable[[list[Sample], dict[str, float]], float | None]:
+Rule = Callable[[list[Sample], dict[str, float]], "float | None"]
+_R = TypeVar("_R", bound=Callable[..., object])
+
+
+def reads(*names: str, labels: tuple[str, ...] = ()) -> Callable[[_R], _R]:
+    """Declare the series (and labels) a rule reads, so a check inside each engine's venv can confirm
+    that the engine's source defines them (harness/servers/launchcheck.py): a renamed series would
+    otherwise only show as a missing gauge column in a run on that engine."""
+
+    def mark(fn: _R) -> _R:
+        fn.reads = tuple(names)  # type: ignore[attr-defined]
+        fn.reads_labels = tuple(labels)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def first(*names: str, reduce: str = "sum") -> Rule:
     """The first of several series names the engine exports (names changed across versions)."""
 
+    @reads(*names)
     def get(samples: list[Sample], _out: dict[str, float]) -> float | None:
         for n in names:
             v = series(samples, n, reduce=reduce)
@@ -76,7 +95,24 @@ def first(*names: str, reduce: str = "sum") -> Callable[[list[Sample], dict[str,
     return get
 
 
-Rule = Callable[[list[Sample], dict[str, float]], "float | None"]
+def derived(fn: _R) -> _R:
+    """A rule computed from earlier outputs only: it reads no series of its own."""
+    return reads()(fn)
+
+
+def names_read(rules: Mapping[str, Rule]) -> dict[str, tuple[str, ...]]:
+    """Each common name -> the engine series its rule reads, in the order it tries them (fallbacks
+    for older releases after the current name). A rule that declares nothing is an error: the check
+    of the engines' sources would silently skip it."""
+    out: dict[str, tuple[str, ...]] = {}
+    for common, rule in rules.items():
+        names = getattr(rule, "reads", None)
+        if names is None:
+            raise TypeError(
+                f"gauge rule {common!r} ({rule!r}) does not declare the series it reads (use @reads or first())"
+            )
+        out[common] = tuple(names)
+    return out
 
 
 def map_metrics(samples: list[Sample], rules: Mapping[str, Rule]) -> dict[str, float]:
@@ -89,15 +125,21 @@ def map_metrics(samples: list[Sample], rules: Mapping[str, Rule]) -> dict[str, f
     return out
 
 
+#: vLLM's info gauge of its CacheConfig, and the labels the pool rule and the smoke test read from it.
+VLLM_CACHE_INFO = "vllm:cache_config_info"
+VLLM_CACHE_INFO_LABELS = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+
+
 # ------------------------------------------------------------------------------------------
 # vLLM (V1): usage is a fraction of blocks held by requests; the pool size comes from the labels
 # of cache_config_info; cached-but-free blocks are not exported, so kv_evictable_tokens is absent.
 # ------------------------------------------------------------------------------------------
+@reads(VLLM_CACHE_INFO, labels=VLLM_CACHE_INFO_LABELS)
 def _vllm_pool(samples: list[Sample], _out: dict[str, float]) -> float | None:
     total = 0.0
     found = False
     for s in samples:
-        if s.name == "vllm:cache_config_info":
+        if s.name == VLLM_CACHE_INFO:
             try:
                 total += int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"])
                 found = True
@@ -106,6 +148,7 @@ def _vllm_pool(samples: list[Sample], _out: dict[str, float]) -> float | None:
     return total if found else None
 
 
+@derived
 def _vllm_used(_samples: list[Sample], out: dict[str, float]) -> float | None:
     if "kv_usage_frac" in out and "pool_tokens" in out:
         return round(out["kv_usage_frac"] * out["pool_tokens"])
@@ -134,6 +177,7 @@ VLLM_RULES: dict[str, Rule] = {
 # last report (each prefill batch, every 40th decode step, on falling idle, every 30 s idle), not
 # of the scrape: an idle server's flush shows in kv_evictable_tokens only at its next report.
 # ------------------------------------------------------------------------------------------
+@reads("sglang:kv_used_tokens")
 def _sglang_used(samples: list[Sample], out: dict[str, float]) -> float | None:
     v = series(samples, "sglang:kv_used_tokens")
     if v is not None:
@@ -143,6 +187,7 @@ def _sglang_used(samples: list[Sample], out: dict[str, float]) -> float | None:
     return None
 
 
+@reads("sglang:cached_tokens_total")
 def _sglang_cached(samples: list[Sample], out: dict[str, float]) -> float | None:
     """sglang:cached_tokens_total, or 0 where the engine has counted prompts but no hit yet.
 
@@ -157,6 +202,7 @@ def _sglang_cached(samples: list[Sample], out: dict[str, float]) -> float | None
     return 0.0 if "prompt_tokens_total" in out else None
 
 
+@reads("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs")
 def _sglang_retractions(samples: list[Sample], _out: dict[str, float]) -> float | None:
     """Cumulative retractions: sglang:num_retracted_requests_total, else 0 when none happened.
 

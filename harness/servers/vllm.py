@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from harness.servers.base import EngineAdapter, FlushError
-from harness.servers.metrics import VLLM_RULES, parse_prometheus
+from harness.servers.metrics import VLLM_CACHE_INFO, VLLM_RULES, parse_prometheus
 
 if TYPE_CHECKING:
     import aiohttp
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_CACHE_ENV = "AGENTLOAD_ENGINE_CACHE"  # when set, every launched server keeps its caches under it
 RESET_PATH = "/reset_prefix_cache"
+# What a CPU host needs beyond the cell to launch the CPU vLLM (runs/cpu_launch.py says why each).
+CPU_ENGINE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 
 
 def engine_python(env_var: str) -> str:
@@ -169,7 +171,7 @@ class VLLMAdapter(EngineAdapter):
         async with http.get(base_url + "/metrics", timeout=tmo) as resp:
             text = await resp.text()
         for s in parse_prometheus(text):
-            if s.name == "vllm:cache_config_info":
+            if s.name == VLLM_CACHE_INFO:  # its labels are VLLM_CACHE_INFO_LABELS
                 lab = s.labels
                 for key in ("block_size", "num_gpu_blocks"):
                     if lab.get(key, "").isdigit():

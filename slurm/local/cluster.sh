@@ -10,8 +10,15 @@
 # Stack: munged, MariaDB (private datadir), slurmdbd, slurmctld, slurmd; no systemd. Debian packages
 # (lean set) are installed when missing. Everything it keeps lives under the state folder
 # ($AGENTLOAD_SLURM_STATE, default /var/lib/agentload-slurm); the only files outside it are
-# /etc/slurm/slurm.conf and /etc/slurm/slurmdbd.conf (where the Slurm commands look for them), each
-# marked as written here. A slurm.conf without that mark is never overwritten.
+# /etc/slurm/slurm.conf, /etc/slurm/slurmdbd.conf and /etc/slurm/gres.conf (where the Slurm daemons and
+# commands look for them), each marked as written here. A slurm.conf without that mark is never overwritten.
+#
+# The node has AGENTLOAD_SLURM_GPUS (default 2) GPUs that are no devices (GresTypes=gpu, Gres=gpu:N, a
+# gres.conf with AutoDetect=off whose File= names placeholder nodes under the state folder, each the
+# null device), so jobs can ask `--gres gpu:1` and the scheduler allocates, accounts and refuses GPUs as
+# a GPU cluster does, and sets SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES to the indices it gave. Slurm
+# 22.05 cannot count GPUs without File=: gres.c drops "file-less GPU"s from the node's list and the node
+# then registers INVAL ("gres/gpu count reported lower than configured"), CountOnly included.
 #
 # `up` is idempotent (a second call only checks) and recovers after a crash: a daemon whose PID file
 # is stale (dead, a zombie, or a PID reused by another program) is started again. Job IDs keep
@@ -19,7 +26,8 @@
 #
 # Environment: AGENTLOAD_SLURM_STATE (state folder), AGENTLOAD_SLURM_CLUSTER (cluster name, agentload),
 # AGENTLOAD_SLURM_ACCOUNT (account, agentload), AGENTLOAD_SLURM_USERS (users to register; default the
-# calling user), AGENTLOAD_SLURM_DB_PORT (MariaDB TCP port on 127.0.0.1, 3306).
+# calling user), AGENTLOAD_SLURM_DB_PORT (MariaDB TCP port on 127.0.0.1, 3306), AGENTLOAD_SLURM_GPUS
+# (the node's GPUs, placeholder nodes, no devices: 2; 0 configures none).
 set -euo pipefail
 
 P=${AGENTLOAD_SLURM_STATE:-/var/lib/agentload-slurm}
@@ -28,9 +36,12 @@ CLUSTER=${AGENTLOAD_SLURM_CLUSTER:-agentload}
 ACCOUNT=${AGENTLOAD_SLURM_ACCOUNT:-agentload}
 PARTITION=debug
 DB_PORT=${AGENTLOAD_SLURM_DB_PORT:-3306}
+GPUS=${AGENTLOAD_SLURM_GPUS:-2}
+[[ $GPUS =~ ^[0-9]+$ ]] || { echo "AGENTLOAD_SLURM_GPUS=$GPUS: expected a whole number of GPUs" >&2; exit 2; }
 CONF_DIR=/etc/slurm
 SLURM_CONF_FILE=$CONF_DIR/slurm.conf
 DBD_CONF_FILE=$CONF_DIR/slurmdbd.conf
+GRES_CONF_FILE=$CONF_DIR/gres.conf
 MARK="# Written by agentload slurm/local/cluster.sh"
 MYCNF=$P/etc/my.cnf
 DB_SOCKET=$P/run/mysql/mysqld.sock
@@ -160,6 +171,7 @@ node_line() {
   local line
   line=$(slurmd -C 2>/dev/null | head -n1) || true
   [[ $line == NodeName=* ]] || die "slurmd -C printed no NodeName line"
+  if ((GPUS > 0)); then line="$line Gres=gpu:$GPUS"; fi
   echo "$line NodeAddr=127.0.0.1 State=UNKNOWN"
 }
 
@@ -231,9 +243,40 @@ AccountingStoreFlags=job_comment,job_script
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
+# GPUs that are no devices (gres.conf: placeholder File= nodes, no autodetection; see render_gres_conf).
+GresTypes=gpu
 $(node_line)
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+}
+
+gpu_files() { # the File= value of the node's GPUs: placeholder nodes gpu0..gpu(N-1) under the state folder
+  if ((GPUS == 1)); then echo "$P/gpu/gpu0"; else echo "$P/gpu/gpu[0-$((GPUS - 1))]"; fi
+}
+
+render_gres_conf() {
+  # No NVML autodetection, and File= placeholders: Slurm 22.05 keeps no GPU without a File (gres.c
+  # "Removing file-less GPU ... from final GRES list", gres_gpu.c "Discarding the following config-only
+  # GPU due to lack of File specification"; gres.conf(5): File is required for GPUs), CountOnly or not.
+  # The placeholders are character nodes of the null device (make_gpu_nodes): nothing opens them; the
+  # scheduler only hands out their indices.
+  cat <<EOF
+$MARK
+# state: $P
+AutoDetect=off
+EOF
+  if ((GPUS > 0)); then echo "NodeName=$(hostname -s) Name=gpu Count=$GPUS File=$(gpu_files)"; fi
+}
+
+make_gpu_nodes() { # $P/gpu/gpu0..gpu(N-1): each a character node of the null device (1:3)
+  install -d -m 755 "$P/gpu"
+  local i f
+  for ((i = 0; i < GPUS; i++)); do
+    f=$P/gpu/gpu$i
+    [[ -c $f ]] && continue
+    rm -f "$f"
+    mknod -m 666 "$f" c 1 3 2>/dev/null || die "cannot create the placeholder GPU node $f (mknod c 1 3 needs root and CAP_MKNOD)"
+  done
 }
 
 render_dbd_conf() {
@@ -295,6 +338,7 @@ write_configs() {
   CONF_CHANGED=0
   install_conf "$SLURM_CONF_FILE" root 644 < <(render_slurm_conf)
   install_conf "$DBD_CONF_FILE" slurm 600 < <(render_dbd_conf)
+  install_conf "$GRES_CONF_FILE" root 644 < <(render_gres_conf)
 }
 
 # ---------------------------------------------------------------- daemons
@@ -465,8 +509,8 @@ all_running() {
 }
 
 conf_current() { # every config file matches what would be written now
-  [[ -e $P/etc/db.secret && -e $SLURM_CONF_FILE && -e $DBD_CONF_FILE && -e $MYCNF ]] || return 1
-  cmp -s <(render_slurm_conf) "$SLURM_CONF_FILE" && cmp -s <(render_my_cnf) "$MYCNF" || return 1
+  [[ -e $P/etc/db.secret && -e $SLURM_CONF_FILE && -e $DBD_CONF_FILE && -e $GRES_CONF_FILE && -e $MYCNF ]] || return 1
+  cmp -s <(render_slurm_conf) "$SLURM_CONF_FILE" && cmp -s <(render_my_cnf) "$MYCNF" && cmp -s <(render_gres_conf) "$GRES_CONF_FILE" || return 1
   # slurmdbd.conf and the DB secret are readable by root only; another user cannot compare them.
   [[ -r $DBD_CONF_FILE && -r $P/etc/db.secret ]] || return 0
   cmp -s <(render_dbd_conf) "$DBD_CONF_FILE"
@@ -493,6 +537,7 @@ cmd_up() {
   install_packages
   ensure_users
   make_dirs
+  make_gpu_nodes
   write_configs
   start_munged
   start_mariadb
@@ -593,7 +638,7 @@ cmd_purge() {
   need_root "purge"
   cmd_down
   local f
-  for f in "$SLURM_CONF_FILE" "$DBD_CONF_FILE"; do
+  for f in "$SLURM_CONF_FILE" "$DBD_CONF_FILE" "$GRES_CONF_FILE"; do
     if [[ -e $f ]] && grep -qxF "$MARK" "$f"; then rm -f "$f"; say "removed $f"; fi
   done
   if [[ -d $P ]]; then rm -rf "$P"; say "removed $P"; fi

@@ -21,6 +21,7 @@ from prereg.registration import load_registration, registration_dict, write_regi
 from slurm import job as J
 from slurm.budget import Budget, job_time_limit, parse_time_minutes, run_budget, warning_lead_s
 from slurm.checks import SchedulerFacts, time_check
+from slurm.job_options import JobOptions
 from slurm.manifest import label_from_record
 from slurm.submit import SubmitOptions, SubmitRefused, format_plan, plan_submission
 
@@ -248,10 +249,26 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
     warned: list[str] = []
     plan_submission(
         project["reg"],
-        SubmitOptions(engine="emulator", time_scale=60.0, time="1", dry_run=True, out=str(tmp_path / "t")),
+        SubmitOptions(
+            engine="emulator", time_scale=60.0, job=JobOptions(time="1"), dry_run=True, out=str(tmp_path / "t")
+        ),
         echo=warned.append,
     )
     assert any("every job will refuse to run" in w for w in warned)
+    # the dry run shows the sbatch script submitit would submit, with every job option
+    job = JobOptions(
+        gres="gpu:1", account="acct", qos="high", mem="64G", partition="gpu", job_env={"HF_HOME": "/scratch/hf"}
+    )
+    dry = plan_submission(
+        project["reg"],
+        SubmitOptions(engine="emulator", time_scale=60.0, job=job, dry_run=True, out=str(tmp_path / "t")),
+    )
+    script = dry["sbatch_script"]
+    for line in ("#SBATCH --gres=gpu:1", "#SBATCH --account=acct", "#SBATCH --qos=high", "#SBATCH --mem=64G", "#SBATCH --partition=gpu",
+                 f"#SBATCH --time={dry['time_limit']['minutes']}", f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
+                 "export HF_HOME=/scratch/hf", f"#SBATCH --chdir={work}", "submitit.core._submit"):  # fmt: skip
+        assert line in script, (line, script)
+    assert script.rstrip() in format_plan(dry) and "--array" not in script  # one job: no array
     # never committed: refused, or exploratory with --exploratory
     new = fill(work, "mini-new", seeds="[3]", arms="[noburst]")
     try:
