@@ -242,7 +242,7 @@ def verdict_status(td: TestDir) -> VerdictStatus:
         verdict=d.get("verdict"),
         rule=d.get("rule"),
         registered=bool(reg),
-        decisive=reg.get("decisive") if reg else False,
+        decisive=bool(reg.get("decisive")) if reg else False,
         judged_by=(reg.get("judged_by") or {}).get("commit") if reg else None,
         kill_triggered=[k["id"] for k in reg.get("kill_conditions", []) if k.get("triggered") is True] if reg else [],
         rates=[
@@ -352,11 +352,11 @@ def format_status(st: TestStatus) -> str:
         )
         if j.note:
             L.append(f"              {j.note}")
-        for x in j.jobs:
-            if x.category in (JobCategory.FAILED, JobCategory.REFUSED, JobCategory.UNKNOWN):
+        for job in j.jobs:
+            if job.category in (JobCategory.FAILED, JobCategory.REFUSED, JobCategory.UNKNOWN):
                 L.append(
-                    f"              job {x.job_id} {x.arm} r{_rate(x.rate)} s{x.seed}: {x.category} "
-                    f"(state {x.state}, run {x.run_status})"
+                    f"              job {job.job_id} {job.arm} r{_rate(job.rate)} s{job.seed}: {job.category} "
+                    f"(state {job.state}, run {job.run_status})"
                 )
     else:
         L.append(f"jobs          none: {j.note}")

@@ -48,7 +48,28 @@ from harness.config import (
     WorkloadConfig,
 )
 from runs.closed_runs import E0A_CHECK_N, E0A_N, E0A_SEEDS, STAGE_C_NS, WARMUP, WINDOW, Mapper, e0a, stage_c
-from runs.from_empty import E0B_GRID, E0B_SEEDS, e0b, e0b_protocol
+from runs.from_empty import E0B_DURATION, E0B_GRID, E0B_SEEDS, e0b, e0b_protocol
+
+#: The stage functions and their defaults are here too: `calibrate all` and the commands that run
+#: one stage (cli/calibrate.py) or cost a campaign (slurm/campaign.py) read them from this module.
+__all__ = [
+    "E0A_CHECK_N",
+    "E0A_N",
+    "E0A_SEEDS",
+    "E0B_DURATION",
+    "E0B_GRID",
+    "E0B_SEEDS",
+    "STAGE_C_NS",
+    "WARMUP",
+    "WINDOW",
+    "Bundle",
+    "calibrate_all",
+    "e0a",
+    "e0b",
+    "e0b_protocol",
+    "load_note",
+    "stage_c",
+]
 
 
 # -- the bundle ------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ class RunMeta:
 
     test: str
     test_file: str | None
-    registration: Mapping[str, Any] | None  # the binding a job passes, else the test config's name
+    registration: Mapping[str, Any] | str | None  # the binding a job passes, else the test config's name
     rule: Any
     arm: str
     arm_config: ArmConfig

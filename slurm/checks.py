@@ -161,22 +161,22 @@ class TimeCheck:
 def time_check(facts: SchedulerFacts, budget: Budget, lead_s: float) -> TimeCheck:
     """The time left in the job against the run's budget plus the warning lead."""
     lead = float(lead_s)
-    base = {"budget": budget, "warning_lead_s": lead, "time_left_s": facts.time_left_s, "time_left": facts.time_left}
     now = utc_now()
+
+    def check(source: str, ok: bool, problem: str | None = None, note: str | None = None) -> TimeCheck:
+        return TimeCheck(budget, lead, facts.time_left_s, facts.time_left, now, source, ok, problem, note)
+
     if not facts.in_slurm:
-        return TimeCheck(**base, checked_at=now, source="none: not in a SLURM job (no time limit to check)", ok=True)
+        return check("none: not in a SLURM job (no time limit to check)", True)
     source = "squeue -h -j $SLURM_JOB_ID -o %L"
     if facts.error:
-        return TimeCheck(
-            **base, checked_at=now, source=source, ok=False, problem=f"the time left could not be read: {facts.error}"
-        )
+        return check(source, False, problem=f"the time left could not be read: {facts.error}")
     if facts.unlimited:
-        return TimeCheck(**base, checked_at=now, source=source, ok=True, note="the job has no time limit")
+        return check(source, True, note="the job has no time limit")
     left = facts.time_left_s
     if left is None:
-        problem = f"the scheduler reports no time limit yet ({facts.time_left!r})"
-        return TimeCheck(**base, checked_at=now, source=source, ok=False, problem=problem)
-    return TimeCheck(**base, checked_at=now, source=source, ok=left >= budget.needed_s + lead)
+        return check(source, False, problem=f"the scheduler reports no time limit yet ({facts.time_left!r})")
+    return check(source, left >= budget.needed_s + lead)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +235,8 @@ def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exp
         what = "is not committed" if state == "untracked" else "differs from its last commit"
         return refuse(f"the registration {rel} {what} in the checkout {repo.path}")
     reg_commit = repo.last_commit_of(rel)
+    if reg_commit is None:  # committed, yet no commit names it: a repository git cannot read
+        return refuse(f"git names no commit of the registration {rel} in the checkout {repo.path}")
     facts.registration_commit = reg_commit
     if expected_commit and reg_commit != expected_commit:
         return refuse(

@@ -155,13 +155,13 @@ class _Driver:
         self.t0 = self.loop.time()
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self._timer_seq = 0
-        self.inflight: dict[int, asyncio.Task] = {}
+        self.inflight: dict[int, asyncio.Task[None]] = {}
         self.lateness: dict[str, list[float]] = collections.defaultdict(list)
         self.done = asyncio.Event()
         self.status: RunStatus | None = None
         self.reason = ""
-        self.counts = collections.Counter()  # sent / ok / error / timeout
-        self.error_reasons: collections.Counter = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()  # sent / ok / error / timeout
+        self.error_reasons: collections.Counter[str] = collections.Counter()
         self.gauge_scrapes = 0
         self.gauge_failures = 0
         self._probing = False
@@ -408,7 +408,7 @@ class _Driver:
                     installed.append(sig)
         return installed
 
-    def start_helpers(self, stop_event: asyncio.Event | None) -> list[asyncio.Task]:
+    def start_helpers(self, stop_event: asyncio.Event | None) -> list[asyncio.Task[None]]:
         """The periodic tasks beside the client: gauges, horizon, watchdog, progress, external stop."""
         coros: list[Any] = []
         if self.gauge_interval:
@@ -439,7 +439,7 @@ class _Driver:
         await self.done.wait()
 
     async def wind_down(
-        self, helpers: list[asyncio.Task], installed: list[int], own_session: bool
+        self, helpers: list[asyncio.Task[None]], installed: list[int], own_session: bool
     ) -> tuple[float, int]:
         """Whatever ended the drive: cancel timers, abandon requests in flight, stop the helpers, close
         the client (it records what is still open) and flush the recorder. Returns (plan time at
@@ -552,7 +552,7 @@ async def drive(
         session=session if session is not None else _open_session(),
     )
     installed = d.install_signals(handle_signals)
-    helpers: list[asyncio.Task] = []
+    helpers: list[asyncio.Task[None]] = []
     try:
         helpers = d.start_helpers(stop_event)
         await d.play()
