@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from analysis.paired import is_paired
 from analysis.predictions import Predictions
-from analysis.report import analyze, markdown_table, runs_table, write_report
-from analysis.reports import write_staged_report
-from analysis.rules import is_staged, load_rule
+from analysis.reports import write_report
+from analysis.rules import load_rule
 from analysis.staged_analysis import analyze_staged
 from harness.config import load_test
 
@@ -82,7 +82,8 @@ def registration_binding(ref: str, test_path: Path) -> dict[str, str]:
         return {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
     except OSError as exc:
         raise FileNotFoundError(
-            f"{test_path}: registration: {ref!r} cannot be read ({exc}); expected the registration file the runs are bound to"
+            f"{test_path}: registration: {ref!r} cannot be read ({exc}); "
+            "expected the registration file the runs are bound to"
         ) from None
 
 
@@ -98,17 +99,15 @@ def report_runs(
     """Score run directories, write verdict JSON + Markdown + figure to `out_dir`, print the tables.
 
     The rule is `rule` if given, else the test's, else the one the runs recorded. Returns the exit
-    status: for the paired E2 form 0 when the test PASSES; for the other families 0 when the
-    verdict is decided (any outcome but INCOMPLETE), since their outcomes are findings either way.
-    """
-    arms = rates = seeds = None
+    status (`exit_status`)."""
+    arm_names = rates = seeds = None
     name = cell = None
     expect_registration = None
     rule_params = None
     pred_value = predictions
     if test_path:
         b = load_test(test_path)
-        arms, rates, seeds, name = list(b.arms), list(b.test.rates), list(b.test.seeds), b.test.name
+        rates, seeds, name = list(b.test.rates), list(b.test.seeds), b.test.name
         arm_names = [a.name for a in b.arms.values()]
         cell = b.cell.name
         rule = rule or (str(b.rule_path) if b.rule_path else b.test.rule)  # the test's own rule unless overridden
@@ -121,37 +120,34 @@ def report_runs(
         rule = rule or m.get("rule") or None
         rule_params = m.get("rule_params") if rule == m.get("rule") else None
     spec = load_rule(rule, rule_params)
-    if not is_staged(spec):
-        verdict, analyzed = analyze(
-            run_dirs, rule=spec, arms=arms, rates=rates, seeds=seeds, refs_override=refs, test_name=name
-        )
-        paths = write_report(verdict, analyzed, out_dir)
-        print()
-        print(markdown_table(verdict))
-        print()
-        print(runs_table(verdict))
-        status = 0 if verdict["verdict"] == "PASS" else 1
-    else:
-        pp = resolve_predictions(pred_value, Path(out_dir), test_path)
-        preds = Predictions.load(pp) if pp else None
-        verdict, analyzed = analyze_staged(
-            run_dirs,
-            spec,
-            arms=arm_names if test_path else None,
-            rates=rates,
-            seeds=seeds,
-            refs_override=refs,
-            predictions=preds,
-            test_name=name,
-            expect_cell=cell,
-            expect_registration=expect_registration,
-        )
-        paths, md = write_staged_report(verdict, analyzed, out_dir)
-        print()
-        print(md)
-        status = 0 if verdict["verdict"] != "INCOMPLETE" else 1
+    pp = resolve_predictions(pred_value, Path(out_dir), test_path)
+    preds = Predictions.load(pp) if pp else None
+    verdict, analyzed = analyze_staged(
+        run_dirs,
+        spec,
+        arms=arm_names,
+        rates=rates,
+        seeds=seeds,
+        refs_override=refs,
+        predictions=preds,
+        test_name=name,
+        expect_cell=cell,
+        expect_registration=expect_registration,
+    )
+    paths, md = write_report(verdict, analyzed, out_dir)
+    print()
+    print(md)
+    status = exit_status(spec, verdict)
     print()
     print(f"verdict: {paths['verdict']}")
     print(f"report:  {paths['report']}")
     print(f"figure:  {paths['figure']}")
     return status
+
+
+def exit_status(spec: Mapping[str, Any], verdict: Mapping[str, Any]) -> int:
+    """0 when the paired test E2 PASSES; for the other families 0 when the verdict is decided (any
+    outcome but INCOMPLETE), since their outcomes are findings either way; else 1."""
+    if is_paired(spec):
+        return 0 if verdict["verdict"] == "PASS" else 1
+    return 0 if verdict["verdict"] != "INCOMPLETE" else 1

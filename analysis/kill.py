@@ -4,7 +4,9 @@ A registration lists, as data, the outcomes that would withdraw its test's claim
 control not good in a third of the seeds at some rate, BURST not trapped in two thirds of the seeds
 at every rate, CAPPED not recovering where BURST traps and the drain fits, a window empty or
 narrower than the noise. They are judged after the runs, beside the rate verdicts, from the same
-per-seed states; a missing or failed run can neither trigger nor clear a condition, so a condition
+per-seed states and whether each run met its arm's expectation, as the verdict recorded them (the
+paired layout of analysis/paired.py, which the code of an earlier commit also writes): nothing here
+re-reads the rule. A missing or failed run can neither trigger nor clear a condition, so a condition
 that depends on one is reported as undetermined (None), never as a silent False.
 """
 
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from analysis.rules import arm_expectation
 
 ABSENT = ("MISSING", "FAILED", "INVALID")
 
@@ -27,20 +27,31 @@ def _state(verdict: Mapping[str, Any], rate: float, seed: int, arm: str) -> str:
     return "MISSING"
 
 
+def _good(verdict: Mapping[str, Any], rate: float, seed: int, arm: str) -> bool:
+    """Did the run of (arm, rate, seed) meet its arm's expectation, as the verdict judged it."""
+    for r in verdict.get("runs") or []:
+        if (
+            str(r.get("arm", "")).upper() == arm.upper()
+            and r.get("seed") == seed
+            and r.get("rate") is not None
+            and abs(float(r["rate"]) - rate) < 1e-9
+        ):
+            return bool(r.get("good"))
+    return False
+
+
 def _arm_fails(
     kc: Mapping[str, Any],
     verdict: Mapping[str, Any],
-    rule: Mapping[str, Any],
     rates: Sequence[float],
     seeds: Sequence[int],
 ) -> dict[str, Any]:
     p = kc["params"]
     arm, (num, den), quant = p["arm"], p["fraction"], p.get("quantifier", "any")
-    good = arm_expectation(rule, arm)
     per = []
     for r in rates:
         states = {s: _state(verdict, r, s, arm) for s in seeds}
-        fails = sum(1 for st in states.values() if st not in ABSENT and st not in good)
+        fails = sum(1 for s, st in states.items() if st not in ABSENT and not _good(verdict, r, s, arm))
         absent = sum(1 for st in states.values() if st in ABSENT)
         n = len(seeds)
         surely = fails * den >= num * n
@@ -62,22 +73,18 @@ def _arm_fails(
     return {"triggered": trig, "per_rate": per}
 
 
-def _capped(
-    kc: Mapping[str, Any], verdict: Mapping[str, Any], rule: Mapping[str, Any], seeds: Sequence[int]
-) -> dict[str, Any]:
+def _capped(kc: Mapping[str, Any], verdict: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
     p = kc["params"]
-    burst_good = arm_expectation(rule, p["burst_arm"])
-    capped_good = arm_expectation(rule, p["capped_arm"])
     per = []
     trig: bool | None = False
     for r in p.get("rates", []):
         for s in seeds:
             b, c = _state(verdict, float(r), s, p["burst_arm"]), _state(verdict, float(r), s, p["capped_arm"])
-            if b in burst_good:
+            if _good(verdict, float(r), s, p["burst_arm"]):
                 if c in ABSENT:
                     holds: bool | None = None
                 else:
-                    holds = c not in capped_good
+                    holds = not _good(verdict, float(r), s, p["capped_arm"])
             else:
                 holds = None if b in ABSENT else False
             per.append({"rate": r, "seed": s, "burst": b, "capped": c, "holds": holds})
@@ -91,7 +98,6 @@ def _capped(
 def evaluate_kill_conditions(
     kill_conditions: Sequence[Mapping[str, Any]],
     verdict: Mapping[str, Any],
-    rule: Mapping[str, Any],
     rates: Sequence[float],
     seeds: Sequence[int],
 ) -> list[dict[str, Any]]:
@@ -100,9 +106,9 @@ def evaluate_kill_conditions(
     for kc in kill_conditions:
         kind = kc["kind"]
         if kind == "arm_fails_fraction":
-            res = _arm_fails(kc, verdict, rule, rates, seeds)
+            res = _arm_fails(kc, verdict, rates, seeds)
         elif kind == "capped_not_recovered":
-            res = _capped(kc, verdict, rule, seeds)
+            res = _capped(kc, verdict, seeds)
         elif kind == "window_noise":
             frozen = kc.get("frozen") or {}
             res = {

@@ -9,8 +9,10 @@ A staged rule spec lists its `measures` as data, e.g.
 Arguments are numbers or expressions over what the run already has (the references, the arm's
 perturbation under `arm.`, the base window statistics and earlier measures), so windows that
 depend on the run (the rescue's release time) stay data. `kind` and `unit` are literal words.
-Every metric is one of analysis.metrics' estimators; a metric that returns several values is
-flattened with dots (`post.min`, `gate.release`).
+Every metric is one of analysis.metrics' or analysis.family_metrics' estimators, and a measure
+names every argument its metric takes (analysis/rulecheck.py refuses one that does not): a window,
+width or threshold has no default here. A metric that returns several values is flattened with
+dots (`post.min`, `gate.release`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import family_metrics as F
 from analysis import metrics as M
-from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered
+from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, ordered
+from harness.errors import RuleError
 
 NAN = float("nan")
 LITERAL_ARGS = ("kind", "unit")
@@ -32,15 +36,24 @@ LITERAL_ARGS = ("kind", "unit")
 
 @dataclass(frozen=True)
 class RunTables:
-    """What a measurement reads: the run's tables and the settings that scale them."""
+    """What a measurement reads: the run's tables and the rule's settings that scale them."""
 
     turns: pd.DataFrame
     sessions: pd.DataFrame
     gate_events: pd.DataFrame | None
     duration: float
     lambda_ref: float
-    hit_threshold: float = M.HIT_THRESHOLD
-    backlog_bin: float = 10.0
+    hit_threshold: float
+    backlog_bin: float
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric a measure may name: the estimator and every argument a spec must give it. No
+    argument has a default, so a window, width or threshold a verdict uses is always the spec's."""
+
+    fn: Callable[..., Any]
+    args: tuple[str, ...]
 
 
 def _unit(x: float, t: RunTables, unit: str) -> float:
@@ -59,50 +72,44 @@ def _hit(t: RunTables, start: float, end: float) -> float:
     return M.hit_fraction(t.turns, start, end, t.hit_threshold)
 
 
-def _completions(t: RunTables, start: float, end: float, unit: str = "lambda_ref") -> float:
-    return _unit(M.completions(t.sessions, start, end), t, unit)
+def _completions(t: RunTables, start: float, end: float, unit: str) -> float:
+    return _unit(F.completions(t.sessions, start, end), t, unit)
 
 
-def _arrivals(t: RunTables, start: float, end: float, kind: str = "base", unit: str = "abs") -> float:
-    return _unit(M.plan_arrival_rate(t.sessions, start, end, kind), t, unit)
+def _arrivals(t: RunTables, start: float, end: float, kind: str, unit: str) -> float:
+    return _unit(F.plan_arrival_rate(t.sessions, start, end, kind), t, unit)
 
 
-def _wave(t: RunTables, kind: str = "burst") -> dict[str, float]:
-    med, done, n = M.wave_time(t.sessions, kind)
+def _wave(t: RunTables, kind: str) -> dict[str, float]:
+    med, done, n = F.wave_time(t.sessions, kind)
     return {"time": med, "done": float(done), "n": float(n)}
 
 
-def _outstanding_at(t: RunTables, t_at: float, paused: float = 0.0) -> float:
-    return float(M.outstanding_at(t.turns, t.sessions, t.gate_events, t_at, bool(paused)))
+def _outstanding_at(t: RunTables, at: float, paused: float) -> float:
+    return float(M.outstanding_at(t.turns, t.sessions, t.gate_events, at, bool(paused)))
 
 
-def _outstanding_mean(t: RunTables, start: float, end: float, paused: float = 0.0) -> float:
+def _outstanding_mean(t: RunTables, start: float, end: float, paused: float) -> float:
     if not end > start:
         return NAN
     return float(M.outstanding_bins(t.turns, t.sessions, t.gate_events, np.array([start, end]), bool(paused))[0])
 
 
-def _gap_slope(t: RunTables, start: float, end: float, width: float = 300.0) -> float:
-    return M.gap_trend(t.turns, start, end, width)[0]
+def _gap_slope(t: RunTables, start: float, end: float, width: float) -> float:
+    return F.gap_trend(t.turns, start, end, width)[0]
 
 
-def _tiled(t: RunTables, start: float, end: float, width: float = 300.0) -> dict[str, float]:
+def _tiled(t: RunTables, start: float, end: float, width: float) -> dict[str, float]:
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         return {"min": NAN, "n": 0.0, "empty": NAN, "whole": NAN}
-    return M.tiled_followup(t.turns, start, end, width, t.hit_threshold)
+    return F.tiled_followup(t.turns, start, end, width, t.hit_threshold)
 
 
 def _persistence(
-    t: RunTables,
-    trigger_end: float,
-    stop: float,
-    width: float = 300.0,
-    step: float = 10.0,
-    onset_max: float = 0.2,
-    escape_min: float = 0.5,
+    t: RunTables, trigger_end: float, stop: float, width: float, step: float, onset_max: float, escape_min: float
 ) -> dict[str, float]:
     stop = t.duration if not math.isfinite(stop) else min(stop, t.duration)
-    return M.persistence(
+    return F.persistence(
         t.turns,
         trigger_end,
         stop,
@@ -114,28 +121,32 @@ def _persistence(
     )
 
 
-MEASURES: dict[str, Callable[..., Any]] = {
-    "followup_hit": _followup,
-    "hit": _hit,
-    "completions": _completions,
-    "token_rate": lambda t, start, end: M.uncached_token_rate(t.turns, start, end),
-    "backlog_slope": lambda t, start, end, width=10.0: M.backlog_slope(t.sessions, start, end, width),
-    "backlog_mean": lambda t, start, end: M.backlog_mean(t.sessions, start, end),
-    "in_system_at": lambda t, at: float(M.in_system_at(t.sessions, at)),
-    "outstanding_at": lambda t, at, paused=0.0: _outstanding_at(t, at, paused),
-    "outstanding_mean": _outstanding_mean,
-    "mean_prompt": lambda t, start, end: M.mean_prompt(t.turns, start, end),
-    "gap_slope": _gap_slope,
-    "wave": _wave,
-    "plan_arrival_rate": _arrivals,
-    "tiled_followup": _tiled,
-    "persistence": _persistence,
-    "trigger": lambda t, kind="auto": M.trigger_outlived(
-        t.turns, t.sessions, t.gate_events, t.duration, kind, t.hit_threshold
+MEASURES: dict[str, Metric] = {
+    "followup_hit": Metric(_followup, ("start", "end")),
+    "hit": Metric(_hit, ("start", "end")),
+    "completions": Metric(_completions, ("start", "end", "unit")),
+    "token_rate": Metric(lambda t, start, end: M.uncached_token_rate(t.turns, start, end), ("start", "end")),
+    "backlog_slope": Metric(
+        lambda t, start, end, width: F.backlog_slope(t.sessions, start, end, width), ("start", "end", "width")
     ),
-    "gate": lambda t: M.gate_summary(t.gate_events, t.sessions, t.duration),
-    "e0b": lambda t, final_bin=10.0, rise_span=1500.0: M.e0b_stability(
-        t.sessions, t.duration, final_bin, rise_span, t.backlog_bin
+    "backlog_mean": Metric(lambda t, start, end: F.backlog_mean(t.sessions, start, end), ("start", "end")),
+    "in_system_at": Metric(lambda t, at: float(F.in_system_at(t.sessions, at)), ("at",)),
+    "outstanding_at": Metric(_outstanding_at, ("at", "paused")),
+    "outstanding_mean": Metric(_outstanding_mean, ("start", "end", "paused")),
+    "mean_prompt": Metric(lambda t, start, end: F.mean_prompt(t.turns, start, end), ("start", "end")),
+    "gap_slope": Metric(_gap_slope, ("start", "end", "width")),
+    "wave": Metric(_wave, ("kind",)),
+    "plan_arrival_rate": Metric(_arrivals, ("start", "end", "kind", "unit")),
+    "tiled_followup": Metric(_tiled, ("start", "end", "width")),
+    "persistence": Metric(_persistence, ("trigger_end", "stop", "width", "step", "onset_max", "escape_min")),
+    "trigger": Metric(
+        lambda t, kind: F.trigger_outlived(t.turns, t.sessions, t.gate_events, t.duration, kind, t.hit_threshold),
+        ("kind",),
+    ),
+    "gate": Metric(lambda t: F.gate_summary(t.gate_events, t.sessions, t.duration), ()),
+    "e0b": Metric(
+        lambda t, final_bin, rise_span: F.e0b_stability(t.sessions, t.duration, final_bin, rise_span, t.backlog_bin),
+        ("final_bin", "rise_span"),
     ),
 }
 
@@ -146,7 +157,7 @@ def measure_all(spec_measures: Any, tables: RunTables, env: Mapping[str, Any]) -
     scope = Env(env, {}, nan_prefixes=RUN_NAN_PREFIXES)
     ev = Evaluator(scope)
     for name, m in ordered(spec_measures, "measures"):
-        fn = MEASURES[m["metric"]]
+        fn = MEASURES[m["metric"]].fn
         kwargs: dict[str, Any] = {}
         for k, v in m.items():
             if k == "metric":
@@ -163,10 +174,7 @@ def measure_all(spec_measures: Any, tables: RunTables, env: Mapping[str, Any]) -
         if bad and m["metric"] not in ("tiled_followup", "persistence"):
             value: Any = NAN
         else:
-            try:
-                value = fn(tables, **kwargs)
-            except TypeError as exc:
-                raise RuleError(f"measure {name!r} ({m['metric']}): {exc}") from None
+            value = fn(tables, **kwargs)
         flat = {f"{name}.{k}": v for k, v in value.items()} if isinstance(value, Mapping) else {name: value}
         for k, v in flat.items():
             out[k] = v

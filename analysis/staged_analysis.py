@@ -1,16 +1,19 @@
-"""Run directories -> a staged rule's verdict (every family but the paired-test form of E2).
+"""Run directories -> a rule's verdict: the one judging path, for every family (E2 included).
 
 For each run: read the record, compute the window statistics every family shares
-(analysis.metrics.run_statistics over the protocol's window), the spec's own measures
-(analysis.measures), the arm's perturbation and the protocol as `arm.*` / `protocol.*`, the facts
-that decide whether a run counts (`run.completed`, `run.plan_ok`, `run.cell_ok`, `run.bound`), and
-the frozen predictions for that run (`pred.*`, from a prediction file, never computed here).
-Then the staged engine judges runs, seeds, groups and the test.
+(analysis.metrics.run_statistics over the protocol's window, with the spec's bins, span and hit
+threshold), the spec's own measures (analysis.measures), the arm's perturbation and the protocol as
+`arm.*` / `protocol.*`, the facts that decide whether a run counts (`run.completed`, `run.plan_ok`,
+`run.cell_ok`, `run.bound`), and the frozen predictions for that run (`pred.*`, from a prediction
+file, never computed here). Then the staged engine judges runs, seeds, groups and the test; the
+paired test's verdict is laid out as E2's always was (analysis/paired.py). Every bin and span comes
+from the spec or the run's protocol: nothing here has a value of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,22 +21,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
+from analysis.family_metrics import completions
 from analysis.measures import RunTables, measure_all
-from analysis.metrics import MetricSpec, _bins, completions, outstanding_bins, run_series, run_statistics
+from analysis.metrics import MetricSpec, bin_edges, outstanding_bins, run_series, run_statistics
+from analysis.openloop import run_open_loop
+from analysis.paired import is_paired, ordered_arms, paired_verdict
 from analysis.predictions import Predictions
-from analysis.stages import StagedRun, judge_staged, judge_staged_run
-from harness.recording.record import RunFormatError, load_run
+from analysis.stages import COUNTED, StagedRun, judge_staged, judge_staged_run
+from harness.recording.record import RunData, RunFormatError, load_run
+from harness.recording.schema import RunStatus
 
 NAN = float("nan")
 
 
 @dataclass
 class StagedAnalyzedRun:
+    """A judged run with what its report draws: the figure series, meta.json, and the open-loop
+    summary of its session starts (analysis/openloop.py; None for a record without them)."""
+
     run: StagedRun
     series: dict[str, np.ndarray] | None
     meta: dict[str, Any] | None
+    open_loop: dict[str, Any] | None = None
 
 
 def flatten(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -98,15 +108,15 @@ def run_quantities(
         window_start=float(p["window"]["start"]),
         window_end=float(p["window"]["end"]),
         duration=float(p["duration"]),
-        backlog_bin=float(params.get("backlog_bin", 10.0)),
-        recovered_span=float(params.get("recovered_span", 300.0)),
-        hit_threshold=float(params.get("hit_threshold", 0.5)),
-        outstanding_stat=str(params.get("outstanding_stat", "mean")),
+        backlog_bin=float(params["backlog_bin"]),
+        recovered_span=float(params["recovered_span"]),
+        hit_threshold=float(params["hit_threshold"]),
+        outstanding_stat=str(params["outstanding_stat"]),
     )
     refs = run_refs(meta, refs_override)
     stats = run_statistics(run.turns, run.sessions, run.gate_events, mspec)
     stats["token_ratio"] = stats["token_rate"] / refs["all_miss_rate"] if refs["all_miss_rate"] > 0 else NAN
-    stats["slope_threshold"] = float(params.get("slope_factor", 0.5)) * (refs["lam"] - refs["lam_miss"])
+    stats["slope_threshold"] = float(params["slope_factor"]) * (refs["lam"] - refs["lam_miss"])
     stats["completions_ref"] = stats["sessions_completed_rate"] / refs["lambda_ref"]
     stats["base_arrivals_ref"] = stats["base_arrival_rate_window"] / refs["lambda_ref"]
     stats["duration"] = mspec.duration
@@ -121,7 +131,7 @@ def run_quantities(
     reg = meta.get("registration")
     q.update(
         {
-            "run.completed": meta.get("status") == "COMPLETED" and not run.partial,
+            "run.completed": meta.get("status") == RunStatus.COMPLETED and not run.partial,
             "run.plan_ok": plan_sha is not None and plan_sha == file_sha,
             "run.cell_ok": expect_cell is None or cell == expect_cell,
             "run.bound": _bound(reg, expect_registration),
@@ -148,36 +158,41 @@ def run_quantities(
         mspec.backlog_bin,
     )
     q.update(measure_all(spec.get("measures"), tables, {**params, **q}))
-    status = {"COMPLETED": "complete"}.get(run.status, run.status)
-    if run.partial and status == "complete":
+    status = COUNTED if run.status == RunStatus.COMPLETED else run.status
+    if run.partial and status == COUNTED:
         status = "PARTIAL"
     reason = "; ".join([*(x for x in [meta.get("status_reason")] if x), *notes])
     sr = judge_staged_run(
         spec, arm, float(meta["rate"]), int(meta["seed"]), q, status=status, reason=reason, run_dir=str(run_dir)
     )
-    ser = None
-    if series:
-        ser = run_series(
-            run.turns,
-            run.sessions,
-            run.gate_events,
-            mspec.duration,
-            float(p.get("hit_bin", 100.0)),
-            mspec.backlog_bin,
-            mspec.hit_threshold,
-        )
-        edges = np.arange(0.0, mspec.duration + 1e-9, 300.0)
+    ser = figure_series(run, mspec, params, refs["lambda_ref"], Path(run_dir)) if series else None
+    return StagedAnalyzedRun(sr, ser, meta, run_open_loop(meta, run.sessions))
+
+
+def figure_series(
+    run: RunData, mspec: MetricSpec, params: Mapping[str, Any], lambda_ref: float, run_dir: Path
+) -> dict[str, np.ndarray]:
+    """What the reports draw of one run: hit fractions per the protocol's `hit_bin`, backlogs per the
+    rule's `backlog_bin` (outstanding with rescue pauses too), and, for a rule that names its
+    `completions_bin` (MIRROR), completions per bin in lambda_ref."""
+    try:
+        hit_bin = float(run.meta["protocol"]["hit_bin"])
+    except KeyError:
+        raise RunFormatError(
+            f"{run_dir}/meta.json: protocol.hit_bin: missing; expected the protocol's hit bin (s)"
+        ) from None
+    ser = run_series(
+        run.turns, run.sessions, run.gate_events, mspec.duration, hit_bin, mspec.backlog_bin, mspec.hit_threshold
+    )
+    be = bin_edges(0.0, mspec.duration, mspec.backlog_bin)
+    ser["outstanding_paused"] = outstanding_bins(run.turns, run.sessions, run.gate_events, be, paused=True)
+    if "completions_bin" in params:
+        edges = np.arange(0.0, mspec.duration + 1e-9, float(params["completions_bin"]))
         ser["completions_t"] = edges[:-1]
         ser["completions"] = (
-            np.array([completions(run.sessions, a, b) for a, b in zip(edges[:-1], edges[1:])]) / refs["lambda_ref"]
+            np.array([completions(run.sessions, a, b) for a, b in itertools.pairwise(edges)]) / lambda_ref
         )
-        ser["outstanding_paused"] = run_series_outstanding(run, mspec)
-    return StagedAnalyzedRun(sr, ser, meta)
-
-
-def run_series_outstanding(run: Any, mspec: MetricSpec) -> np.ndarray:
-    be = _bins(0.0, mspec.duration, mspec.backlog_bin)
-    return outstanding_bins(run.turns, run.sessions, run.gate_events, be, paused=True)
+    return ser
 
 
 def _bound(reg: Any, expect: Mapping[str, Any] | None) -> bool:
@@ -201,7 +216,8 @@ def analyze_staged(
     expect_cell: str | None = None,
     expect_registration: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[StagedAnalyzedRun]]:
-    """The staged verdict over `run_dirs`; arms, rates and seeds default to those the runs name."""
+    """The verdict over `run_dirs`; arms, rates and seeds default to those the runs name (pass the
+    registered ones, so a missing run counts as missing). The paired test's verdict has E2's layout."""
     analyzed = [
         run_quantities(
             d,
@@ -215,10 +231,13 @@ def analyze_staged(
     ]
     runs = [a.run for a in analyzed]
     present = [r for r in runs if r.status != "MISSING"]
-    arms = list(arms) if arms else sorted({r.arm for r in present})
+    if not arms:
+        named = {r.arm for r in present}
+        arms = ordered_arms(named, spec) if is_paired(spec) else sorted(named)
+    arms = list(arms)
     rates = list(rates) if rates else sorted({r.rate for r in present if not math.isnan(r.rate)})
     seeds = list(seeds) if seeds else sorted({r.seed for r in present if r.seed >= 0})
-    out = judge_staged(spec, runs, rates=rates, seeds=seeds)
+    out = judge_staged(spec, runs, rates=rates, seeds=seeds, arms=arms)
     metas = [a.meta for a in analyzed if a.meta]
     ref_block = next((m.get("references") for m in metas if m.get("references")), None)
     verdict = {
@@ -232,8 +251,7 @@ def analyze_staged(
         "rule_spec": dict(spec),
         "runs": [r.to_json() for r in runs],
     }
+    if is_paired(spec):
+        entries = [(Path(a.run.run_dir).name, a.run.arm, a.run.rate, a.run.seed, a.open_loop) for a in analyzed]
+        verdict = paired_verdict(spec, verdict, runs, entries)
     return verdict, analyzed
-
-
-def write_json(obj: Any, path: Path) -> None:
-    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))

@@ -1,13 +1,15 @@
-"""The staged rule engine: every registered test family (BASIN, TOOLSLOW, SHED, rescue, CUT, MIRROR,
-the trap-state scores, persistence, E0b) is one spec judged in four stages.
+"""The staged rule engine: every registered test family (the paired test E2, BASIN, TOOLSLOW, SHED,
+rescue, CUT, MIRROR, the trap-state scores, persistence, E0b) is one spec judged in four stages.
 
 1. **run**: each run's quantities (window statistics, the spec's measures, frozen predictions,
    the arm's perturbation, the references) feed named `derive` expressions and ordered label sets
    (`labels`: the first label whose conditions all hold; the last is the unconditional fallback).
    `count_if` says which runs count at all (completed, driven by the frozen plan, ...).
 2. **seed**: within a group, each seed's runs are found by `roles` (arm, optionally rate) and
-   combined by `seed.derive` (e.g. ``"n40.endpoint == 'GOOD'"``). A seed whose required runs do not
-   all count is *undecided*.
+   combined by `seed.derive` (e.g. ``"n40.endpoint == 'GOOD'"``). A role may name the labels its
+   run must show (`expect`: E2's BURST TRAPPED), giving `<role>.good` and `<role>.missed`. A seed
+   whose required runs do not all count is *undecided*, unless `seed.decided_if` holds (E2: a
+   counted run already missed its state, so the seed fails whatever the missing one would show).
 3. **group** (per registered rate, or one group): boolean seed quantities become counts over the
    decided seeds, `aggregates` pool numeric ones (mean, sum, ...), and ordered `outcomes` decide.
    If undecided seeds could change the outcome (every assignment of their boolean quantities is
@@ -17,7 +19,8 @@ the trap-state scores, persistence, E0b) is one spec judged in four stages.
 
 Every condition is recorded with its truth and, for a comparison, both sides' values, so a verdict
 says why each run, seed, group and the test is what it is. Nothing here measures or predicts:
-quantities arrive computed (analysis.measures) and predictions arrive frozen (analysis.predictions).
+quantities arrive computed (analysis.measures) and predictions arrive frozen (analysis.predictions);
+specs arrive checked (analysis/rulecheck.py).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.expr import NAN, RUN_NAN_PREFIXES, Env, Evaluator, RuleError, ordered, parse, truth
-from analysis.measures import MEASURES
+from analysis.expr import NAN, RUN_NAN_PREFIXES, Env, Evaluator, ordered, truth
+from harness.errors import RuleError
 
 COUNTED = "complete"
 NOT_COUNTED = ("MISSING", "FAILED", "INVALID", "NOT-COUNTED", "PARTIAL")
@@ -43,90 +46,6 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
     return v
-
-
-# ---------------------------------------------------------------------------------------------
-# validation
-# ---------------------------------------------------------------------------------------------
-def _check_exprs(exprs: Sequence[str], where: str, funcs: frozenset[str] = frozenset()) -> None:
-    for e in exprs:
-        try:
-            parse(e, funcs)
-        except RuleError as exc:
-            raise RuleError(f"{where}: {exc}") from None
-
-
-def _check_labelled(items: Any, where: str, funcs: frozenset[str] = frozenset()) -> list[str]:
-    if not isinstance(items, list) or not items:
-        raise RuleError(f"{where}: expected a non-empty list of {{name, all}} entries")
-    names = []
-    for it in items:
-        if not isinstance(it, Mapping) or "name" not in it or not isinstance(it.get("all", []), list):
-            raise RuleError(f"{where}: each entry needs a name and a list 'all' of conditions, got {it!r}")
-        names.append(it["name"])
-        _check_exprs(it.get("all", []), f"{where}.{it['name']}", funcs)
-    if len(set(names)) != len(names):
-        raise RuleError(f"{where}: duplicate names {names}")
-    if items[-1].get("all"):
-        raise RuleError(
-            f"{where}: the last entry ({items[-1]['name']}) must be the unconditional fallback (empty 'all')"
-        )
-    return names
-
-
-def validate_staged(spec: Mapping[str, Any]) -> None:
-    """Structure and condition syntax of a staged spec; RuleError says where and what."""
-    name = spec.get("name", "?")
-    for key in ("name", "params", "roles", "group"):
-        if key not in spec:
-            raise RuleError(f"rule spec {name!r}: missing {key!r}")
-    if not isinstance(spec["params"], Mapping):
-        raise RuleError(f"rule spec {name!r}: params must be a mapping")
-    for mname, m in ordered(spec.get("measures"), f"{name}.measures"):
-        if not isinstance(m, Mapping) or m.get("metric") not in MEASURES:
-            raise RuleError(
-                f"rule spec {name!r}: measure {mname!r}: metric must be one of {sorted(MEASURES)}, got {m!r}"
-            )
-    run = spec.get("run", {}) or {}
-    if "states" in spec:
-        _check_labelled(spec["states"], f"{name}.states")
-    _check_exprs([e for _, e in ordered(run.get("derive"), f"{name}.run.derive")], f"{name}.run.derive")
-    for lname, items in ordered(run.get("labels"), f"{name}.run.labels"):
-        _check_labelled(items, f"{name}.run.labels.{lname}")
-    _check_exprs([e for _, e in ordered(run.get("flags"), f"{name}.run.flags")], f"{name}.run.flags")
-    _check_exprs(list(run.get("count_if", [])), f"{name}.run.count_if")
-    roles = spec["roles"]
-    if not isinstance(roles, Mapping):
-        raise RuleError(f"rule spec {name!r}: roles must map role names to {{arm: ...}}")
-    for rname, r in roles.items():
-        if not isinstance(r, Mapping) or "arm" not in r:
-            raise RuleError(f"rule spec {name!r}: role {rname!r} needs an arm, got {r!r}")
-        if isinstance(r.get("required", True), str):
-            _check_exprs([r["required"]], f"{name}.roles.{rname}.required")
-    if spec.get("group_by", "rate") not in ("rate", "none"):
-        raise RuleError(f"rule spec {name!r}: group_by must be 'rate' or 'none', got {spec.get('group_by')!r}")
-    seed = spec.get("seed", {}) or {}
-    _check_exprs([e for _, e in ordered(seed.get("derive"), f"{name}.seed.derive")], f"{name}.seed.derive")
-    group = spec["group"]
-    for aname, a in ordered(group.get("aggregates"), f"{name}.group.aggregates"):
-        if not isinstance(a, Mapping) or a.get("fn") not in _AGG or ("of" not in a and a.get("fn") != "count"):
-            raise RuleError(f"rule spec {name!r}: aggregate {aname!r} needs fn in {sorted(_AGG)} and 'of', got {a!r}")
-        _check_exprs([x for x in (a.get("of"), a.get("where")) if x], f"{name}.group.aggregates.{aname}")
-    _check_exprs([e for _, e in ordered(group.get("derive"), f"{name}.group.derive")], f"{name}.group.derive")
-    _check_exprs([e for _, e in ordered(group.get("checks"), f"{name}.group.checks")], f"{name}.group.checks")
-    _check_labelled(group.get("outcomes"), f"{name}.group.outcomes")
-    test = spec.get("test", {}) or {}
-    tf = frozenset(TEST_FUNCTIONS)
-    for aname, a in ordered(test.get("aggregates"), f"{name}.test.aggregates"):
-        if not isinstance(a, Mapping) or a.get("fn") not in _AGG or ("of" not in a and a.get("fn") != "count"):
-            raise RuleError(
-                f"rule spec {name!r}: test aggregate {aname!r} needs fn in {sorted(_AGG)} and 'of', got {a!r}"
-            )
-        _check_exprs([x for x in (a.get("of"), a.get("where")) if x], f"{name}.test.aggregates.{aname}")
-    _check_exprs([e for _, e in ordered(test.get("derive"), f"{name}.test.derive")], f"{name}.test.derive", tf)
-    _check_exprs([e for _, e in ordered(test.get("checks"), f"{name}.test.checks")], f"{name}.test.checks", tf)
-    if test.get("outcomes") is not None:
-        _check_labelled(test["outcomes"], f"{name}.test.outcomes", tf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +127,8 @@ def judge_staged_run(
     missing_as_nan: bool = False,
 ) -> StagedRun:
     """Stage 1 for one run (`missing_as_nan`: a quantity the table lacks reads as NaN instead of
-    being a spec error; for scoring printed tables, which never hold every quantity). A run that is missing, failed, partial or shorter than min_window keeps
+    being a spec error; for scoring printed tables, which never hold every quantity). A run that
+    is missing, failed, partial or shorter than min_window keeps
     that status as every label; a run failing `count_if` is NOT-COUNTED but keeps its labels, so the
     report can still say what it would have been."""
     params = spec["params"]
@@ -273,7 +193,7 @@ def judge_staged_run(
 # ---------------------------------------------------------------------------------------------
 # stages 2-4: seeds, groups, test
 # ---------------------------------------------------------------------------------------------
-_AGG: dict[str, Callable[[list[float]], float]] = {
+AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "mean": lambda v: sum(v) / len(v) if v else NAN,
     "sum": lambda v: float(sum(v)),
     "min": lambda v: min(v) if v else NAN,
@@ -315,17 +235,50 @@ class _Seed:
     roles: dict[str, dict[str, Any]]
 
 
+def takes_part(role: Mapping[str, Any], arms: Sequence[str] | None) -> bool:
+    """A role plays in every seed, unless it is `registered_only` and the test does not register
+    its arm (the paired test judges the arms it runs: a test of NOBURST alone judges NOBURST)."""
+    if not role.get("registered_only") or arms is None:
+        return True
+    return any(a.lower() in _arm_names(role) for a in arms)
+
+
+def shown_label(role: Mapping[str, Any], run: StagedRun) -> str:
+    """The label a role's run shows: that of the role's `show` set, else of the run's first set."""
+    show = role.get("show")
+    if show:
+        return run.labels.get(show) or run.status
+    return next(iter(run.labels.values()), run.status)
+
+
 def _judge_seed(
-    spec: Mapping[str, Any], runs: Sequence[StagedRun], rate: float | None, seed: int, lenient: bool = False
+    spec: Mapping[str, Any],
+    runs: Sequence[StagedRun],
+    rate: float | None,
+    seed: int,
+    lenient: bool = False,
+    arms: Sequence[str] | None = None,
 ) -> _Seed:
+    """Stage 2 for one seed. A role with `expect` also gives `<role>.good` (its run counts and shows
+    an expected label) and `<role>.missed` (its run counts and shows another); a role that takes no
+    part in this test has nothing to miss (good, not missed). `seed.decided_if` decides a seed
+    whose required runs do not all count, when what the others show settles it already."""
     params = spec["params"]
     layers: dict[str, Any] = {"rate": rate if rate is not None else NAN, "seed": seed}
     roles_out: dict[str, dict[str, Any]] = {}
     decided = True
     missing_prefixes = []
     for rname, role in spec["roles"].items():
+        if not takes_part(role, arms):
+            missing_prefixes.append(rname)
+            if "expect" in role:
+                layers[f"{rname}.good"], layers[f"{rname}.missed"] = True, False
+            continue
         run = _find(runs, role, rate, seed)
-        show = role.get("show")
+        if "expect" in role:
+            shown = shown_label(role, run) if run is not None and run.counted else None
+            layers[f"{rname}.good"] = shown is not None and shown in role["expect"]
+            layers[f"{rname}.missed"] = shown is not None and shown not in role["expect"]
         if run is None:
             layers[f"{rname}.status"] = "MISSING"
             layers[f"{rname}.counted"] = False
@@ -336,15 +289,10 @@ def _judge_seed(
         else:
             for k, v in run.env().items():
                 layers[f"{rname}.{k}"] = v
-            label = (
-                run.labels.get(show)
-                if show
-                else (next(iter(run.labels.values()), run.status) if run.labels else run.status)
-            )
             roles_out[rname] = {
                 "arm": run.arm,
                 "status": run.status,
-                "label": label if run.counted else run.status,
+                "label": shown_label(role, run) if run.counted else run.status,
                 "run_dir": run.run_dir,
             }
         required = role.get("required", True)
@@ -356,10 +304,13 @@ def _judge_seed(
     ev = Evaluator(env)
     derived: dict[str, Any] = {}
     details: dict[str, dict[str, Any]] = {}
-    for name, expr in ordered((spec.get("seed") or {}).get("derive"), "seed.derive"):
+    seed_spec = spec.get("seed") or {}
+    for name, expr in ordered(seed_spec.get("derive"), "seed.derive"):
         details[name] = ev.detail(expr)
         derived[name] = ev(expr)
         env.set(name, derived[name])
+    if not decided and seed_spec.get("decided_if") and truth(ev(seed_spec["decided_if"])):
+        decided = True
     return _Seed(seed, decided, env, derived, details, roles_out)
 
 
@@ -407,7 +358,7 @@ def _aggregate(section: Any, envs: Sequence[Mapping[str, Any]], where: str) -> d
                 v = float(v)
             if isinstance(v, (int, float)) and not math.isnan(float(v)):
                 vals.append(float(v))
-        aggs[aname] = _AGG[a["fn"]](vals)
+        aggs[aname] = AGGREGATES[a["fn"]](vals)
     return aggs
 
 
@@ -450,8 +401,9 @@ def _judge_group(
     seeds: Sequence[int],
     label: str,
     lenient: bool = False,
+    arms: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    ss = [_judge_seed(spec, runs, rate, s, lenient) for s in seeds]
+    ss = [_judge_seed(spec, runs, rate, s, lenient, arms) for s in seeds]
     env, counts, aggs = _group_env(spec, ss, len(seeds), rate)
     outcome, derived, checks, conds = _decide(spec, env)
     possible = {outcome}
@@ -551,14 +503,16 @@ def judge_staged(
     *,
     rates: Sequence[float],
     seeds: Sequence[int],
+    arms: Sequence[str] | None = None,
     missing_as_nan: bool = False,
 ) -> dict[str, Any]:
     """Stages 2-4 over the registered rates and seeds: the test verdict with every group's and
-    seed's evidence (the runs' own evidence is in `StagedRun.to_json`)."""
+    seed's evidence (the runs' own evidence is in `StagedRun.to_json`). `arms`: the arms the test
+    registers (None: every role plays), for roles that are `registered_only`."""
     if spec.get("group_by", "rate") == "rate":
-        groups = [_judge_group(spec, runs, float(r), seeds, f"{float(r):g}", missing_as_nan) for r in rates]
+        groups = [_judge_group(spec, runs, float(r), seeds, f"{float(r):g}", missing_as_nan, arms) for r in rates]
     else:
-        groups = [_judge_group(spec, runs, None, seeds, "all", missing_as_nan)]
+        groups = [_judge_group(spec, runs, None, seeds, "all", missing_as_nan, arms)]
     test = spec.get("test") or {}
     run_envs = [
         Env(spec["params"], r.env(), nan_prefixes=RUN_NAN_PREFIXES, all_nan=missing_as_nan) for r in runs if r.counted

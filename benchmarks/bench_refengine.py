@@ -5,9 +5,12 @@ reset per-thread generator of a turn's ids (harness/workload/draws.py) replaced 
 and build-per-call code; then fused vLLM decode steps (harness/refengine/fused.py), lookups that
 start from a session's last turn (BlockKV._history), SGLang's decode reservation kept as it
 changes, the radix admission check without lock/unlock, Philox keys without a SeedSequence and
-in-place output ids replaced stepping one at a time, full lookups and direct sums (the direct
-forms are kept below and in tests/unit/harness/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
-once with the reference code swapped in (tests/support/blockpool_reference.py's pool, the former BlockKV
+in-place output ids replaced stepping one at a time, full lookups and direct sums; then the radix
+tree's touches and locks per path segment (tests/radix_reference.py keeps the direct form), SGLang
+lookups from a session's last turn, checkpoints without copies and a session's turn keys derived
+from what they share replaced node-by-node walks, root walks, copies and a key per turn (the direct
+forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
+once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
 methods and token generator, kept below), once as the code is, alternating, and checks that every
 record (turns, sessions, gauges, gate events) is byte-identical. It prints CPU seconds per run
 (the least of --repeat alternating plays per side: the machine is shared) and the ratio, and
@@ -31,12 +34,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
+from radix_reference import RadixCache as ReferenceRadix  # noqa: E402
 from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
 from harness.config import load_test  # noqa: E402
@@ -44,9 +49,9 @@ from harness.recording.schema import RunStatus  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
 from harness.refengine import model as modelmod  # noqa: E402
 from harness.refengine import request as requestmod  # noqa: E402
-from harness.refengine import separate as separatemod  # noqa: E402
+from harness.refengine import sglang as sglangmod  # noqa: E402
 from harness.workload import draws  # noqa: E402
-from runs.arms import execute_run  # noqa: E402  # noqa: E402
+from runs.arms import execute_run  # noqa: E402
 
 # (test config, arm, rate, seed): vLLM trapped and good, SGLang trapped
 RUNS = [
@@ -59,6 +64,14 @@ RECORDS = ("turns.parquet", "sessions.parquet", "gauges.parquet", "gate_events.p
 
 
 # -- the former BlockKV methods (before the decode fast path) ---------------------------------------
+def _ref_keys(self: Any, req: Any, nblocks: int) -> list[int]:
+    if req.keys_len < 0:
+        total = req.L + req.max_tokens
+        req.keys = self.pool.hasher.keys(np.concatenate((req.prompt, req.out))[:total], total // self.B)
+        req.keys_len = total
+    return req.keys[:nblocks]
+
+
 def _ref_cache_full(self: Any, req: Any, tokens: int) -> None:
     nfull = tokens // self.B
     if self.caching and nfull > req.ncached:
@@ -89,6 +102,55 @@ def _ref_finish(self: Any, req: Any) -> None:
     self._free(req, req.L + req.max_tokens - 1)
 
 
+# -- the former TokenKV methods (before lookups from the last turn and checkpoints without copies) ----
+def _ref_token_match(self: Any, req: Any, touch: bool = True) -> int:
+    if not self.caching:
+        req.node = None
+        return 0
+    n, node = self.tree.match(req.seq_bytes(), req.target - 1, touch)
+    req.node = node
+    return n
+
+
+def _ref_token_touch(self: Any, req: Any) -> None:
+    if self.caching:
+        self.tree.match(req.seq_bytes(), req.target - 1, True)
+
+
+def _ref_checkpoint(self: Any, req: Any, upto: int) -> None:
+    if not self.caching:
+        return
+    aligned = (upto // self.page) * self.page
+    if aligned <= req.in_tree:
+        return
+    seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
+    if req.node is not None and req.in_tree > 0:
+        _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+    else:
+        _new, node = self.tree.insert(seq[: aligned * 4])
+    self.own -= aligned - req.in_tree
+    self.tree.lock(node)
+    if req.node is not None:
+        self.tree.unlock(req.node)
+    req.node = node
+    req.in_tree = aligned
+
+
+def _ref_token_finish(self: Any, req: Any) -> None:
+    kept = req.L + req.max_tokens - 1
+    self.checkpoint(req, kept)
+    self.own -= kept - req.in_tree
+    if req.node is not None:
+        self.tree.unlock(req.node)
+    req.node = None
+    req.in_tree = 0
+
+
+def _ref_turn_generator(token_seed: int, turn: int) -> Any:
+    """A turn's generator built afresh from numpy's SeedSequence (the first formulation)."""
+    return draws._generator(draws._TOKEN_DOMAIN, token_seed & 0xFFFFFFFF, token_seed >> 32, turn)
+
+
 def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
     node = req.node if req is not None else None
     if node is None or not self.caching:
@@ -102,15 +164,21 @@ def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
 # (module or class, attribute, reference formulation)
 SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod, "BlockPool", ReferencePool),
+    (kvmod.BlockKV, "_keys", _ref_keys),
     (kvmod.BlockKV, "_cache_full", _ref_cache_full),
     (kvmod.BlockKV, "match", _ref_match),
     (kvmod.BlockKV, "grow_req", _ref_grow_req),
     (kvmod.BlockKV, "finish", _ref_finish),
     (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
+    (kvmod, "RadixCache", ReferenceRadix),
+    (kvmod.TokenKV, "match", _ref_token_match),
+    (kvmod.TokenKV, "touch", _ref_token_touch),
+    (kvmod.TokenKV, "checkpoint", _ref_checkpoint),
+    (kvmod.TokenKV, "finish", _ref_token_finish),
     (modelmod, "plan_fused_decode", lambda *_a: None),
-    (separatemod.SeparateBatching, "_decode_offset", _direct_decode_left),
+    (sglangmod.SGLangEngine, "_decode_offset", _direct_decode_left),
     (requestmod, "output_ids", _direct_output_ids),
-    (draws, "_scratch_generator", draws._generator),
+    (draws, "_turn_generator", _ref_turn_generator),
     (draws, "_philox_key", _numpy_key),
 ]
 
@@ -157,25 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             t_ref, t_new = min(refs), min(news)  # the least disturbed of the repeats
             same = all((d_ref / f).read_bytes() == (d_new / f).read_bytes() for f in RECORDS)
             turns = pq.read_metadata(d_new / "turns.parquet").num_rows
-            row = {
-                "test": Path(test).stem,
-                "arm": arm,
-                "rate": rate,
-                "seed": seed,
-                "turns": turns,
-                "reference_cpu_s": round(t_ref, 2),
-                "cpu_s": round(t_new, 2),
-                "ratio": round(t_ref / t_new, 2),
-                "records_identical": same,
-                "reference_cpu_all_s": [round(x, 2) for x in refs],
-                "cpu_all_s": [round(x, 2) for x in news],
-            }
+            row = {"test": Path(test).stem, "arm": arm, "rate": rate, "seed": seed, "turns": turns, "reference_cpu_s": round(t_ref, 2),
+                   "cpu_s": round(t_new, 2), "ratio": round(t_ref / t_new, 2), "records_identical": same,
+                   "reference_cpu_all_s": [round(x, 2) for x in refs], "cpu_all_s": [round(x, 2) for x in news]}  # fmt: skip
             rows.append(row)
-            print(
-                f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
-                f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}",
-                flush=True,
-            )
+            print(f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
+                  f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}", flush=True)  # fmt: skip
     tot_ref = sum(r["reference_cpu_s"] for r in rows)
     tot_new = sum(r["cpu_s"] for r in rows)
     result = {

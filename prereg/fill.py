@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.calibration_summaries import CalibrationInputs, E0aValues, InputError, e0a_values, load_inputs
-from analysis.rules import arm_expectation
+from analysis.rules import arm_expectation, arm_expectations
 from harness.config import (
     DEFAULT_START_LATENESS_P99,
     DEFAULT_TOP_RATE,
@@ -63,7 +63,7 @@ def _kill_conditions(
     arms: list[str], rule: dict[str, Any], fits: list[float], noise: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The E2 registration's four kill conditions (App. E.11), as data for prereg.kill."""
-    up = {a.upper() for a in arms} if isinstance(rule.get("arms"), dict) else set()
+    up = {a.upper() for a in arms} if arm_expectations(rule) else set()
     out: list[dict[str, Any]] = []
     if "NOBURST" in up:
         out.append(
@@ -110,8 +110,8 @@ def _kill_conditions(
 def _predictions(
     arms: list[str], rule: dict[str, Any], multiples: list[float], drains: dict[float, F.Drain], gated: set[str]
 ) -> list[dict[str, Any]]:
-    if not isinstance(rule.get("arms"), dict):
-        return []  # a rule without per-arm states (a staged rule) carries its outcomes in its spec
+    if not arm_expectations(rule):
+        return []  # a rule without per-arm states (a family's) carries its outcomes in its spec
     out = []
     for m in multiples:
         for a in arms:
@@ -282,7 +282,7 @@ def _drains(setting: _Setting, refs: _References, shape: _Shape, rates: _Rates) 
     budget = F.drain_budget(
         protocol.duration,
         protocol.burst.time,
-        float(setting.rule["params"].get("recovered_span", protocol.recovered_span)),
+        float(setting.rule["params"]["recovered_span"]),  # every rule spec states it (analysis/rulecheck.py)
         P.drain_fraction,
     )
     b = protocol.burst.size

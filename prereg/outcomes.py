@@ -1,8 +1,9 @@
 """Outcomes to score predictions against: computed from run directories, or read from a data file.
 
-From runs, every quantity is what the judging half computes (analysis.report.analyze_run with the
-rule the test registered), never re-derived here, so a prediction is scored against the same
-numbers the verdict uses:
+From runs, every quantity is what the judging half computes (analysis.staged_analysis.run_quantities
+and the staged engine with the rule the test registered, laid out as the paired verdict does,
+analysis/paired.py), never re-derived here, so a prediction is scored against the same numbers the
+verdict uses:
 
   run scope    state (the rule state), arm_condition (the arm's expected state holds), each rule
                flag (stuck, ...), good (the basin endpoint GOOD = RECOVERED, unless the rule
@@ -43,8 +44,10 @@ from analysis.metrics import (
     present_sessions,
     system_intervals,
 )
-from analysis.report import analyze_run
-from analysis.rules import judge_test, load_rule
+from analysis.paired import paired_rates, paired_run
+from analysis.rules import load_rule
+from analysis.staged_analysis import run_quantities
+from analysis.stages import StagedRun, judge_staged
 from harness.errors import ConfigError
 from harness.recording.record import load_run
 from prereg.predictions import About, PredictionFile, _parse_about
@@ -56,8 +59,9 @@ _INTERVAL = re.compile(
 )
 
 
-def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float = 10.0) -> dict[str, float]:
-    """The interval quantities `names` of one run (see the module doc), from its record."""
+def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float) -> dict[str, float]:
+    """The interval quantities `names` of one run (see the module doc), from its record; slopes over
+    bins of `backlog_bin` seconds (the rule's)."""
     import numpy as np
 
     run = load_run(run_dir)
@@ -151,7 +155,7 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
     wanted = {p.quantity for p in pf.predictions if _INTERVAL.match(p.quantity)}
     reg_sha = (pf.registration or {}).get("sha256")
     out = Outcomes()
-    verdicts = []
+    judged: list[StagedRun] = []
     for d in run_dirs:
         meta = _meta(d)
         if meta is None:
@@ -163,35 +167,37 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
                 f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' {reg_sha[:12]}; not scored"
             )
             continue
-        a = analyze_run(d, spec, series=False).verdict
-        if a.state == "MISSING":
-            out.notes.append(f"{d.name}: {a.reason}; not scored")
+        sr = run_quantities(d, spec, series=False).run
+        a = paired_run(spec, sr)
+        if a["state"] == "MISSING":
+            out.notes.append(f"{d.name}: {a['reason']}; not scored")
             continue
-        verdicts.append(a)
-        key = About("run", a.arm, a.rate, a.seed).key()
+        judged.append(sr)
+        key = About("run", a["arm"], a["rate"], a["seed"]).key()
         src = str(d)
-        out.put("state", key, a.state, src)
-        out.put("arm_condition", key, a.good, src)
-        for k, v in a.flags.items():
+        out.put("state", key, a["state"], src)
+        out.put("arm_condition", key, a["good"], src)
+        for k, v in a["flags"].items():
             out.put(k, key, bool(v), src)
-        if "good" not in a.flags:
-            out.put("good", key, a.state == "RECOVERED", src)
-        if a.state in ("FAILED", "INVALID"):
+        if "good" not in a["flags"]:
+            out.put("good", key, a["state"] == "RECOVERED", src)
+        if a["state"] in ("FAILED", "INVALID"):
             continue  # a run that did not complete gives a state, not statistics to score
-        stats = dict(a.stats)
+        stats = dict(a["stats"])
         if wanted:
-            stats.update(interval_quantities(d, wanted, float(spec["params"].get("backlog_bin", 10.0))))
+            stats.update(interval_quantities(d, wanted, float(spec["params"]["backlog_bin"])))
         for k, v in stats.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 out.put(k, key, float(v), src)
-    if verdicts:
-        arms = sorted({v.arm for v in verdicts}, key=str.upper)
-        rates = sorted({v.rate for v in verdicts})
-        seeds = sorted({v.seed for v in verdicts})
-        t = judge_test(verdicts, arms, rates, seeds, spec)
-        for r in t["rates"]:
-            out.put("verdict", About("rate", rate=r["rate"]).key(), r["verdict"], "judge_test")
+    if judged:
+        arms = sorted({r.arm for r in judged}, key=str.upper)
+        rates = sorted({r.rate for r in judged})
+        seeds = sorted({r.seed for r in judged})
+        t = judge_staged(spec, judged, rates=rates, seeds=seeds, arms=arms)
+        src = "analysis.stages.judge_staged"
+        for r in paired_rates(spec, t, judged, arms):
+            out.put("verdict", About("rate", rate=r["rate"]).key(), r["verdict"], src)
             for s in seeds:
-                out.put("seed_good", About("seed", rate=r["rate"], seed=s).key(), s in r["good_seeds"], "judge_test")
-        out.put("verdict", About("test").key(), t["verdict"], "judge_test")
+                out.put("seed_good", About("seed", rate=r["rate"], seed=s).key(), s in r["good_seeds"], src)
+        out.put("verdict", About("test").key(), t["verdict"], src)
     return out

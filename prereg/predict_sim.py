@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis.report import analyze_run
+from analysis.paired import paired_run
 from analysis.rules import arm_expectation
+from analysis.staged_analysis import run_quantities
 from harness.config import TestBundle
 from harness.errors import ConfigError
 from harness.recording.schema import RunStatus
@@ -139,11 +140,13 @@ def _judged_runs(plan: _Plan, work_dir: str | Path | None, jobs: int) -> dict[tu
         if "exact" in plan.layers:
             todo += [(a, r, s) for a in plan.arm_keys for r in plan.rates for s in plan.seeds]
         dirs = _simulate(plan.test_path, todo, work, jobs)
-        verdicts = {k: analyze_run(d, plan.spec, series=False).verdict for k, d in dirs.items()}
+        # each run as the paired verdict lists it (state, good, flags, stats): the one judging path
+        verdicts = {k: paired_run(plan.spec, run_quantities(d, plan.spec, series=False).run) for k, d in dirs.items()}
         extra = {q for q in plan.value_quantities if _INTERVAL.match(q)}
         if extra:
+            bin_s = float(plan.spec["params"]["backlog_bin"])
             for k, d in dirs.items():
-                verdicts[k].stats.update(interval_quantities(Path(d), extra))
+                verdicts[k]["stats"].update(interval_quantities(Path(d), extra, bin_s))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -158,6 +161,7 @@ def _value_prediction(
     if arr.size == 0:
         return None
     sd = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    tolerance: dict[str, Any]
     if band:
         tolerance = {"interval": [round(float(arr.min()), 6), round(float(arr.max()), 6)]}
         how = f"the band of {arr.size} fresh seeds"
@@ -250,7 +254,7 @@ def _seed_and_rate_predictions(plan: _Plan, r: float, joint: list[bool], src_bas
                 note="every arm meets its condition in this seed (estimated jointly over fresh seeds)",
             )
         )
-    need = int(plan.spec["pass"]["min_good_seeds"])
+    need = int(plan.spec["params"]["min_good_seeds"])
     out.append(
         Prediction(
             f"sim-r{r:.2f}-pass",
@@ -281,7 +285,7 @@ def _exact_predictions(
             tag = f"{a}-r{r:.2f}-s{seed}"
             src = {**src_base, "layer": "exact plan", "seeds": [seed]}
             out.append(
-                Prediction(f"simx-{tag}-state", "state", about, "call", src, {"value": v.state}, "simulator exact plan")
+                Prediction(f"simx-{tag}-state", "state", about, "call", src, {"value": v["state"]}, "simulator exact plan")
             )
             out.append(
                 Prediction(
@@ -290,7 +294,7 @@ def _exact_predictions(
                     about,
                     "call",
                     src,
-                    {"value": bool(v.flags.get("stuck"))},
+                    {"value": bool(v["flags"].get("stuck"))},
                     "simulator exact plan",
                 )
             )
@@ -333,14 +337,14 @@ def simulator_predictions(
     }
     preds: list[Prediction] = []
     for r in plan.rates:
-        joint = [all(verdicts[(a, r, s)].good for a in plan.arm_keys) for s in fresh]
+        joint = [all(verdicts[(a, r, s)]["good"] for a in plan.arm_keys) for s in fresh]
         for a in plan.arm_keys:
             vs = [verdicts[(a, r, s)] for s in fresh]
             c = _Cell(
-                [v.state for v in vs],
-                [bool(v.flags.get("stuck")) for v in vs],
-                [v.good for v in vs],
-                {q: [float(v.stats.get(q, math.nan)) for v in vs] for q in plan.value_quantities},
+                [v["state"] for v in vs],
+                [bool(v["flags"].get("stuck")) for v in vs],
+                [v["good"] for v in vs],
+                {q: [_or_nan(v["stats"].get(q)) for v in vs] for q in plan.value_quantities},
             )
             preds += _run_predictions(plan, c, a, r, src_base, tolerance_sd, band)
         preds += _seed_and_rate_predictions(plan, r, joint, src_base)
@@ -381,3 +385,8 @@ def simulator_predictions(
 
 def _expect(spec: Mapping[str, Any], arm: str) -> list[str]:
     return arm_expectation(spec, arm)
+
+
+def _or_nan(v: Any) -> float:
+    """A statistic as the paired verdict lists it (None for a non-finite value) as a number."""
+    return math.nan if v is None else float(v)

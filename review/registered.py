@@ -20,12 +20,15 @@ the paper's (App. E.5, E.11; rules digest §2.4, Decision 19):
 The kill conditions are then evaluated on the judged per-seed states (analysis/kill.py) and reported
 beside the rate verdicts.
 
-A registration whose rule is a staged family rule (BASIN, TOOLSLOW, SHED, rescue, CUT, MIRROR, the
-scores; analysis.rules.is_staged) is judged by the staged analysis (analysis/staged_analysis.py)
-with the registration's frozen rule spec, arms, rates, seeds and references, the same code path a
-plain `analyze --test` takes; a run counts there only if it names this registration. Rules that
-compare with a model prediction read a frozen prediction file (`--predictions`, else the
-predictions.json a `test run` froze beside the runs); the verdict records its SHA-256.
+Every registration is judged by the one analysis (analysis/staged_analysis.py) with its frozen rule
+spec, arms, rates, seeds and references, the code path a plain `analyze --test` takes; the paired
+test E2 writes its paired verdict (analysis/paired.py), every other family (BASIN, TOOLSLOW, SHED,
+rescue, CUT, MIRROR, the scores) its staged one, where a run counts only if it names this
+registration. A registration made before E2 became a staged spec froze its rule in the paired form;
+only its own commit's code can judge that, so it is judged in a worktree of that commit whatever
+the checkout holds. Rules that compare with a model prediction read a frozen prediction file
+(`--predictions`, else the predictions.json a `test run` froze beside the runs); the verdict
+records its SHA-256.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from typing import Any
 import orjson
 import yaml
 
+from analysis.judge import exit_status
 from analysis.kill import evaluate_kill_conditions
+from analysis.paired import is_paired
 from analysis.predictions import Predictions
-from analysis.report import analyze, markdown_table, runs_table, write_report
-from analysis.reports import module_for, write_staged_report
-from analysis.rules import is_staged
+from analysis.reports import module_for, write_report
+from analysis.rules import is_paired_form
 from analysis.staged_analysis import analyze_staged
 from harness.errors import UsageError
 from harness.recording.schema import RunStatus
@@ -188,8 +192,8 @@ def _code_moved(repo: Any, reg_commit: str) -> list[str]:
 
 
 def is_family(reg: Any) -> bool:
-    """A registration judged by the staged engine (every family but the paired-test E2 form)."""
-    return is_staged(reg.rule)
+    """A registration whose verdict is a family's staged one (every rule but the paired test E2)."""
+    return not is_paired(reg.rule)
 
 
 def arm_names(reg: Any) -> list[str]:
@@ -221,30 +225,25 @@ def find_predictions(reg: Any, dirs: Sequence[Path], given: str | Path | None) -
 
 
 def _judge_here(reg: Any, dirs: list[Path], predictions: Path | None = None) -> tuple[dict[str, Any], list[Any]]:
-    refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
-    if is_family(reg):
-        preds = Predictions.load(predictions) if predictions is not None else None
-        return analyze_staged(
-            dirs,
-            reg.rule,
-            arms=arm_names(reg),
-            rates=reg.multiples(),
-            seeds=list(reg.seeds),
-            refs_override=refs,
-            predictions=preds,
-            test_name=reg.test,
-            expect_cell=reg.cell.name,
-            expect_registration={"sha256": reg.sha256},
+    if is_paired_form(reg.rule):
+        raise RegisteredAnalysisError(
+            f"registration {reg.name}: its rule is in the paired form of registrations made before E2 became a "
+            "staged spec, which only its own commit's code judges; commit the registration (or judge it at "
+            "its commit) so that commit's analysis can judge it"
         )
-
-    return analyze(
+    refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
+    preds = Predictions.load(predictions) if predictions is not None else None
+    return analyze_staged(
         dirs,
-        rule=reg.rule,
-        arms=list(reg.arms),
+        reg.rule,
+        arms=arm_names(reg),
         rates=reg.multiples(),
         seeds=list(reg.seeds),
         refs_override=refs,
+        predictions=preds,
         test_name=reg.test,
+        expect_cell=reg.cell.name,
+        expect_registration={"sha256": reg.sha256},
     )
 
 
@@ -411,6 +410,8 @@ def registered_analysis(
     moved: list[str] = []
     if repo is not None and reg_commit is not None:
         moved = _code_moved(repo, reg_commit)
+    # a rule in the paired form is judged by its commit's code even when no code path moved since
+    force_worktree = force_worktree or is_paired_form(reg.rule)
     if repo is not None and reg_commit is not None and (moved or force_worktree):
         verdict = _judge_in_worktree(repo, reg_commit, reg, bound, out / "judged", pred_path)
         judge = {
@@ -436,7 +437,7 @@ def registered_analysis(
 
     preds_block = {"path": str(pred_path), "sha256": sha256_file(pred_path)} if pred_path is not None else None
     kills = evaluate_kill_conditions(
-        [k.model_dump() for k in reg.kill_conditions], verdict, reg.rule, reg.multiples(), list(reg.seeds)
+        [k.model_dump() for k in reg.kill_conditions], verdict, reg.multiples(), list(reg.seeds)
     )
     result = {
         **verdict,
@@ -466,11 +467,17 @@ def registered_analysis(
 
 
 def verdict_markdown(result: dict[str, Any]) -> str:
-    """The verdict's own table: the E2 rate table, or the family's table (analysis/reports)."""
-    if result.get("registered", {}).get("family"):
-        return str(module_for(result).markdown({k: v for k, v in result.items() if k != "registered"}))
+    """The verdict's own report text (analysis/reports: the E2 tables, or the family's)."""
+    plain = {k: v for k, v in result.items() if k != "registered"}
+    return str(module_for(_report_view(plain)).markdown(plain))
 
-    return markdown_table(result)
+
+def _report_view(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The verdict as module_for reads it: one judged by an earlier commit in the paired form names
+    no report, and is E2's."""
+    if is_paired_form(verdict.get("rule_spec") or {}):
+        return {**verdict, "rule_spec": {**verdict["rule_spec"], "report": "e2"}}
+    return verdict
 
 
 def _write(result: dict[str, Any], analyzed: Any, out: Path) -> None:
@@ -478,17 +485,11 @@ def _write(result: dict[str, Any], analyzed: Any, out: Path) -> None:
         orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     )
     (out / "registered-report.md").write_text(registered_markdown(result))
-    if result["registered"]["family"]:
-        plain = {k: v for k, v in result.items() if k != "registered"}
-        if analyzed is not None:
-            write_staged_report(plain, analyzed, out)
-        else:
-            (out / "report.md").write_text(verdict_markdown(result) + "\n")
-        return
+    plain = {k: v for k, v in result.items() if k != "registered"}
     if analyzed is not None:
-        write_report({k: v for k, v in result.items() if k != "registered"}, analyzed, out)
+        write_report(plain, analyzed, out)
     else:
-        (out / "report.md").write_text(markdown_table(result) + "\n\n" + runs_table(result) + "\n")
+        (out / "report.md").write_text(verdict_markdown(result) + "\n")
 
 
 def registered_markdown(result: dict[str, Any]) -> str:
@@ -542,9 +543,7 @@ def cmd(args: Any) -> int:
         )
     res = registered_analysis(args.registration, args.runs, args.out, predictions=getattr(args, "predictions", None))
     print(registered_markdown(res))
-    if res["registered"]["family"]:  # a family's outcomes are findings either way (as a plain analyze)
-        return 0 if res["verdict"] != "INCOMPLETE" else 1
-    return 0 if res["verdict"] == "PASS" else 1
+    return exit_status(res.get("rule_spec") or {}, res)  # as a plain analyze
 
 
 def collection_verdict(doc: dict[str, Any], base: Path, say: Callable[[str], None]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.openloop import open_loop_summary, warning_text
-from analysis.rules import RuleError, arm_expectation, is_staged, load_rule
+from analysis.rules import RuleError, arm_expectation, arm_expectations, load_rule
 from harness.client.contract import Command, TurnResponse
 from harness.client.openloop import PlanClient, arm_client
 from harness.config import ArmConfig, TestBundle
@@ -312,13 +312,16 @@ def check_before_runs(bundle: TestBundle, engine: str, rule: Any = None) -> None
     try:
         # the rule the verdict will use: the one given, else the test's file, else the test's rule by name
         spec = load_rule(rule if rule is not None else bundle.test.rule, bundle.test.rule_params)
-        if is_staged(spec):  # a family's roles name the arms it judges; each required one must run
-            names = {a.lower() for a in bundle.arms}
-            for role, r in spec["roles"].items():
-                want = [r["arm"]] if isinstance(r["arm"], str) else list(r["arm"])
-                if r.get("required", True) is True and not any(a.lower() in names for a in want):
-                    raise RuleError(f"role {role!r} needs an arm in {want}, which the test does not run")
-        else:
+        # the roles name the arms the rule judges: each required one must run (a role that plays
+        # only when the test registers its arm, E2's, need not) ...
+        names = {a.lower() for a in bundle.arms}
+        for role, r in spec["roles"].items():
+            want = [r["arm"]] if isinstance(r["arm"], str) else list(r["arm"])
+            required = r.get("required", True) is True and not r.get("registered_only")
+            if required and not any(a.lower() in names for a in want):
+                raise RuleError(f"role {role!r} needs an arm in {want}, which the test does not run")
+        # ... and a rule that states what each arm must show has an expectation for every arm run
+        if arm_expectations(spec):
             for name in bundle.arms:
                 arm_expectation(spec, name)
     except (RuleError, OSError) as exc:

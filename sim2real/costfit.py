@@ -5,7 +5,7 @@ request (vLLM's --enable-per-request-metrics: queued -> scheduled, scheduled -> 
 -> last token). Nothing else enters the fit: no hit fraction, no throughput, no backlog; the runs
 are made with the prefix cache off by default, so a request's computed tokens are its prompt.
 
-Model (harness/refengine/cost.py, mixed iterations): one iteration costs
+Model (harness/config/cost.py, mixed iterations): one iteration costs
     tau = a + b * tokens + c_p * pairs + c_d * context / 8192
 over the tokens it computes (prefill chunks and one per decoding request), the causal pairs of its
 prefill chunks and the summed context of its decoders (f0, the floor of b * tokens, is set to 0:

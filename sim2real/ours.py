@@ -16,6 +16,7 @@ from harness.config import CellConfig
 from harness.refengine.kv import BlockKV, TokenKV
 from harness.refengine.model import EngineModel
 from harness.refengine.request import EngineRequest, Req, output_ids
+from harness.refengine.vllm import VLLMEngine
 from sim2real.digest import chain_digests
 from sim2real.traces import EngineShape
 
@@ -40,8 +41,8 @@ def vllm_cell(shape: EngineShape, *, prefix_cache: bool = True) -> CellConfig:
     )
 
 
-class _Observed(EngineModel):
-    """EngineModel that logs preemptions in the order they happen."""
+class _Observed(VLLMEngine):
+    """The vLLM-flavour engine model, logging preemptions in the order they happen."""
 
     def __init__(self, cell: CellConfig, seed: int) -> None:
         super().__init__(cell, seed=seed)

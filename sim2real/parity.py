@@ -81,7 +81,7 @@ def compare(
 
     he = _edges(duration, hb)
     be = _edges(duration, bb)
-    hit_r, hit_s = hit_fraction_bins(real.turns, he), hit_fraction_bins(sim.turns, he)
+    hit_r, hit_s = hit_fraction_bins(real.turns, he, HIT_THRESHOLD), hit_fraction_bins(sim.turns, he, HIT_THRESHOLD)
     bl_r = interval_bin_means(*system_intervals(real.sessions), be)
     bl_s = interval_bin_means(*system_intervals(sim.sessions), be)
     both = ~np.isnan(hit_r) & ~np.isnan(hit_s)

@@ -1,8 +1,10 @@
-"""Reports of the staged families: verdict JSON, a Markdown table in the layout of the paper's
-table for that test, and a figure in the layout of its figure.
+"""Reports of every rule family: verdict JSON, a Markdown table in the layout of the paper's table
+for that test, and a figure in the layout of its figure.
 
 Each family module offers `markdown(verdict) -> str` and `figure(verdict, analyzed, path)`; the
-rule spec's `report` key names the module (default: the generic tables and Fig. 1 layout).
+rule spec's `report` key names the module (default: the generic tables and Fig. 1 layout). A
+report that reads parameters of its own (a figure's bin) lists them in `REPORT_PARAMS`, so a spec
+naming that report without them is refused when it is loaded (analysis/rulecheck.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from typing import Any
 
 import orjson
 
-FAMILIES = ("basin", "toolslow", "shed", "rescue", "cut", "mirror", "e0b", "persistence", "scores")
+FAMILIES = ("e2", "basin", "toolslow", "shed", "rescue", "cut", "mirror", "e0b", "persistence", "scores")
+REPORT_PARAMS: dict[str, dict[str, str]] = {
+    "mirror": {"completions_bin": "the bin (s) of the figure's completions and sessions-in-system means"},
+}
 
 
 def module_for(verdict: Mapping[str, Any]) -> Any:
@@ -24,7 +29,7 @@ def module_for(verdict: Mapping[str, Any]) -> Any:
     return importlib.import_module(f"analysis.reports.{name}")
 
 
-def write_staged_report(
+def write_report(
     verdict: Mapping[str, Any], analyzed: Sequence[Any], out_dir: Path | str
 ) -> tuple[dict[str, Path], str]:
     """verdict.json, report.md and figure.png in out_dir; returns the paths and the Markdown."""

@@ -168,6 +168,11 @@ def per_run_table(
     return [*table(head, rows), *([""] + notes if notes else [])]
 
 
+def bin_mid(t: np.ndarray) -> np.ndarray:
+    """The middles of the bins that start at `t` (the series' own bin width, the protocol's hit_bin)."""
+    return np.asarray(t + 0.5 * np.diff(t[:2]).sum())
+
+
 COLORS = ["#c0392b", "#2471a3", "#239b56", "#8e44ad", "#d68910", "#17a589", "#7f8c8d"]
 
 
@@ -193,12 +198,13 @@ def hit_backlog_figure(
     title: str = "",
     marks: Callable[[Any, float], None] | None = None,
 ) -> Any:
-    """Fig. 1 layout for any arms: per rate a column, hit fraction (100 s) on top, sessions in the
+    """Fig. 1 layout for any arms: per rate a column, hit fraction (per hit_bin) on top, sessions in the
     system (log) below, one line per run coloured by arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rates = list(verdict["registered_rates"]) or [None]
     fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
@@ -210,7 +216,7 @@ def hit_backlog_figure(
                 continue
             c = colors.get(a.run.arm.lower(), "gray")
             s = a.series
-            top.plot(s["hit_t"] + 50.0, s["hit"], color=c, lw=0.9, alpha=0.85)
+            top.plot(bin_mid(s["hit_t"]), s["hit"], color=c, lw=0.9, alpha=0.85)
             bot.plot(s["backlog_t"], np.maximum(s["in_system"], 0.8), color=c, lw=0.9, alpha=0.85)
         top.set_ylim(-0.02, 1.02)
         top.set_ylabel("prefix-cache hit fraction")
@@ -220,7 +226,7 @@ def hit_backlog_figure(
         bot.set_xlabel("time since start of run (s)")
         if marks is not None:
             marks((top, bot), rate)
-    handles = [plt.Line2D([], [], color=colors[a.lower()], label=a) for a in verdict["arms"]]
+    handles = [Line2D([], [], color=colors[a.lower()], label=a) for a in verdict["arms"]]
     fig.legend(handles=handles, loc="upper center", ncol=max(1, len(handles)), frameon=False)
     if title:
         fig.text(0.5, 0.005, title, ha="center", fontsize=8)

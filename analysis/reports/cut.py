@@ -115,8 +115,12 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
         tr = preds.trajectory(a.run.arm, a.run.rate, a.run.seed) if preds and is_cut else None
         if tr:
             ax.plot(np.asarray(tr["t"]), np.asarray(tr["backlog"]), color=c, ls="--", lw=1.0)
-    ax.axvline(2400.0, color="0.3", ls=":", lw=0.8)
-    ax.axvspan(3000.0, 8700.0, color="0.95", zorder=0)
+    # the cut's start (the arm's) and the slope window [slope_start, end of run) (the rule's)
+    meta = next((a.meta for a in analyzed if a.meta and a.run.arm.lower() == cut_arm), None)
+    if meta is not None:
+        ax.axvline(float(meta["arm_config"]["cut"]["start"]), color="0.3", ls=":", lw=0.8)
+        slope_start = float(verdict["rule_spec"]["params"]["slope_start"])
+        ax.axvspan(slope_start, float(meta["protocol"]["duration"]), color="0.95", zorder=0)
     ax.set_xlabel("time since start of run (s)")
     ax.set_ylabel("sessions in system")
     ax.legend(frameon=False)

@@ -1,6 +1,6 @@
 """MIRROR (sec. 4.1, App. C): the per-seed table of measured values against model F's frozen ones
 (the paper's MIRROR table), the labels and the secondary checks; Fig. 4's layout (completions
-per 300 s and the backlog, with model F's frozen trajectory dashed)."""
+per `completions_bin` (300 s) and the backlog, with model F's frozen trajectory dashed)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
         except Exception:
             preds = None
     rates = list(verdict["registered_rates"])
+    width = float(verdict["rule_spec"]["params"]["completions_bin"])  # the spec's figure bin
     fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
     cols = ["#d35400", "#a04000", "#f39c12"]
     for j, rate in enumerate(rates):
@@ -96,9 +97,9 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             s = a.series
             is_b = a.run.arm.lower() == arm
             c = cols[a.run.seed % 3] if is_b else "0.6"
-            top.step(s["completions_t"] + 150.0, s["completions"], where="mid", color=c, lw=1.0 if is_b else 0.7)
-            # 300 s means of sessions in the system
-            k = max(1, int(round(300.0 / np.diff(s["backlog_t"][:2]).sum()))) if len(s["backlog_t"]) > 1 else 1
+            top.step(s["completions_t"] + width / 2, s["completions"], where="mid", color=c, lw=1.0 if is_b else 0.7)
+            # means of sessions in the system over the same bins
+            k = max(1, int(round(width / np.diff(s["backlog_t"][:2]).sum()))) if len(s["backlog_t"]) > 1 else 1
             n = len(s["in_system"]) // k * k
             bot.plot(
                 s["backlog_t"][:n].reshape(-1, k).mean(axis=1),
@@ -110,7 +111,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             if tr:
                 t = np.asarray(tr["t"])
                 bot.plot(t, np.asarray(tr["backlog"]), color=c, ls="--", lw=0.9)
-                w = 300.0 / max(1e-9, float(t[1] - t[0])) if len(t) > 1 else 1
+                w = width / max(1e-9, float(t[1] - t[0])) if len(t) > 1 else 1
                 kk = max(1, int(round(w)))
                 m = len(t) // kk * kk
                 top.step(
@@ -122,8 +123,8 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
                     lw=0.8,
                 )
         top.set_title(f"{rate:g} × λref")
-        top.set_ylabel("completions (λref, 300 s)")
-        bot.set_ylabel("sessions in system (300 s means)")
+        top.set_ylabel(f"completions (λref, {width:g} s)")
+        bot.set_ylabel(f"sessions in system ({width:g} s means)")
         bot.set_xlabel("time since start of run (s)")
     fig.text(0.5, 0.005, "colour: BURST seeds; grey: NOBURST controls; dashed: model F frozen", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 0.97))

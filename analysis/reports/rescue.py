@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.reports.common import header, label, num, outcome_block, per_run_table, q, runs_of, table
+from analysis.reports.common import bin_mid, header, label, num, outcome_block, per_run_table, q, runs_of, table
 
 COLUMNS = [
     ("follow-up hit [t_on, end)", "control_hit_after", "{:.3f}"),
@@ -103,7 +103,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             s = a.series
             ctl = a.run.arm.lower() == "noburst"  # the reference, drawn faint and beneath
             kw = {"lw": 0.6 if ctl else 0.9, "alpha": 0.45 if ctl else 0.85, "zorder": 1 if ctl else 2}
-            top.plot(s["hit_t"] + 50.0, s["followup_hit"], color=c, **kw)
+            top.plot(bin_mid(s["hit_t"]), s["followup_hit"], color=c, **kw)
             bot.plot(s["backlog_t"], np.maximum(s["outstanding_paused"], 0.8), color=c, **kw)
             rel = a.run.quantities.get("gate.release")
             if a.run.arm.lower() == roles["rescue"]["arm"].lower() and isinstance(rel, float) and np.isfinite(rel):

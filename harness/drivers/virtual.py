@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.client.contract import Client, Command, Send, Timer, TurnResponse
 from harness.drivers.sinks import GaugeRecorder, write_gauge
-from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
+from harness.refengine.model import BaseEngine, EngineCompletion, EngineRequest
 
 _ENGINE, _TIMER, _GAUGE = 0, 1, 2
 
@@ -79,7 +79,7 @@ class Simulator:
     def __init__(
         self,
         client: Client,
-        engine: EngineModel,
+        engine: BaseEngine,
         *,
         recorder: GaugeRecorder | None = None,
         until: float | None = None,
@@ -221,7 +221,7 @@ class Simulator:
 
 def simulate(
     client: Client,
-    engine: EngineModel,
+    engine: BaseEngine,
     *,
     recorder: GaugeRecorder | None = None,
     until: float | None = None,

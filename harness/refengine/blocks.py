@@ -34,6 +34,7 @@ checks that both give the same blocks, hits and gauges operation by operation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress, repeat
 
 import numpy as np
@@ -58,17 +59,32 @@ class PrefixHasher:
         return self._mult[:n]
 
     def keys(self, tokens: np.ndarray, nblocks: int) -> list[int]:
+        return self.key_array((tokens,), nblocks).tolist()
+
+    def key_array(self, parts: Sequence[np.ndarray], nblocks: int) -> np.ndarray:
+        """The prefix keys (uint64) of the first nblocks blocks of the concatenated `parts` (a
+        request's prompt and outputs, read in place rather than joined first)."""
         n = nblocks * self.block
-        if n == 0:
-            return []
-        v = tokens[:n].astype(np.uint64) * self._multipliers(n)
+        if n <= 0:
+            return np.empty(0, dtype=np.uint64)
+        mult = self._multipliers(n)
+        v = np.empty(n, dtype=np.uint64)
+        pos = 0
+        for part in parts:
+            k = min(len(part), n - pos)
+            if k <= 0:
+                break
+            np.multiply(part[:k], mult[pos : pos + k], out=v[pos : pos + k], dtype=np.uint64, casting="unsafe")
+            pos += k
+        if pos < n:
+            raise ValueError(f"{nblocks} blocks of {self.block} tokens asked of {pos} tokens")
         s = np.cumsum(v.reshape(nblocks, self.block).sum(axis=1, dtype=np.uint64), dtype=np.uint64)
         s ^= s >> np.uint64(31)
         s *= _MIX1
         s ^= s >> np.uint64(29)
         s *= _MIX2
         s ^= s >> np.uint64(32)
-        return s.tolist()
+        return s
 
 
 class BlockPool:
@@ -99,7 +115,7 @@ class BlockPool:
         n = self.num_blocks
         self._ref = np.zeros(n, dtype=np.int64)
         self._stamp = np.full(n, -1, dtype=np.int64)  # the block's hash entry; -1: no hash
-        self._key = np.empty(n, dtype=object)  # the key of that entry (for the views)
+        self._key = np.zeros(n, dtype=np.uint64)  # the key of that entry (for the views)
         self._first = np.zeros(n, dtype=bool)  # the entry was its key's first when it was made
         self._sid = getattr(self, "_sid", 0)  # hashing events so far (never reset: an entry stays unique)
         self._map: dict[int, int] = {}  # key -> its first entry (possibly stale)
@@ -351,39 +367,42 @@ class BlockPool:
         self._nfree -= n
         return out
 
-    def register(self, blocks: list[int], keys: list[int]) -> None:
+    def register(self, blocks: list[int], keys: list[int], key_array: np.ndarray | None = None) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
-        already carry their hash are left as they are)."""
+        already carry their hash are left as they are). `key_array`: the same keys as uint64, if
+        the caller has them (they are stored for the views without converting the list)."""
         if not self.caching or not blocks:
             return
         n = self.num_blocks
         stamp = self._stamp
         if len(blocks) <= self.SMALL:
-            for b, k in zip(blocks, keys):
-                if stamp[b] >= 0:
+            for blk, k in zip(blocks, keys):
+                if stamp[blk] >= 0:
                     continue
-                e = self._sid * n + b
+                ent = self._sid * n + blk
                 self._sid += 1
-                stamp[b] = e
-                self._key[b] = k
+                stamp[blk] = ent
+                self._key[blk] = k
                 self.n_hashed += 1
-                self._insert(k, e)
-                self._first[b] = self._map.get(k) == e
+                self._insert(k, ent)
+                self._first[blk] = self._map.get(k) == ent
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them
             b = np.asarray(blocks[:m], dtype=np.int64)
             fresh = stamp[b] < 0
             ks = list(keys[:m])
+            karr = key_array[:m] if key_array is not None else None
             if not fresh.all():
                 ks = list(compress(ks, fresh.tolist()))
                 b = b[fresh]
+                karr = karr[fresh] if karr is not None else None
             m = b.size
             if not m:
                 return
             e = (self._sid + np.arange(m, dtype=np.int64)) * n + b
             self._sid += m
             stamp[b] = e
-            self._key[b] = ks
+            self._key[b] = karr if karr is not None else ks
             self.n_hashed += m
             mp = self._map
             old = np.fromiter(map(mp.get, ks, repeat(-1)), dtype=np.int64, count=m)
@@ -445,7 +464,7 @@ class BlockPool:
 
     def block_hash(self, b: int) -> int | None:
         """The key block b carries, None if it has none."""
-        return self._key[b] if self._stamp[b] >= 0 else None
+        return int(self._key[b]) if self._stamp[b] >= 0 else None
 
     @property
     def hash(self) -> list[int | None]:

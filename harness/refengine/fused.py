@@ -25,7 +25,7 @@ MAX_FUSED = 4096
 
 
 def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None:
-    """Plan a run of decode-only steps on EngineModel `m` (vLLM flavour); its end time, or None
+    """Plan a run of decode-only steps on the vLLM-flavour engine `m` (harness/refengine/vllm.py); its end time, or None
     when fewer than two steps can be fused (the caller then plans one step as usual; nothing was
     changed)."""
     if horizon is None or m.waiting or m.prefilling:

@@ -1,4 +1,4 @@
-"""KV memory of the two engine flavours behind one interface the scheduler uses.
+"""KV memory of the two engine flavours: SGLang's token pool with its radix cache, vLLM's block pool.
 
 TokenKV (SGLang): a pool of M token slots plus the radix cache. Admission (decided by the
 scheduler, as SGLang's PrefillAdder does) is gated by free + evictable slots less what running
@@ -15,11 +15,16 @@ allocate as they go, and a running request that cannot get a block forces a pree
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from harness.refengine.blocks import BlockPool
-from harness.refengine.radix import RadixCache
+from harness.refengine.radix import Node, RadixCache
 from harness.refengine.request import Req
+
+HISTORY_KEY_BYTES = 64  # a session's first 16 ids key its finished turn's node (radix flavour)
+HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
 
 
 class TokenKV:
@@ -35,29 +40,40 @@ class TokenKV:
       PrefillAdder's budget); physical slots are taken with LRU eviction of unlocked leaves.
     """
 
-    per_request_decode = False
-    can_preempt = False
-
     def __init__(self, pool_tokens: int, page_size: int, caching: bool) -> None:
         self.M = pool_tokens
         self.page = page_size
         self.caching = caching
         self.tree = RadixCache(page_size)
         self.own = 0  # slots held by running requests outside the tree (uncheckpointed prefill + decode)
+        # A finished request's last node, by its first ids (a session's turns all start with the
+        # same ids); the node keeps the ids its path spells (Node.spelt: the request's prompt, then
+        # the outputs kept) while it is cached: the next turn's lookup checks those ids with two
+        # comparisons and walks the tree only below that node (RadixCache.match_from).
+        self._history: OrderedDict[bytes, Node] = OrderedDict()
 
     # -- prefix ----------------------------------------------------------------------------------
+    def _match(self, req: Req, touch: bool) -> tuple[int, Node]:
+        ids = req.pb if req.target == req.L else req.seq_bytes()
+        node = self._history.get(ids[:HISTORY_KEY_BYTES])
+        if node is not None and node.spelt is not None:  # spelt is None once the node was evicted
+            prompt, outs = node.spelt
+            if ids.startswith(prompt) and ids.startswith(outs, len(prompt)):
+                return self.tree.match_from(node, (len(prompt) + len(outs)) // 4, ids, req.target - 1, touch)
+        return self.tree.match_from(self.tree.root, 0, ids, req.target - 1, touch)
+
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
             req.node = None
             return 0
-        n, node = self.tree.match(req.seq_bytes(), req.target - 1, touch)
+        n, node = self._match(req, touch)
         req.node = node
         return n
 
     def touch(self, req: Req) -> None:
         """LRU refresh of a waiting request's cached prefix (SGLang's periodic waiting refresh)."""
         if self.caching:
-            self.tree.match(req.seq_bytes(), req.target - 1, True)
+            self._match(req, True)
 
     # -- admission budget --------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -70,9 +86,6 @@ class TokenKV:
         if node is None or not self.caching:
             return self.free_slots() + self.tree.evictable
         return self.free_slots() + self.tree.evictable_if_locked(node)
-
-    def can_admit(self, req: Req, prefix: int, first_chunk: int) -> bool:  # the scheduler decides
-        raise AssertionError("radix admission is decided by the scheduler's budget")
 
     def admit(self, req: Req, prefix: int) -> None:
         req.in_tree = prefix
@@ -105,13 +118,16 @@ class TokenKV:
         aligned = (upto // self.page) * self.page
         if aligned <= req.in_tree:
             return
-        seq = req.pb if aligned <= req.L else req.pb + req.outb[: (aligned - req.L) * 4]
+        if aligned <= req.L:
+            ids, offset = req.pb, 0
+        else:  # the prompt's tail past what the tree holds, and the outputs: no copy of the rest
+            offset = min(req.in_tree, req.L) if req.node is not None and req.in_tree > 0 else 0
+            ids = req.pb[offset * 4 :] + req.outb[: (aligned - req.L) * 4]
         if req.node is not None and req.in_tree > 0:  # resume the walk at the request's own locked node
-            _new, node = self.tree.insert_from(req.node, req.in_tree, seq[: aligned * 4])
+            _new, node = self.tree.insert_from(req.node, req.in_tree, ids, aligned, offset, lock=True)
         else:
-            _new, node = self.tree.insert(seq[: aligned * 4])
+            _new, node = self.tree.insert_from(self.tree.root, 0, ids, aligned, offset, lock=True)
         self.own -= aligned - req.in_tree  # moved into the tree, or freed as duplicates of cached content
-        self.tree.lock(node)
         if req.node is not None:
             self.tree.unlock(req.node)
         req.node = node
@@ -122,16 +138,25 @@ class TokenKV:
         kept = req.L + req.max_tokens - 1
         self.checkpoint(req, kept)
         self.own -= kept - req.in_tree  # the unaligned tail (or everything, with caching off)
-        if req.node is not None:
-            self.tree.unlock(req.node)
+        node = req.node
+        if node is not None:
+            self.tree.unlock(node)
+            if node is not self.tree.root and req.in_tree * 4 >= HISTORY_KEY_BYTES:
+                held = req.in_tree
+                prompt = req.pb if held >= req.L else req.pb[: held * 4]
+                outs = req.outb[: max(0, held - req.L) * 4]
+                key = prompt[:HISTORY_KEY_BYTES]
+                node.spelt = (prompt, outs)
+                self._history[key] = node
+                self._history.move_to_end(key)
+                if len(self._history) > HISTORY_SESSIONS:
+                    self._history.popitem(last=False)  # the least recently finished
         req.node = None
         req.in_tree = 0
 
-    def preempt(self, req: Req, computed: int) -> None:  # pragma: no cover - never called
-        raise AssertionError("the radix flavour does not preempt")
-
     def flush(self) -> None:
         self.tree.reset()
+        self._history.clear()
 
     # -- gauges ----------------------------------------------------------------------------------
     def used_running(self) -> int:
@@ -145,13 +170,9 @@ class TokenKV:
 
 
 NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
-HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
 
 
 class BlockKV:
-    per_request_decode = True
-    can_preempt = True
-
     def __init__(self, pool_tokens: int, block: int, caching: bool) -> None:
         # vLLM sizes the pool in blocks (pool_tokens // block, its num_gpu_blocks) and keeps block 0
         # as a placeholder "null block" that is never allocated, so one block fewer is usable.
@@ -165,14 +186,15 @@ class BlockKV:
         # A finished request's cached blocks by the key of its first block (a session's turns all
         # start with the same blocks): the next turn's lookup validates these entries at once and
         # reads the hash maps only for what follows them (BlockPool.lookup_entries' `known`).
-        self._history: dict[int, tuple[np.ndarray, int]] = {}
+        self._history: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
         """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
         id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each."""
         if req.keys_len < 0:
             total = req.L + req.max_tokens
-            req.keys = self.pool.hasher.keys(req.seq_tokens(total), total // self.B)
+            req.key_array = self.pool.hasher.key_array((req.prompt, req.out), total // self.B)
+            req.keys = req.key_array.tolist()
             req.keys_len = total
         return req.keys[:nblocks]
 
@@ -182,7 +204,9 @@ class BlockKV:
         if self.caching and nfull > req.ncached:
             if req.keys_len < 0:
                 self._keys(req, 0)
-            self.pool.register(req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull])
+            self.pool.register(
+                req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull], req.key_array[req.ncached : nfull]
+            )
             req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:
@@ -201,9 +225,6 @@ class BlockKV:
         req.hit_entries = ents
         req.hit = (ents % self.pool.num_blocks).tolist()
         return len(req.hit) * self.B
-
-    def touch(self, req: Req) -> None:
-        return None
 
     def _new_blocks(self, req: Req, tokens: int) -> int:
         return max(0, -(-tokens // self.B) - len(req.blocks))
@@ -262,10 +283,10 @@ class BlockKV:
             ents = self.pool.first_entries(req.blocks[: req.ncached])
             if ents.size:
                 first = req.keys[0]
-                self._history.pop(first, None)
                 self._history[first] = (ents, req.keys[ents.size - 1])
+                self._history.move_to_end(first)
                 if len(self._history) > HISTORY_SESSIONS:
-                    del self._history[next(iter(self._history))]  # the least recently finished
+                    self._history.popitem(last=False)  # the least recently finished
         self._free(req, kept)
 
     def preempt(self, req: Req, computed: int) -> None:

@@ -9,9 +9,24 @@ The rules the trap depends on, as SGLang 0.5.22 applies them (paper App. E.2, E.
   leaf itself and competes with its own stamp.
 
 Edge labels are stored as `bytes` of little-endian int32 ids and prompts are compared with
-`bytes.startswith(label, offset)`, a memcmp without copies: a 40k-token prompt with a 60-node path
-matches in a few microseconds. Children are keyed by the bytes of their first page. LRU stamps are
-a logical counter, never a clock, so the order is deterministic and ties cannot happen.
+`bytes.startswith(label, offset)`, a memcmp without copies. Children are keyed by the bytes of
+their first page. LRU stamps are a logical counter, never a clock, so the order is deterministic.
+
+Touches and locks are done per path segment, not node by node (a session's path grows by two
+nodes a turn, and every turn looks it up, inserts into it and locks and unlocks it several times):
+
+- a touch (one lookup or insert) takes one stamp and records it on the node where its path ends
+  only: a node's LRU stamp is the newest stamp recorded in its subtree, which is what touching
+  every node of each path gives, since a path is touched root first and in one go. Only leaves
+  are ever compared (eviction takes unlocked leaves), and a leaf's subtree is itself plus the
+  children it has lost: an evicted node hands its stamp to its parent. Two different leaves never
+  carry one touch's stamp (one touch's nodes lie on one root path), so the eviction order is the
+  order node-by-node ticks give (tests/test_refengine_fastpaths.py checks it against the direct
+  form, tests/radix_reference.py, operation by operation);
+- a node's `lock` is its own lock count plus the number of its children that are locked, so it
+  is nonzero exactly when the path-propagated count would be; locking or unlocking a path walks
+  only the nodes whose state changes (from the locked node up to the first ancestor already
+  locked), not every node up to the root.
 """
 
 from __future__ import annotations
@@ -24,17 +39,20 @@ _ITEM = 4  # bytes per token id (int32)
 
 
 class Node:
-    __slots__ = ("alive", "children", "key", "lock", "n", "nid", "parent", "stamp")
+    __slots__ = ("alive", "children", "key", "lock", "n", "nid", "parent", "spelt", "stamp")
 
     def __init__(self, key: bytes, parent: Node | None, nid: int) -> None:
         self.key = key
         self.n = len(key) // _ITEM
         self.children: dict[bytes, Node] = {}
         self.parent = parent
-        self.lock = 0
-        self.stamp = 0
+        self.lock = 0  # requests locked here + children with a nonzero lock
+        self.stamp = 0  # newest touch recorded here or handed up by an evicted child
         self.alive = True
         self.nid = nid
+        # the ids the path from the root to here spells, as (prompt, outputs) of a request that
+        # finished here (TokenKV's lookups from a session's last turn); dropped when evicted
+        self.spelt: tuple[bytes, bytes] | None = None
 
 
 class RadixCache:
@@ -62,7 +80,10 @@ class RadixCache:
         return self._nid
 
     # -- LRU bookkeeping -------------------------------------------------------------------------
-    def _touch(self, node: Node) -> None:
+    def _touch_path(self, node: Node) -> None:
+        """Touch the path from the root to `node`: one stamp, recorded where the path ends."""
+        if node is self.root:
+            return
         self._tick += 1
         node.stamp = self._tick
         if node.lock == 0 and not node.children:
@@ -80,30 +101,33 @@ class RadixCache:
         Returns (tokens, last node). The caller passes limit = len(prompt) - 1 so at least one
         token is computed (the logits of the last prompt position produce the first output).
         """
+        return self.match_from(self.root, 0, ids, limit, touch)
+
+    def match_from(self, node: Node, depth: int, ids: bytes, limit: int, touch: bool = True) -> tuple[int, Node]:
+        """`match(ids, limit, touch)` for a caller that knows live `node` ends at `depth` tokens on
+        the path of `ids` (it spells ids[:depth]): the walk from the root would pass through it, so
+        it starts there (from the root if `depth` is beyond the limit)."""
         limit_b = (limit // self.page) * self._pb
-        node = self.root
-        pos = 0
+        pos = depth * _ITEM
+        if pos > limit_b:
+            node, pos = self.root, 0
         pb = self._pb
-        path: list[Node] = []
         while pos < limit_b:
             child = node.children.get(ids[pos : pos + pb])
             if child is None:
                 break
             klen = len(child.key)
             if pos + klen <= limit_b and ids.startswith(child.key, pos):
-                path.append(child)
                 node = child
                 pos += klen
                 continue
             m = self._common(child.key, ids, pos, min(klen, limit_b - pos))
             if m > 0:
                 node = self._split(child, m)
-                path.append(node)
                 pos += m
             break
         if touch:
-            for nd in path:
-                self._touch(nd)
+            self._touch_path(node)
         return pos // _ITEM, node
 
     def _common(self, key: bytes, ids: bytes, pos: int, nbytes: int) -> int:
@@ -116,12 +140,13 @@ class RadixCache:
         return (m // self.page) * self._pb
 
     def _split(self, child: Node, mbytes: int) -> Node:
-        """Cut `child`'s edge after mbytes: a new parent holds the prefix, `child` keeps the rest."""
+        """Cut `child`'s edge after mbytes: a new parent holds the prefix, `child` keeps the rest.
+        The new node is locked if `child` is (it has one child, `child`) and its LRU stamp is
+        child's, through its subtree."""
         parent = child.parent
         assert parent is not None
         head = Node(child.key[:mbytes], parent, self._new_id())
-        head.lock = child.lock
-        head.stamp = child.stamp
+        head.lock = 1 if child.lock else 0
         parent.children[child.key[: self._pb]] = head
         child.key = child.key[mbytes:]
         child.n = len(child.key) // _ITEM
@@ -132,30 +157,33 @@ class RadixCache:
     # -- locks -----------------------------------------------------------------------------------
     def lock(self, node: Node) -> None:
         """A request was admitted on the path ending at `node`: protect it from eviction."""
-        while node is not self.root:
-            if node.lock == 0:
-                self.evictable -= node.n
+        root = self.root
+        while node is not root:
             node.lock += 1
+            if node.lock > 1:
+                return  # it was locked already, and so is every node above it
+            self.evictable -= node.n
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: Node) -> None:
-        while node is not self.root:
+        root = self.root
+        while node is not root:
             node.lock -= 1
-            if node.lock == 0:
-                self.evictable += node.n
-                self._maybe_leaf(node)
-            elif node.lock < 0:
+            if node.lock > 0:
+                return  # still locked (by another request, or through another child)
+            if node.lock < 0:
                 raise AssertionError("radix lock count below zero")
+            self.evictable += node.n
+            self._maybe_leaf(node)
             node = node.parent  # type: ignore[assignment]
 
     def evictable_if_locked(self, node: Node) -> int:
         """`evictable` as it would be with the path ending at `node` locked, without locking it:
-        lock(node) followed by unlock(node) would give the same number but queue every leaf it
-        touches for eviction again (harmless stale entries, but one per admission check)."""
+        the unlocked nodes of a path are the ones below its deepest locked node."""
         ev = self.evictable
-        while node is not self.root:
-            if node.lock == 0:
-                ev -= node.n
+        root = self.root
+        while node is not root and node.lock == 0:
+            ev -= node.n
             node = node.parent  # type: ignore[assignment]
         return ev
 
@@ -167,21 +195,23 @@ class RadixCache:
         """
         return self.insert_from(self.root, 0, ids)
 
-    def insert_from(self, node: Node, depth: int, ids: bytes) -> tuple[int, Node]:
-        """`insert(ids)` for a caller that knows `node` ends at `depth` tokens on the path of `ids`
-        (a request's own locked node): the nodes above it are touched root first, as a walk from
-        the root would, without comparing their tokens again."""
-        end = (len(ids) // self._pb) * self._pb
-        pos = depth * _ITEM
+    def insert_from(
+        self, node: Node, depth: int, ids: bytes, upto: int | None = None, offset: int = 0, lock: bool = False
+    ) -> tuple[int, Node]:
+        """`insert(seq[:upto])` for a caller that knows `node` ends at `depth` tokens on the path of
+        the sequence `seq` (a request's own locked node): the walk starts there, without comparing
+        the tokens above it again; the whole path is touched, as a walk from the root would.
+
+        `ids` holds seq from token `offset` on (offset <= depth: the walk never reads before
+        `depth`, so a caller passes the tail it has, without copying the rest); `upto` (tokens,
+        default all of `ids`) is cut down to whole pages. `lock`: then lock the path, as
+        `lock(last node)` after the insert would; the last node is locked before its touch, so it
+        is not queued for eviction only to be found locked (unlocking it queues it again)."""
+        if upto is None:
+            upto = offset + len(ids) // _ITEM
+        end = ((upto // self.page) * self.page - offset) * _ITEM
+        pos = (depth - offset) * _ITEM
         pb = self._pb
-        if node is not self.root:
-            path = []
-            nd: Node | None = node
-            while nd is not None and nd is not self.root:
-                path.append(nd)
-                nd = nd.parent
-            for nd in reversed(path):
-                self._touch(nd)
         while pos < end:
             child = node.children.get(ids[pos : pos + pb])
             if child is None:
@@ -189,18 +219,21 @@ class RadixCache:
                 node.children[ids[pos : pos + pb]] = leaf
                 self.total += leaf.n
                 self.evictable += leaf.n
-                self._touch(leaf)
+                if lock:
+                    self.lock(leaf)
+                self._touch_path(leaf)
                 return (end - pos) // _ITEM, leaf
             klen = len(child.key)
             if pos + klen <= end and ids.startswith(child.key, pos):
                 node = child
                 pos += klen
-                self._touch(node)
                 continue
             m = self._common(child.key, ids, pos, min(klen, end - pos))
             node = self._split(child, m)
             pos += m
-            self._touch(node)
+        if lock:
+            self.lock(node)
+        self._touch_path(node)
         return 0, node
 
     # -- evict -----------------------------------------------------------------------------------
@@ -216,6 +249,9 @@ class RadixCache:
             assert parent is not None
             del parent.children[node.key[: self._pb]]
             node.alive = False
+            node.spelt = None
+            if node.stamp > parent.stamp:
+                parent.stamp = node.stamp  # the parent was touched with it, through this node
             freed += node.n
             self.total -= node.n
             self.evictable -= node.n

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.refengine.radix import Node
+
 
 @dataclass
 class EngineRequest:
@@ -35,6 +37,7 @@ _U_VOCAB = np.uint64(_VOCAB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_NO_KEYS = np.empty(0, dtype=np.uint64)
 _COUNTERS: dict[int, np.ndarray] = {}  # n -> (1..n) * golden ratio, read-only
 
 
@@ -64,8 +67,9 @@ def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
     z *= _C2
     np.right_shift(z, _S31, out=t)
     z ^= t
-    np.remainder(z, _U_VOCAB, out=z)
-    return z.astype(np.int32)
+    out = np.empty(n, dtype=np.int32)
+    np.remainder(z, _U_VOCAB, out=out, casting="unsafe")  # < 32000: the int32 values themselves
+    return out
 
 
 class Req:
@@ -90,6 +94,7 @@ class Req:
         "hit_entries",
         "in_tree",
         "join",
+        "key_array",
         "keys",
         "keys_len",
         "max_tokens",
@@ -131,12 +136,15 @@ class Req:
         self.first_token = float("nan")
         self.admitted = float("nan")
         self.preemptions = 0
-        self.node = None
+        self.node: Node | None = None  # radix flavour: the node its matched or inserted path ends at
         self.blocks: list[int] = []
         self.hit: list[int] = []
-        self.hit_entries = None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
+        self.hit_entries: np.ndarray | None = (
+            None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
+        )
         self.reserve = 0
         self.keys: list[int] = []
+        self.key_array: np.ndarray = _NO_KEYS  # vLLM flavour: `keys` as uint64
         self.keys_len = -1
         self.in_tree = 0  # radix flavour: leading tokens of the sequence this request holds in the tree
         self.ncached = 0  # leading blocks of `blocks` that carry their hash (vLLM flavour)
@@ -147,9 +155,3 @@ class Req:
         if self.target == self.L:
             return self.pb
         return self.pb + self.outb[: (self.target - self.L) * 4]
-
-    def seq_tokens(self, n: int) -> np.ndarray:
-        """The first n ids of prompt + output."""
-        if n <= self.L:
-            return self.prompt[:n]
-        return np.concatenate((self.prompt, self.out[: n - self.L]))

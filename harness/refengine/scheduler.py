@@ -16,6 +16,8 @@ never overtakes a large one. SGLang flavour details (paper App. E.2, E.8, E.14):
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from harness.config import CellConfig
 from harness.refengine.request import Req
 
@@ -23,8 +25,15 @@ REFRESH_EVERY = 32  # scheduling passes between waiting-prefix refreshes
 REFRESH_HEAD = 128  # waiting requests whose prefixes a refresh touches
 
 
+class PrefixLookup(Protocol):
+    """What the policy asks of the KV memory (TokenKV): a waiting request's cached prefix."""
+
+    def match(self, req: Req, touch: bool = True) -> int: ...
+    def touch(self, req: Req) -> None: ...
+
+
 class WaitingPolicy:
-    def __init__(self, cell: CellConfig, kv: object, radix_flavour: bool) -> None:
+    def __init__(self, cell: CellConfig, kv: PrefixLookup, radix_flavour: bool) -> None:
         self.kv = kv
         self.lpm = cell.schedule_policy == "lpm" and cell.prefix_cache
         self.fallback = cell.lpm_fallback_waiting
@@ -48,7 +57,7 @@ class WaitingPolicy:
         due = self.passes % REFRESH_EVERY == 0
         self.passes += 1
         if due:
-            touch = self.kv.touch  # type: ignore[attr-defined]
+            touch = self.kv.touch
             for req in reversed(waiting[:REFRESH_HEAD]):
                 touch(req)
 
@@ -56,7 +65,7 @@ class WaitingPolicy:
         """Sort the queue in place for LPM (SGLang keeps the sorted order between passes)."""
         if not self.lpm_active(waiting):
             return
-        match = self.kv.match  # type: ignore[attr-defined]
+        match = self.kv.match
         keyed = [(-match(req, True), i, req) for i, req in enumerate(waiting)]
         keyed.sort(key=lambda t: (t[0], t[1]))
         waiting[:] = [t[2] for t in keyed]

@@ -34,7 +34,7 @@ _TOKEN_DOMAIN = 0x746F6B  # separates token streams from spec streams
 # numpy's SeedSequence (pool of 4 32-bit words, hashmix / mix, then generate_state), written out
 # for the key shapes drawn here: building a SeedSequence costs more than drawing a turn's ids, and
 # every turn of every session derives one. The hash constants run through a fixed sequence, so
-# they are tabulated. tests/unit/harness/test_refengine_fastpaths.py checks it against numpy key by key. The
+# they are tabulated. tests/test_refengine_fastpaths.py checks it against numpy key by key. The
 # hashmix and mix steps stay written out in each loop: as helper calls they cost 14 -> 25 us a key.
 _M32 = 0xFFFFFFFF
 _MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
@@ -102,6 +102,75 @@ def _philox_key(key: tuple[int, ...]) -> tuple[int, int] | np.ndarray:
     return (st[0] | st[1] << 32, st[2] | st[3] << 32)
 
 
+def _hashmix(v: int, step: int) -> int:
+    x, m = _SS_A[step]
+    v = ((v ^ x) * m) & _M32
+    return v ^ (v >> 16)
+
+
+def _mix(d: int, v: int) -> int:
+    r = (_MIX_L * d - _MIX_R * v) & _M32
+    return r ^ (r >> 16)
+
+
+def _token_pool(token_seed: int) -> tuple[int, int, int, int, int, int]:
+    """What the SeedSequences of a session's token streams, (domain, seed low, seed high, turn),
+    share: the pool words and hashes that never read the turn. Of the mixing steps, (0,1) ... (2,1)
+    leave words 0-2 as they are for every turn, and word 3 (the turn's) takes in word s's hash at
+    steps (s,3), a hash that does not depend on the turn either."""
+    p0 = _hashmix(_TOKEN_DOMAIN, 0)
+    p1 = _hashmix(token_seed & _M32, 1)
+    p2 = _hashmix(token_seed >> 32, 2)
+    p1 = _mix(p1, _hashmix(p0, 4))  # (0,1)
+    p2 = _mix(p2, _hashmix(p0, 5))  # (0,2)
+    h03 = _hashmix(p0, 6)  # (0,3)
+    p0 = _mix(p0, _hashmix(p1, 7))  # (1,0)
+    p2 = _mix(p2, _hashmix(p1, 8))  # (1,2)
+    h13 = _hashmix(p1, 9)  # (1,3)
+    p0 = _mix(p0, _hashmix(p2, 10))  # (2,0)
+    p1 = _mix(p1, _hashmix(p2, 11))  # (2,1)
+    h23 = _hashmix(p2, 12)  # (2,3)
+    return p0, p1, p2, h03, h13, h23
+
+
+_TOKEN_POOLS: dict[int, tuple[int, int, int, int, int, int]] = {}  # token seed -> _token_pool (recent sessions)
+_TOKEN_POOLS_MAX = 4096
+
+
+def _token_key(token_seed: int, turn: int) -> tuple[int, int]:
+    """`_philox_key((_TOKEN_DOMAIN, seed low word, seed high word, turn))` for 0 <= turn < 2**32,
+    from the part a session's turns share, derived once per session (tests/test_workload_tokens.py
+    checks it against numpy's SeedSequence)."""
+    pool = _TOKEN_POOLS.get(token_seed)
+    if pool is None:
+        if len(_TOKEN_POOLS) >= _TOKEN_POOLS_MAX:
+            del _TOKEN_POOLS[next(iter(_TOKEN_POOLS))]
+        pool = _TOKEN_POOLS[token_seed] = _token_pool(token_seed)
+    p0, p1, p2, h03, h13, h23 = pool
+    # the per-turn steps written out (as helper calls they cost twice as much): word 3's hashmix,
+    # its mixes with h03, h13, h23, then (3,0), (3,1), (3,2) and generate_state's hashes
+    x, m = _SS_A[3]
+    v = ((turn ^ x) * m) & _M32
+    p3 = v ^ (v >> 16)
+    for h in (h03, h13, h23):
+        r = (_MIX_L * p3 - _MIX_R * h) & _M32
+        p3 = r ^ (r >> 16)
+    out = []
+    for d, step in ((p0, 13), (p1, 14), (p2, 15)):
+        x, m = _SS_A[step]
+        v = ((p3 ^ x) * m) & _M32
+        v ^= v >> 16
+        r = (_MIX_L * d - _MIX_R * v) & _M32
+        out.append(r ^ (r >> 16))
+    out.append(p3)
+    st = []
+    for j in range(4):
+        x, m = _SS_B[j]
+        v = ((out[j] ^ x) * m) & _M32
+        st.append(v ^ (v >> 16))
+    return (st[0] | st[1] << 32, st[2] | st[3] << 32)
+
+
 def _generator(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=np.array(_philox_key(key), dtype=np.uint64)))
 
@@ -110,23 +179,28 @@ _ZERO4 = np.zeros(4, dtype=np.uint64)
 _local = threading.local()
 
 
-def _scratch_generator(*key: int) -> np.random.Generator:
-    """The generator `_generator(*key)` returns, as a per-thread generator reset to that fresh
-    state (a Philox with this key: counter, buffer and carried bits zero). Building a Philox costs
-    more than drawing a turn's ids; the draws are the same. Use it only for draws made at once,
-    before the next call on this thread."""
-    g = getattr(_local, "g", None)
-    if g is None:
-        g = _local.g = np.random.Generator(np.random.Philox(key=_ZERO4[:2]))
-    g.bit_generator.state = {
-        "bit_generator": "Philox",
-        "state": {"counter": _ZERO4, "key": np.array(_philox_key(key), dtype=np.uint64)},
-        "buffer": _ZERO4,
-        "buffer_pos": 4,
-        "has_uint32": 0,
-        "uinteger": 0,
-    }
+def _scratch_philox(k0: int, k1: int) -> np.random.Generator:
+    """A per-thread generator reset to the fresh state of a Philox with key (k0, k1) (counter,
+    buffer and carried bits zero). Building a Philox costs more than drawing a turn's ids; the
+    draws are the same. Use it only for draws made at once, before the next call on this thread."""
+    mine = getattr(_local, "scratch", None)
+    if mine is None:
+        key = np.zeros(2, dtype=np.uint64)
+        state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": key}, "buffer": _ZERO4,
+                 "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}  # fmt: skip
+        mine = _local.scratch = (np.random.Generator(np.random.Philox(key=_ZERO4[:2])), key, state)
+    g, key, state = mine
+    key[0] = k0
+    key[1] = k1
+    g.bit_generator.state = state  # the setter copies the values; the dict is reused
     return g
+
+
+def _turn_generator(token_seed: int, turn: int) -> np.random.Generator:
+    """The generator of turn `turn`'s ids: `_generator(_TOKEN_DOMAIN, seed low, seed high, turn)`,
+    its key from the session's shared part (_token_key), on the per-thread scratch generator."""
+    k0, k1 = _token_key(token_seed, turn)
+    return _scratch_philox(k0, k1)
 
 
 @dataclass(frozen=True)
@@ -211,5 +285,5 @@ def turn_tokens(workload: WorkloadConfig, spec: SessionSpec, turn: int) -> np.nd
     if turn < 1 or turn > spec.n_turns:
         raise ValueError(f"turn {turn} outside 1..{spec.n_turns}")
     n = workload.first_prompt if turn == 1 else workload.tool_tokens
-    g = _scratch_generator(_TOKEN_DOMAIN, spec.token_seed & 0xFFFFFFFF, spec.token_seed >> 32, turn)
+    g = _turn_generator(spec.token_seed, turn)
     return g.integers(workload.token_ids.low, workload.token_ids.high, size=n, dtype=np.int32)

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from analysis.metrics import run_series
-from analysis.report import ARM_COLORS, ARM_ORDER
+from analysis.reports.e2 import ARM_COLORS, ARM_ORDER
 from harness.recording.record import RunFormatError, load_run
 
 PALETTE = ["#8e44ad", "#d68910", "#17a589", "#7f8c8d", "#2e4053", "#a04000"]
@@ -71,8 +71,11 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
     """One chart spec per rate (two panels: hit fraction, sessions in system on a log axis), and
     notes on runs that could not be drawn."""
     params = (verdict.get("rule_spec") or {}).get("params") or {}
-    backlog_bin = float(params.get("backlog_bin", 10.0))
-    threshold = float(params.get("hit_threshold", 0.5))
+    missing = [k for k in ("backlog_bin", "hit_threshold") if k not in params]
+    if missing:  # the bins and the hit threshold are the rule's: without them nothing is drawn
+        return [], [f"the verdict's rule spec has no {' or '.join(missing)}: no chart is drawn"]
+    backlog_bin = float(params["backlog_bin"])
+    threshold = float(params["hit_threshold"])
     arms = list(verdict.get("arms") or [])
     rates = list(
         verdict.get("registered_rates")
@@ -102,19 +105,14 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
             notes.append(f"{d.name}: cannot be read ({exc})")
             continue
         p = run.meta.get("protocol") or {}
+        if "duration" not in p or "hit_bin" not in p:
+            notes.append(f"{d.name}: its meta.json protocol has no duration or hit_bin; not drawn")
+            continue
         proto = proto or p
-        s = run_series(
-            run.turns,
-            run.sessions,
-            run.gate_events,
-            float(p.get("duration", 0.0)),
-            float(p.get("hit_bin", 100.0)),
-            backlog_bin,
-            threshold,
-        )
+        hb = float(p["hit_bin"])
+        s = run_series(run.turns, run.sessions, run.gate_events, float(p["duration"]), hb, backlog_bin, threshold)
         arm = str(r["arm"]).upper()
         label = f"{arm} seed {r.get('seed')} ({run_state(r)})"
-        hb = float(p.get("hit_bin", 100.0))
         common = {"group": arm, "color": arm_color(arm, arms), "dash": arm in DASHED, "label": label}
         per_rate[float(r["rate"])] += [
             {

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from analysis.rules import evaluate
+from analysis.expr import evaluate
+from analysis.rules import arm_expectations, is_paired_form
 from review.html.figures import run_state
 
 GOOD_WORDS = {"PASS", "holds"}
@@ -108,6 +109,14 @@ def condition_html(c: Mapping[str, Any], env: Mapping[str, Any]) -> str:
     return f"<li>{text}</li>"
 
 
+def _expectations(spec: Mapping[str, Any]) -> dict[str, list[str]]:
+    """{ARM: the states its run must show}: the rule's roles' `expect`, or the `arms` of a rule in the
+    paired form (a verdict judged by the code of an earlier commit)."""
+    if is_paired_form(spec):
+        return {str(a).upper(): list(v) for a, v in spec["arms"].items()}
+    return arm_expectations(spec)
+
+
 def _state_class(r: Mapping[str, Any]) -> str:
     if r.get("good") is True:
         return "good"
@@ -124,9 +133,9 @@ def run_details(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> str:
     """One run's conditions, in the rule's precedence order, as a collapsible block."""
     env = _env(verdict, r)
     expect = ""
-    for arm, states in ((verdict.get("rule_spec") or {}).get("arms") or {}).items():
-        if arm.upper() == str(r.get("arm", "")).upper():
-            expect = f"; the rule expects {' or '.join(states)}"
+    expected = _expectations(verdict.get("rule_spec") or {}).get(str(r.get("arm", "")).upper())
+    if expected:
+        expect = f"; the rule expects {' or '.join(expected)}"
     head = (
         f"{esc(str(r.get('arm')).upper())} {esc(num(r.get('rate'), 6))} × λref seed {esc(r.get('seed'))}: "
         f"<span class='state {_state_class(r)}'>{esc(run_state(r))}</span>{esc(expect)}"

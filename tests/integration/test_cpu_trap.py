@@ -60,12 +60,12 @@ def _calibration_load(reg: Any) -> str:
     )
 
 
-def _row(arm: str, av: Any, meta: dict[str, Any]) -> str:
-    s = av.verdict.stats
+def _row(arm: str, av: dict[str, Any], meta: dict[str, Any]) -> str:
+    s = {k: (float("nan") if v is None else v) for k, v in av["stats"].items()}
     hl = meta.get("host_load") or {}
     ol = meta.get("open_loop") or {}
     return (
-        f"{arm:8} {av.verdict.state:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  slope {s.get('slope', float('nan')):+.2f} "
+        f"{arm:8} {av['state']:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  slope {s.get('slope', float('nan')):+.2f} "
         f"(threshold {s.get('slope_threshold', float('nan')):.2f})  hit_last {s.get('hit_last', float('nan')):.2f}  "
         f"outstanding_last {s.get('outstanding_last', float('nan')):.0f}  start p99 {1e3 * (ol.get('p99_s') or float('nan')):.0f} ms  "
         f"load {hl.get('loadavg_drive_start')}->{hl.get('loadavg_drive_end')}  engine CPU share {hl.get('engine_cpu_share')}"
@@ -73,7 +73,8 @@ def _row(arm: str, av: Any, meta: dict[str, Any]) -> str:
 
 
 def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: Path) -> None:
-    from analysis.report import analyze_run
+    from analysis.paired import paired_run
+    from analysis.staged_analysis import run_quantities
     from prereg.registration import load_registration
     from runs.arms import execute_run
     from runs.cpu_launch import run_options
@@ -112,7 +113,8 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
         meta = json.loads((tmp_path / arm / "meta.json").read_text())
         assert meta["plan"]["sha256"] == reg.plan_sha256(arm, rate, SEED)  # the registered plan was played
         assert meta["registration"]["sha256"] == reg.sha256
-        av = analyze_run(tmp_path / arm, reg.rule, refs_override=refs, series=False)
+        # the one judging path, each run laid out as the paired verdict lists it
+        av = paired_run(reg.rule, run_quantities(tmp_path / arm, reg.rule, refs_override=refs, series=False).run)
         results[arm] = av
         lines.append(_row(arm.upper(), av, meta))
     report = (
@@ -120,9 +122,9 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
         f"= {rate * reg.references.lambda_ref:.3g} sessions/s, seed {SEED}\n" + "\n".join(lines)
     )
     print("\n" + report)
-    assert results["burst"].verdict.state == "TRAPPED", (
+    assert results["burst"]["state"] == "TRAPPED", (
         f"BURST did not end TRAPPED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
     )
-    assert results["noburst"].verdict.state == "RECOVERED", (
+    assert results["noburst"]["state"] == "RECOVERED", (
         f"NOBURST did not end RECOVERED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
     )

@@ -407,15 +407,16 @@ SWEEP_PROTOCOL = {
 def test_sweeps_on_the_cluster_equal_the_local_runs(
     project: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from analysis.rules import E2_RULE
+    from analysis.rules import load_rule
 
     d = project["tmp"] / "sweep"
     d.mkdir()
     (d / "sweep.yaml").write_text(yaml.safe_dump(SWEEP_PROTOCOL))
+    e2 = load_rule("e2")
     rule = {
-        **E2_RULE,
-        "params": {**E2_RULE["params"], "min_window": 300.0, "recovered_span": 100.0},
-        "pass": {"min_seeds": 2, "min_good_seeds": 2},
+        **e2,
+        "params": {**e2["params"], "min_window": 300.0, "recovered_span": 100.0, "min_good_seeds": 2},
+        "group": {**e2["group"], "min_seeds": 2},
     }
     (d / "rule.yaml").write_text(yaml.safe_dump(rule))
     (d / "test.yaml").write_text(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.report import analyze
+from analysis.rules import load_rule
+from analysis.staged_analysis import analyze_staged
 from harness.config import load_test
 from runs.arms import execute_run
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_e2_one_seed_at_1_65(tmp_path: Path) -> None:
     bundle = load_test("configs/tests/e2-sglang-300k.yaml")
     dirs = [execute_run(bundle, arm, 1.65, 0, "sim", tmp_path / arm).run_dir for arm in ("burst", "noburst", "capped")]
-    verdict, _ = analyze(dirs, arms=["burst", "noburst", "capped"], rates=[1.65], seeds=[0])
+    verdict, _ = analyze_staged(dirs, load_rule("e2"), arms=["burst", "noburst", "capped"], rates=[1.65], seeds=[0])
     runs = {r["arm"]: r for r in verdict["runs"]}
     b, n, c = runs["burst"], runs["noburst"], runs["capped"]
     assert b["state"] == "TRAPPED" and b["flags"]["stuck"] and b["stats"]["followup_hit"] == 0.0

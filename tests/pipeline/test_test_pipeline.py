@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from support.paths import REPO
 
-from analysis.report import analyze, markdown_table, runs_table, write_report
+from analysis.reports import write_report
+from analysis.reports.e2 import markdown_table, runs_table
+from analysis.rules import load_rule
+from analysis.staged_analysis import analyze_staged
 from harness.client.contract import Send, Timer, TurnResponse
 from harness.config import load_test
 from harness.recording.record import load_run
@@ -86,14 +89,18 @@ def test_test_run_and_report(tiny_test: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     results = run_test(tiny_test, "stub", out, jobs=2)
     assert len(results) == 9 and all(r.status == "COMPLETED" for r in results)
-    verdict, analyzed = analyze(
-        [r.run_dir for r in results], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]
+    verdict, analyzed = analyze_staged(
+        [r.run_dir for r in results],
+        load_rule("e2"),
+        arms=["burst", "noburst", "capped"],
+        rates=[1.35],
+        seeds=[0, 1, 2],
     )
     states = {(r["arm"], r["seed"]): r["state"] for r in verdict["runs"]}
     assert all(states[("noburst", s)] == "RECOVERED" for s in range(3))
     assert all(states[("burst", s)] != "TRAPPED" for s in range(3))
     assert verdict["rates"][0]["verdict"] == "FAIL"
-    paths = write_report(verdict, analyzed, out / "analysis")
+    paths, _ = write_report(verdict, analyzed, out / "analysis")
     assert json.loads(paths["verdict"].read_text())["verdict"] == "FAIL"
     md = paths["report"].read_text()
     assert "| 1.35 | NOBURST | GGG |" in md and "Per run" in md
@@ -104,8 +111,12 @@ def test_test_run_and_report(tiny_test: Path, tmp_path: Path) -> None:
 def test_missing_run_counts_as_missing(tiny_test: Path, tmp_path: Path) -> None:
     bundle = load_test(tiny_test)
     d = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "a").run_dir
-    verdict, _ = analyze(
-        [d, tmp_path / "does-not-exist"], arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]
+    verdict, _ = analyze_staged(
+        [d, tmp_path / "does-not-exist"],
+        load_rule("e2"),
+        arms=["burst", "noburst", "capped"],
+        rates=[1.35],
+        seeds=[0, 1, 2],
     )
     seeds = verdict["rates"][0]["seeds"]
     assert seeds["0"]["burst"] == "MISSING" and seeds["1"]["noburst"] == "MISSING"
@@ -233,9 +244,13 @@ def test_a_report_over_failed_runs_only_is_written_not_crashed(tiny_test: Path, 
         except RuntimeError:
             pass
         dirs.append(tmp_path / arm)
-    verdict, analyzed = analyze(dirs, arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2])
+    verdict, analyzed = analyze_staged(
+        dirs, load_rule("e2"), arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]
+    )
     assert {r["state"] for r in verdict["runs"]} == {"FAILED"}
-    paths = write_report(verdict, analyzed, tmp_path / "analysis")  # the figure once crashed here (no legend entries)
+    paths, _ = write_report(
+        verdict, analyzed, tmp_path / "analysis"
+    )  # the figure once crashed here (no legend entries)
     assert paths["figure"].stat().st_size > 0 and "| 1.35 | BURST | F-- |" in paths["report"].read_text()
 
 
@@ -304,9 +319,12 @@ def test_late_session_starts_are_measured_flagged_and_not_gate_waits(tiny_test: 
     assert ol["judged"] == "base" and ol["burst"]["n"] == 0
     burst = execute_run(bundle, "BURST", 1.35, 0, "late", tmp_path / "late-burst").open_loop
     assert burst["burst"]["n"] == 20 and burst["burst"]["p99_s"] == pytest.approx(0.3) and burst["n"] == ol["n"]
-    on_time = execute_run(bundle, "NOBURST", 1.35, 0, "stub", tmp_path / "on-time")
+    # another seed: a verdict judges one run per arm, rate and seed (two would be refused as ambiguous)
+    on_time = execute_run(bundle, "NOBURST", 1.35, 1, "stub", tmp_path / "on-time")
     assert on_time.open_loop["max_s"] == 0.0 and on_time.open_loop["within_bound"] is True and not on_time.warnings
-    verdict, _ = analyze([res.run_dir, on_time.run_dir], arms=["noburst"], rates=[1.35], seeds=[0])
+    verdict, _ = analyze_staged(
+        [res.run_dir, on_time.run_dir], load_rule("e2"), arms=["noburst"], rates=[1.35], seeds=[0, 1]
+    )
     by_dir = {Path(r["run_dir"]).name: r for r in verdict["runs"]}
     # no gate: nothing waited at one, however late the client was
     assert by_dir["late"]["stats"]["gate_waited"] == 0 and by_dir["on-time"]["stats"]["gate_waited"] == 0

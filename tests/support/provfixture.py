@@ -56,7 +56,7 @@ def plan_sha(bundle: TestBundle, arm: str, rate: float, seed: int) -> str:
 
 
 def registration_doc(bundle: TestBundle, name: str, status: str = "FILLED") -> dict[str, Any]:
-    from analysis.rules import E2_RULE
+    from analysis.rules import load_rule
     from runs.arms import references
 
     refs = references(bundle)
@@ -80,7 +80,7 @@ def registration_doc(bundle: TestBundle, name: str, status: str = "FILLED") -> d
             "lambda_miss": refs["lambda_ref"],
             "all_miss_token_rate": refs["all_miss_token_rate"],
         },
-        "rule": E2_RULE,
+        "rule": load_rule("e2"),
         "kill_conditions": [],
         "warnings": [],
         "allowances": {"start_s": 900, "smoke_s": 120, "teardown_s": 60},

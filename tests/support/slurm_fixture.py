@@ -106,13 +106,15 @@ def one_seed_rule(work: Path) -> str:
     verdict, which is what a CI budget affords on the emulator. Returns the template's rule ref."""
     import yaml
 
-    from analysis.rules import E2_RULE
+    from analysis.rules import load_rule
 
+    e2 = load_rule("e2")
     spec = {
-        **E2_RULE,
+        **e2,
         "name": "e2-one-seed",
-        "pass": {"min_seeds": 1, "min_good_seeds": 1},
         "description": "E2 paired test judged on one seed (tests)",
+        "params": {**e2["params"], "min_good_seeds": 1},
+        "group": {**e2["group"], "min_seeds": 1},
     }
     (work / "prereg" / "templates" / "e2-one-seed.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return "e2-one-seed.yaml"

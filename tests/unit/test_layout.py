@@ -77,3 +77,15 @@ def test_a_table_pointing_upward_fails(tree: Path) -> None:
     )
     problems = all_problems(tree, doc)
     assert any("unit harness.config (layer 1) may import runs (layer 4): upward" in p for p in problems), problems
+
+
+def test_every_package_of_the_table_is_installed() -> None:
+    """The wheel (and an editable install's finder) holds every top-level package the table places:
+    a package left out of pyproject's list imports from the checkout in tests and fails as `agentload`."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    tops = {u.split(".")[0] for u in read_table(DOC).units}
+    missing = sorted(t for t in tops if not any(fnmatch(t, pat) for pat in include))
+    assert not missing, f"pyproject.toml [tool.setuptools.packages.find] include lacks {missing}"

@@ -7,7 +7,7 @@ from typing import Any
 from support.paths import REPO
 
 from analysis.kill import evaluate_kill_conditions
-from analysis.rules import load_rule
+from analysis.rules import arm_expectation, load_rule
 from prereg.registration import load_registration
 
 ROOT = REPO
@@ -15,18 +15,27 @@ LETTER = {"T": "TRAPPED", "I": "INDETERMINATE", "D": "DRAINING", "G": "RECOVERED
 
 
 def _verdict(table: dict[float, dict[str, str]]) -> dict[str, Any]:
-    """{rate: {arm: 'TIT'}} -> the verdict layout analysis.rules.judge_test writes."""
-    rates = []
+    """{rate: {arm: 'TIT'}} -> the paired verdict layout (analysis/paired.py): per rate each seed's
+    states, and each run with whether it met the E2 rule's expectation for its arm."""
+    e2 = load_rule("e2")
+    rates, runs = [], []
     for rate, arms in table.items():
         seeds = {str(s): {arm: LETTER[states[s]] for arm, states in arms.items()} for s in range(3)}
         rates.append({"rate": rate, "seeds": seeds})
-    return {"rates": rates}
+        for arm, states in arms.items():
+            for s in range(3):
+                st = LETTER[states[s]]
+                if st != "MISSING":
+                    runs.append(
+                        {"arm": arm, "rate": rate, "seed": s, "state": st, "good": st in arm_expectation(e2, arm)}
+                    )
+    return {"rates": rates, "runs": runs}
 
 
 def _kill(table: dict[float, dict[str, str]]) -> dict[str, Any]:
     reg = load_registration(ROOT / "prereg" / "registrations" / "e2-sglang-a100-300k.yaml")
     out = evaluate_kill_conditions(
-        [k.model_dump() for k in reg.kill_conditions], _verdict(table), load_rule(), [1.35, 1.65], [0, 1, 2]
+        [k.model_dump() for k in reg.kill_conditions], _verdict(table), [1.35, 1.65], [0, 1, 2]
     )
     return {k["id"]: k["triggered"] for k in out}
 

@@ -9,8 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import metrics as M
+from analysis import family_metrics as M
 from analysis.measures import RunTables, measure_all
+
+# the endpoints' persistence windows (App. D, AMB-11) and the paper's hit threshold
+PERSIST = {"width": 300.0, "step": 10.0, "onset_max": 0.2, "escape_min": 0.5, "threshold": 0.5}
 
 
 def sessions(rows: list[tuple[int, str, float, float | None, str]]) -> pd.DataFrame:
@@ -64,7 +67,7 @@ def test_completions_wave_and_arrivals() -> None:
         ]
     )
     assert M.completions(ss, 100.0, 300.0) == pytest.approx(2 / 200.0)  # the failed one is no completion
-    med, done, n = M.wave_time(ss)
+    med, done, n = M.wave_time(ss, "burst")
     assert (med, done, n) == (250.0, 2, 3)  # the unfinished one counts as after the run
     ss2 = sessions(
         [
@@ -73,8 +76,10 @@ def test_completions_wave_and_arrivals() -> None:
             (3, "burst", 12.0, None, "unfinished"),
         ]
     )
-    assert math.isnan(M.wave_time(ss2)[0])
-    assert M.plan_arrival_rate(ss, 100.0, 200.0) == pytest.approx(2 / 100.0)  # refused arrivals are plan arrivals
+    assert math.isnan(M.wave_time(ss2, "burst")[0])
+    assert M.plan_arrival_rate(ss, 100.0, 200.0, "base") == pytest.approx(
+        2 / 100.0
+    )  # refused arrivals are plan arrivals
     assert M.in_system_at(ss, 140.0) == 3  # 1, 2, 3 (0 left, 4 failed at 130, 5 refused)
 
 
@@ -107,15 +112,15 @@ def test_tiled_and_rolling_followup_and_persistence() -> None:
         hit = t < 1300 or t >= 5000
         rows.append((i, 2, float(t), 1000, 900 if hit else 0))
     tt = turns(rows)
-    tf = M.tiled_followup(tt, 5000.0, 8700.0, 300.0)
+    tf = M.tiled_followup(tt, 5000.0, 8700.0, 300.0, 0.5)
     assert tf["min"] == 1.0 and tf["empty"] == 0 and tf["n"] == 13
-    a, v = M.rolling_followup(tt, 0.0, 8700.0)
+    a, v = M.rolling_followup(tt, 0.0, 8700.0, 300.0, 10.0, 0.5)
     assert a[0] == 0.0 and a[-1] == 8400.0 and v[0] == 1.0
-    p = M.persistence(tt, 1260.0, 8700.0)
+    p = M.persistence(tt, 1260.0, 8700.0, **PERSIST)
     assert p["onset"] == 1260.0  # the first window at or after the trigger's end at most 0.2 (4 hits of 30)
     assert 4840.0 <= p["escape"] <= 4860.0  # the first later window at least 0.5
     assert p["trapped_s"] == pytest.approx(p["escape"] - 1260.0)
-    q = M.persistence(tt, 1260.0, 4000.0)  # an intervention at 4000 s: the escape is not counted
+    q = M.persistence(tt, 1260.0, 4000.0, **PERSIST)  # an intervention at 4000 s: the escape is not counted
     assert math.isnan(q["escape"]) and q["max_after"] <= 0.2 + 1e-9
 
 
@@ -128,7 +133,7 @@ def test_trigger_outlived_and_gate_summary() -> None:
         ]
     )
     tt = turns([(1, 2, 600.0, 3000, 0), (1, 3, 700.0, 3650, 3000), (2, 2, 800.0, 3000, 0)])
-    out = M.trigger_outlived(tt, ss, None, 1000.0, "burst")
+    out = M.trigger_outlived(tt, ss, None, 1000.0, "burst", 0.5)
     assert (
         out["last_left"] == 500.0 and out["before_end"] == 500.0 and out["turns_after"] == 3 and out["hits_after"] == 1
     )
@@ -141,7 +146,7 @@ def test_trigger_outlived_and_gate_summary() -> None:
             {"time": 900.0, "event": "release", "session": None, "queue_new": 0, "queue_resume": 0},
         ]
     )
-    slowed = M.trigger_outlived(tt, ss, ev, 1000.0, "slowed")
+    slowed = M.trigger_outlived(tt, ss, ev, 1000.0, "slowed", 0.5)
     assert slowed["n"] == 1 and slowed["still_present"] == 1 and math.isnan(slowed["last_left"])
     ss["gate_wait"] = [0.0, 36.0, 0.0]
     ss["paused_time"] = [None, 3564.0, None]
@@ -153,7 +158,7 @@ def test_trigger_outlived_and_gate_summary() -> None:
 def test_e0b_statistics() -> None:
     # 60 sessions arrive in the last 600 s and never leave: rising by 0.1 per second
     ss = sessions([(i, "base", 2400.0 + 10 * i, None, "unfinished") for i in range(60)])
-    e = M.e0b_stability(ss, 3000.0)
+    e = M.e0b_stability(ss, 3000.0, 10.0, 1500.0, 10.0)
     assert e["final"] == pytest.approx(60.0)  # the last arrival at 2990 s: all 60 present over [2990, 3000)
     # fitted rise over 1500 s: flat for 900 s then a ramp of slope 0.1 for 600 s
     assert 30 < e["rise"] < 90
@@ -162,7 +167,7 @@ def test_e0b_statistics() -> None:
 def test_measures_evaluate_expressions_in_order() -> None:
     ss = sessions([(0, "burst", 10.0, 500.0, "completed"), (1, "base", 1000.0, 1500.0, "completed")])
     tt = turns([(0, 2, 400.0, 3000, 0), (1, 2, 1400.0, 3000, 2900)])
-    t = RunTables(tt, ss, None, 2000.0, 0.1)
+    t = RunTables(tt, ss, None, 2000.0, 0.1, hit_threshold=0.5, backlog_bin=10.0)
     out = measure_all(
         {
             "w": {"metric": "wave", "kind": "burst"},

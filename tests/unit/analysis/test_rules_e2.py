@@ -1,17 +1,34 @@
-"""The registered E2 rule on synthetic series: each state, precedence, and the per-rate pass."""
+"""The registered E2 rule (analysis/rulespecs/e2.yaml), judged by the staged engine like every
+family, on synthetic series: each state, precedence, and the per-rate pass in the paired layout."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import MetricSpec, interval_bin_means, ls_slope, outstanding_at, run_statistics
-from analysis.rules import E2_RULE, RuleError, RunVerdict, evaluate, judge_rate, judge_run, judge_test, load_rule
+from analysis.expr import evaluate
+from analysis.metrics import WINDOW_STATISTICS, MetricSpec, interval_bin_means, ls_slope, outstanding_at, run_statistics
+from analysis.paired import paired_rates, paired_run
+from analysis.rules import RuleError, load_rule
+from analysis.stages import COUNTED, StagedRun, judge_staged, judge_staged_run
 
 LAM_REF = 0.0715
 ALL_MISS = 11243.0
-SPEC = MetricSpec(window_start=5700.0, window_end=8700.0, duration=8700.0)
+E2 = load_rule("e2")
+P = E2["params"]
+SPEC = MetricSpec(
+    window_start=5700.0,
+    window_end=8700.0,
+    duration=8700.0,
+    backlog_bin=P["backlog_bin"],
+    recovered_span=P["recovered_span"],
+    hit_threshold=P["hit_threshold"],
+    outstanding_stat=P["outstanding_stat"],
+)
 
 
 def refs(rate: float) -> dict[str, float]:
@@ -103,9 +120,22 @@ def synth(
     return pd.concat([turns, opens], ignore_index=True), sessions
 
 
-def judge(rate: float, arm: str, turns: pd.DataFrame, sessions: pd.DataFrame, spec=E2_RULE, seed: int = 0):
-    stats = run_statistics(turns, sessions, None, SPEC)
-    return judge_run(arm, rate, seed, stats, refs(rate), spec)
+def view(spec: dict[str, Any], run: StagedRun) -> SimpleNamespace:
+    """A run as the paired verdict lists it, with each state's conditions as (condition, holds) pairs."""
+    r = paired_run(spec, run)
+    r["conditions"] = {st: [(c["condition"], c["holds"]) for c in cs] for st, cs in r["conditions"].items()}
+    return SimpleNamespace(**r)
+
+
+def judge_stats(
+    arm: str, rate: float, seed: int, stats: dict[str, Any], spec: dict[str, Any] = E2, **kw: Any
+) -> SimpleNamespace:
+    q = {**refs(rate), **stats}
+    return view(spec, judge_staged_run(spec, arm, rate, seed, q, **kw))
+
+
+def judge(rate: float, arm: str, turns: pd.DataFrame, sessions: pd.DataFrame, spec=E2, seed: int = 0):
+    return judge_stats(arm, rate, seed, run_statistics(turns, sessions, None, SPEC), spec)
 
 
 # ------------------------------------------------------------------ metrics primitives
@@ -185,16 +215,15 @@ def test_precedence_on_statistics() -> None:
         "outstanding_last": 3.0,
         "followup_hit": 0.9,
     }
-    spec = E2_RULE
     # trapped and recovered conditions both hold: trapped wins
-    assert judge_run("BURST", 1.65, 0, base, refs(1.65), spec).state == "TRAPPED"
+    assert judge_stats("BURST", 1.65, 0, base).state == "TRAPPED"
     # recovered and draining both hold: recovered wins
     s2 = {**base, "token_rate": 0.1 * ALL_MISS, "slope": -0.01}
-    assert judge_run("NOBURST", 1.65, 0, s2, refs(1.65), spec).state == "RECOVERED"
+    assert judge_stats("NOBURST", 1.65, 0, s2).state == "RECOVERED"
     s3 = {**s2, "hit_last": 0.5}
-    assert judge_run("NOBURST", 1.65, 0, s3, refs(1.65), spec).state == "DRAINING"
+    assert judge_stats("NOBURST", 1.65, 0, s3).state == "DRAINING"
     s4 = {**s3, "slope": 0.0}
-    assert judge_run("NOBURST", 1.65, 0, s4, refs(1.65), spec).state == "INDETERMINATE"
+    assert judge_stats("NOBURST", 1.65, 0, s4).state == "INDETERMINATE"
 
 
 def test_nan_statistics_never_satisfy_a_condition() -> None:
@@ -206,7 +235,7 @@ def test_nan_statistics_never_satisfy_a_condition() -> None:
         "outstanding_last": 0.0,
         "followup_hit": float("nan"),
     }
-    v = judge_run("NOBURST", 1.35, 0, s, refs(1.35), E2_RULE)
+    v = judge_stats("NOBURST", 1.35, 0, s)
     assert v.state == "INDETERMINATE" and not v.flags["stuck"]
 
 
@@ -219,25 +248,26 @@ def test_short_window_is_invalid_and_failed_run_never_counts() -> None:
         "outstanding_last": 300.0,
         "followup_hit": 0.0,
     }
-    assert judge_run("BURST", 1.35, 0, s, refs(1.35), E2_RULE).state == "INVALID"
-    f = judge_run(
-        "BURST", 1.35, 0, {**s, "window_len": 3000.0}, refs(1.35), E2_RULE, status="FAILED", reason="engine died"
-    )
+    assert judge_stats("BURST", 1.35, 0, s).state == "INVALID"
+    f = judge_stats("BURST", 1.35, 0, {**s, "window_len": 3000.0}, status="FAILED", reason="engine died")
     assert f.state == "FAILED" and not f.good and "engine died" in f.reason
+    # an interrupted or partial run is FAILED in the paired layout, and shows no conditions
+    p = judge_stats("BURST", 1.35, 0, {**s, "window_len": 3000.0}, status="PARTIAL")
+    assert p.state == "FAILED" and p.conditions == {} and p.stats["window_len"] == 3000.0
 
 
 def test_thresholds_are_data() -> None:
     turns, sessions = synth(backlog0=200, slope=0.03, hit=0.0, token_rate=0.80 * ALL_MISS, in_flight=150)
     loose = load_rule(None, overrides={"rate_tolerance": 0.25})
     assert judge(1.35, "BURST", turns, sessions, spec=loose).state == "TRAPPED"
-    assert E2_RULE["params"]["rate_tolerance"] == 0.15  # the default spec is untouched
+    assert load_rule("e2")["params"]["rate_tolerance"] == 0.15  # the default spec is untouched
 
 
 def test_rule_spec_validation_and_safe_expressions() -> None:
     with pytest.raises(RuleError):
-        load_rule({**E2_RULE, "states": [{"name": "X", "all": ["__import__('os')"]}, {"name": "Y", "all": []}]})
+        load_rule({**E2, "states": [{"name": "X", "all": ["__import__('os')"]}, {"name": "Y", "all": []}]})
     with pytest.raises(RuleError):
-        load_rule({**E2_RULE, "states": [{"name": "X", "all": ["a > 1"]}]})  # no fallback state
+        load_rule({**E2, "states": [{"name": "X", "all": ["a > 1"]}]})  # no fallback state
     with pytest.raises(RuleError):
         evaluate("missing > 1", {})
     assert evaluate("abs(a - 1) <= 0.15", {"a": 1.1}) is True
@@ -247,63 +277,110 @@ def test_rule_spec_validation_and_safe_expressions() -> None:
 ARMS = ["burst", "noburst", "capped"]
 
 
-def runs_for(states: dict[int, tuple[str, str, str]], rate: float = 1.35):
+def runs_for(states: dict[int, tuple[str, ...]], rate: float = 1.35, arms: list[str] = ARMS) -> list[StagedRun]:
+    """Runs whose state is given: a rule state (counted), FAILED / INVALID (not counted), or MISSING (no run)."""
     out = []
-    good_state = {"burst": "TRAPPED", "noburst": "RECOVERED", "capped": "RECOVERED"}
-    for seed, trio in states.items():
-        for arm, st in zip(ARMS, trio):
+    for seed, states_of in states.items():
+        for arm, st in zip(arms, states_of):
             if st == "MISSING":
                 continue
-            out.append(RunVerdict(arm, rate, seed, st, st == good_state[arm]))
+            status = COUNTED if st not in ("FAILED", "INVALID") else st
+            out.append(StagedRun(arm, rate, seed, status, labels={"state": st}))
     return out
+
+
+def judge_rate(rate: float, runs: list[StagedRun], arms: list[str], seeds: list[int]) -> dict[str, Any]:
+    return paired_rates(E2, judge_staged(E2, runs, rates=[rate], seeds=seeds, arms=arms), runs, arms)[0]
 
 
 def test_pass_needs_all_arms_in_the_same_seed() -> None:
     ok = ("TRAPPED", "RECOVERED", "RECOVERED")
     runs = runs_for({0: ok, 1: ("INDETERMINATE", "RECOVERED", "RECOVERED"), 2: ok})
-    r = judge_rate(1.35, runs, ARMS, [0, 1, 2], E2_RULE)
-    assert r.verdict == "PASS" and r.good_seeds == [0, 2]
+    r = judge_rate(1.35, runs, ARMS, [0, 1, 2])
+    assert r["verdict"] == "PASS" and r["good_seeds"] == [0, 2]
+    assert r["reason"] == "2 of 3 seeds meet every arm condition"
     # conditions met in two seeds, but never all in the same seed
     runs = runs_for({0: ("TRAPPED", "DRAINING", "RECOVERED"), 1: ("INDETERMINATE", "RECOVERED", "RECOVERED"), 2: ok})
-    r = judge_rate(1.35, runs, ARMS, [0, 1, 2], E2_RULE)
-    assert r.verdict == "FAIL" and r.good_seeds == [2]
+    r = judge_rate(1.35, runs, ARMS, [0, 1, 2])
+    assert r["verdict"] == "FAIL" and r["good_seeds"] == [2]
+    assert r["reason"] == "only 1 of 3 seeds meet every arm condition (need 2)"
 
 
 def test_missing_seed_and_failed_run() -> None:
     ok = ("TRAPPED", "RECOVERED", "RECOVERED")
     # seed 2's BURST run is missing: two good seeds still pass
-    r = judge_rate(1.35, runs_for({0: ok, 1: ok, 2: ("MISSING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
-    assert r.verdict == "PASS" and r.seeds[2]["burst"] == "MISSING"
+    r = judge_rate(1.35, runs_for({0: ok, 1: ok, 2: ("MISSING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2])
+    assert r["verdict"] == "PASS" and r["seeds"]["2"]["burst"] == "MISSING"
     # one good seed, one failed run in an otherwise good seed: undecided, not FAIL
     r = judge_rate(
         1.35,
         runs_for({0: ok, 1: ("FAILED", "RECOVERED", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")}),
         ARMS,
         [0, 1, 2],
-        E2_RULE,
     )
-    assert r.verdict == "INCOMPLETE"
+    assert r["verdict"] == "INCOMPLETE" and r["seeds"]["1"]["burst"] == "FAILED"
+    assert r["reason"] == "1 of 3 seeds pass; 1 more could with their missing or failed runs"
     # a whole seed missing and another bad: cannot pass
-    r = judge_rate(1.35, runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2], E2_RULE)
-    assert r.verdict == "INCOMPLETE"
+    r = judge_rate(1.35, runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED")}), ARMS, [0, 1, 2])
+    assert r["verdict"] == "INCOMPLETE"
     r = judge_rate(
         1.35,
         runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED"), 2: ("TRAPPED", "DRAINING", "RECOVERED")}),
         ARMS,
         [0, 1, 2],
-        E2_RULE,
     )
-    assert r.verdict == "FAIL"
+    assert r["verdict"] == "FAIL"
+
+
+def test_a_seed_that_missed_an_arm_is_decided_whatever_its_failed_run() -> None:
+    """NOBURST DRAINING fails seed 1 whatever its failed BURST run would have shown (decided_if), so
+    one good seed out of three is FAIL, not INCOMPLETE."""
+    ok = ("TRAPPED", "RECOVERED", "RECOVERED")
+    runs = runs_for({0: ok, 1: ("FAILED", "DRAINING", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")})
+    r = judge_rate(1.35, runs, ARMS, [0, 1, 2])
+    assert r["verdict"] == "FAIL" and r["good_seeds"] == [0]
+    # without the DRAINING run the same seed is undecided again
+    runs = runs_for({0: ok, 1: ("FAILED", "RECOVERED", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")})
+    assert judge_rate(1.35, runs, ARMS, [0, 1, 2])["verdict"] == "INCOMPLETE"
+
+
+def test_a_run_whose_window_is_too_short_leaves_its_seed_undecided() -> None:
+    """INVALID (window shorter than min_window) counts as no run: undecided, like every family's."""
+    ok = ("TRAPPED", "RECOVERED", "RECOVERED")
+    runs = runs_for({0: ok, 1: ("INVALID", "RECOVERED", "RECOVERED"), 2: ("INDETERMINATE", "RECOVERED", "RECOVERED")})
+    r = judge_rate(1.35, runs, ARMS, [0, 1, 2])
+    assert r["verdict"] == "INCOMPLETE" and r["seeds"]["1"]["burst"] == "INVALID"
+
+
+def test_a_test_of_some_arms_judges_those() -> None:
+    """The tutorial registers NOBURST alone: a seed is good when its NOBURST run recovers."""
+    runs = runs_for({0: ("RECOVERED",), 1: ("DRAINING",), 2: ("RECOVERED",)}, arms=["noburst"])
+    r = judge_rate(1.35, runs, ["noburst"], [0, 1, 2])
+    assert r["verdict"] == "PASS" and r["good_seeds"] == [0, 2] and r["seeds"]["1"] == {"noburst": "DRAINING"}
+    # a test that registers BURST too needs it in every seed
+    r = judge_rate(1.35, runs, ["burst", "noburst"], [0, 1, 2])
+    assert r["verdict"] == "INCOMPLETE" and r["seeds"]["0"] == {"burst": "MISSING", "noburst": "RECOVERED"}
 
 
 def test_fewer_than_three_seeds_cannot_pass() -> None:
     ok = ("TRAPPED", "RECOVERED", "RECOVERED")
-    r = judge_rate(1.35, runs_for({0: ok, 1: ok}), ARMS, [0, 1], E2_RULE)
-    assert r.verdict == "INCOMPLETE"
+    r = judge_rate(1.35, runs_for({0: ok, 1: ok}), ARMS, [0, 1])
+    assert r["verdict"] == "INCOMPLETE" and r["reason"] == "2 seeds registered; the rule needs at least 3"
 
 
 def test_judge_test_overall() -> None:
     ok = ("TRAPPED", "RECOVERED", "RECOVERED")
     runs = runs_for({0: ok, 1: ok, 2: ok}, 1.35) + runs_for({0: ok, 1: ok, 2: ok}, 1.65)
-    out = judge_test(runs, ARMS, [1.35, 1.65], [0, 1, 2], E2_RULE)
-    assert out["verdict"] == "PASS" and [r["verdict"] for r in out["rates"]] == ["PASS", "PASS"]
+    out = judge_staged(E2, runs, rates=[1.35, 1.65], seeds=[0, 1, 2], arms=ARMS)
+    assert out["verdict"] == "PASS" and [g["outcome"] for g in out["groups"]] == ["PASS", "PASS"]
+    bad = runs_for({0: ok, 1: ("DRAINING", "RECOVERED", "RECOVERED"), 2: ("DRAINING", "RECOVERED", "RECOVERED")}, 1.65)
+    out = judge_staged(E2, runs_for({0: ok, 1: ok, 2: ok}, 1.35) + bad, rates=[1.35, 1.65], seeds=[0, 1, 2], arms=ARMS)
+    assert out["verdict"] == "FAIL"
+    out = judge_staged(E2, runs_for({0: ok}, 1.35), rates=[1.35], seeds=[0, 1, 2], arms=ARMS)
+    assert out["verdict"] == "INCOMPLETE"
+
+
+def test_window_statistics_names_every_statistic() -> None:
+    """The names a spec may read of every run (analysis/quantities.py) are run_statistics' keys."""
+    turns, sessions = synth(backlog0=10, slope=0.0, hit=0.9, token_rate=1000.0)
+    assert tuple(run_statistics(turns, sessions, None, SPEC)) == WINDOW_STATISTICS

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from analysis.expr import Env, Evaluator, RuleError, evaluate, names, truth
-from analysis.rules import E2_RULE, is_staged, load_rule, rule_names
+from analysis.rules import load_rule, rule_names
 
 NAN = float("nan")
 
@@ -73,7 +73,9 @@ def test_rules_load_by_name_and_resolve_extends() -> None:
         "persistence",
         "trap-scores",
     } <= set(rule_names())
-    assert load_rule("e2") == E2_RULE and load_rule(None) == E2_RULE and not is_staged(E2_RULE)
+    e2 = load_rule("e2")  # the paired test is a spec like every other family's
+    assert load_rule(None) == e2 and e2["report"] == "e2" and e2["based_on"] == ["trap_states"]
+    assert [s["name"] for s in e2["states"]] == ["TRAPPED", "RECOVERED", "DRAINING", "INDETERMINATE"]
     for name in rule_names():
         spec = load_rule(name)
         assert "extends" not in spec and spec["name"] == name
@@ -83,7 +85,9 @@ def test_rules_load_by_name_and_resolve_extends() -> None:
         and r4["roles"]["rescue"]["arm"] == "rescue-r4"
         and r4["roles"]["control"]["arm"] == "burst"
     )
-    assert r4["based_on"] == ["endpoints", "rescue"] and "STUCK" in [x["name"] for x in r4["run"]["labels"]["endpoint"]]
+    assert r4["based_on"] == ["trap_states", "endpoints", "rescue"] and "STUCK" in [
+        x["name"] for x in r4["run"]["labels"]["endpoint"]
+    ]
     cutb = load_rule("cut-b")
     assert (
         cutb["params"]["use_quasi_static"] == 0
@@ -115,13 +119,17 @@ def _write(tmp: Path, spec: dict) -> Path:
         (lambda s: s["seed"]["derive"].update(bad="x[1]"), "not allowed"),
         (lambda s: s.update(group_by="seed"), "group_by"),
         (lambda s: s["group"].update(aggregates={"a": {"fn": "mode", "of": "x"}}), "aggregate 'a'"),
-        (lambda s: s.pop("roles"), "no .roles."),
+        (lambda s: s.pop("roles"), "missing 'roles'"),
+        (lambda s: s["roles"]["r"].update(expect=["GOOD"]), "roles.r.expect"),
+        (lambda s: s["roles"]["r"].update(expcet=["TRAPPED"]), "roles.r.expcet: unknown key"),
+        (lambda s: s["seed"].update(decided_if="r.hti > 0"), "seed.decided_if"),
     ],
 )
 def test_malformed_specs_are_refused(tmp_path: Path, mutate, msg: str) -> None:  # type: ignore[no-untyped-def]
     spec = {
         "name": "t",
-        "params": {},
+        "params": dict(load_rule("e2")["params"]),
+        "states": load_rule("e2")["states"],
         "roles": {"r": {"arm": "burst"}},
         "seed": {"derive": {"ok": "r.hit > 0.5"}},
         "group": {"outcomes": [{"name": "A", "all": ["ok >= 2"]}, {"name": "B", "all": []}]},

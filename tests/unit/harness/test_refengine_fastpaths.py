@@ -7,6 +7,7 @@ change because a fast path did."""
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -36,6 +37,20 @@ def test_philox_key_is_numpys_seed_sequence() -> None:
     for key in keys:
         got = _philox_key(key)
         assert tuple(int(x) for x in got) == _numpy_key(key), key
+
+
+def test_token_key_is_numpys_seed_sequence() -> None:
+    """A session's turn keys from the part its turns share (derived once per session, kept for
+    recent sessions) are numpy's SeedSequence of (domain, seed low word, seed high word, turn)."""
+    from harness.workload import draws
+
+    rng = np.random.default_rng(8)
+    seeds = [int(rng.integers(0, 2**63 - 1)) for _ in range(400)] + [0, 1, 2**32 - 1, 2**32, 2**63 - 2]
+    for seed in seeds:
+        for turn in [1, 2, *rng.integers(3, 65, size=3).tolist(), 0, 2**32 - 1]:
+            want = _numpy_key((_TOKEN_DOMAIN, seed & 0xFFFFFFFF, seed >> 32, int(turn)))
+            assert draws._token_key(seed, int(turn)) == want, (seed, turn)
+    assert 0 < len(draws._TOKEN_POOLS) <= draws._TOKEN_POOLS_MAX
 
 
 def test_philox_key_refuses_what_numpy_refuses() -> None:
@@ -227,3 +242,253 @@ def test_vllm_lookups_from_the_last_turn_give_the_records_of_full_lookups(
         cols = [c for c in x.columns if "wall" not in c]
         assert x[cols].equals(y[cols]), table
     assert (a.turns.cached_tokens > 0).mean() > (0.5 if not cell_kw else 0.02)  # the tight pool is trapped
+
+
+# -- the radix tree: touches, locks and unlocks per path segment ------------------------------------
+def _path(node) -> bytes:
+    """The ids a node's path spells, root first: a node's identity in both trees."""
+    parts = []
+    while node.parent is not None:
+        parts.append(node.key)
+        node = node.parent
+    return b"".join(reversed(parts))
+
+
+def _tree_state(t) -> tuple:
+    nodes, stack = [], [t.root]
+    while stack:
+        nd = stack.pop()
+        stack.extend(nd.children.values())
+        if nd is not t.root:
+            nodes.append((_path(nd), nd.n, nd.lock > 0))
+    return t.total, t.evictable, t.protected, sorted(nodes)
+
+
+@pytest.mark.parametrize("page, seed", [(1, 0), (1, 1), (1, 2), (4, 3), (16, 4)])
+def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, seed: int) -> None:
+    """Sessions whose sequences grow turn by turn (some sharing a prefix, some forking inside an
+    edge), looked up, inserted from the root or from a held node, locked, unlocked and evicted at
+    random, on the direct node-by-node tree (tests/radix_reference.py) and on the fast one: every
+    return value, the evicted amount and the tree (each node by the ids its path spells, its size
+    and whether it is locked) are the same after every operation, so the eviction order is too."""
+    from support.radix_reference import RadixCache as Direct
+
+    rng = np.random.default_rng(seed)
+    fast, direct = RadixCache(page), Direct(page)
+    shared = toks(300, 1000 + seed)
+    seqs: list[np.ndarray] = []
+    held: list[tuple[object, object, int, int]] = []  # (fast node, direct node, depth, sequence)
+    locks: list[tuple[object, object]] = []
+    evictions = 0
+    for step in range(2500):
+        op = rng.random()
+        if op < 0.12 or not seqs:  # a new session: fresh, on a shared prefix, or a fork of another
+            r = rng.random()
+            if r < 0.4 or not seqs:
+                s = toks(int(rng.integers(5, 200)), 10_000 * seed + step)
+            elif r < 0.7:
+                s = np.concatenate(
+                    (shared[: int(rng.integers(1, 300))], toks(int(rng.integers(1, 100)), 20_000 * seed + step))
+                )
+            else:
+                base = seqs[int(rng.integers(len(seqs)))]
+                s = np.concatenate(
+                    (base[: int(rng.integers(1, len(base) + 1))], toks(int(rng.integers(1, 80)), 30_000 * seed + step))
+                )
+            seqs.append(s)
+        elif op < 0.3:  # a session's next turn: its sequence grows
+            i = int(rng.integers(len(seqs)))
+            seqs[i] = np.concatenate((seqs[i], toks(int(rng.integers(1, 120)), 40_000 * seed + step)))
+        elif op < 0.5:  # a lookup (touching, or an LPM probe without touching)
+            i = int(rng.integers(len(seqs)))
+            s = seqs[i].tobytes()
+            limit = int(rng.integers(0, len(seqs[i]) + 1))
+            touch = bool(rng.random() < 0.85)
+            (nf, f), (nd, d) = fast.match(s, limit, touch), direct.match(s, limit, touch)
+            assert nf == nd and _path(f) == _path(d)
+            if f is not fast.root:
+                held.append((f, d, nf, i))
+        elif op < 0.65:  # an insert, from the root or resuming at a held node of the same sequence
+            i = int(rng.integers(len(seqs)))
+            cut = int(rng.integers(1, len(seqs[i]) + 1))
+            s = seqs[i][:cut].tobytes()
+            mine = [h for h in held if h[3] == i and h[0].alive and h[2] * 4 <= len(s)]  # type: ignore[attr-defined]
+            if mine and rng.random() < 0.6:
+                f0, d0, depth, _ = mine[int(rng.integers(len(mine)))]
+                off = int(rng.integers(0, depth + 1))  # the fast form may be given only the tail from `off`
+                lock = bool(rng.random() < 0.5)  # and lock the path it ends at, as a checkpoint does
+                (af, f), (ad, d) = (
+                    fast.insert_from(f0, depth, s[off * 4 :], cut, off, lock=lock),
+                    direct.insert_from(d0, depth, s),
+                )  # type: ignore[arg-type]
+                if lock:
+                    direct.lock(d)
+                    locks.append((f, d))
+            else:
+                (af, f), (ad, d) = fast.insert(s), direct.insert(s)
+            assert af == ad and _path(f) == _path(d)
+            if f is not fast.root:
+                held.append((f, d, len(_path(f)) // 4, i))
+        elif op < 0.77:  # a request admitted on a held node locks its path
+            live = [h for h in held if h[0].alive]  # type: ignore[attr-defined]
+            if live:
+                f, d, _, _ = live[int(rng.integers(len(live)))]
+                assert fast.evictable_if_locked(f) == direct.evictable_if_locked(d)  # type: ignore[arg-type]
+                fast.lock(f)  # type: ignore[arg-type]
+                direct.lock(d)  # type: ignore[arg-type]
+                locks.append((f, d))
+        elif op < 0.9:  # one finishes
+            if locks:
+                f, d = locks.pop(int(rng.integers(len(locks))))
+                fast.unlock(f)  # type: ignore[arg-type]
+                direct.unlock(d)  # type: ignore[arg-type]
+        else:  # memory is short
+            k = int(rng.integers(1, 150))
+            got, want = fast.evict(k), direct.evict(k)
+            assert got == want
+            evictions += got > 0
+        assert _tree_state(fast) == _tree_state(direct), step
+        assert all(f.alive == d.alive for f, d, _, _ in held)  # type: ignore[attr-defined]
+    assert evictions > 50 and fast.total > 0
+
+
+@pytest.mark.parametrize(
+    "cell_kw", [{}, {"kv_pool_tokens": 12_000}, {"page_size": 16}], ids=["roomy", "tight", "paged"]
+)
+def test_sglang_lookups_from_the_last_turn_give_the_records_of_full_lookups(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, cell_kw: dict
+) -> None:
+    """A follow-up's lookup starts at the node its session's last turn left (TokenKV._history)
+    when that node is still cached; without the history every lookup walks from the root."""
+    from test_driver_virtual import cell as sim_cell
+
+    import harness.refengine.kv as kv_mod
+    import harness.refengine.radix as radix_mod
+    from harness.client.openloop import PlanClient
+    from harness.config import WorkloadConfig
+    from harness.drivers.virtual import simulate
+    from harness.recording.record import RunRecorder, load_run
+    from harness.workload.draws import STREAM_BASE, draw_session
+
+    calls = {"from": 0}
+    real = radix_mod.RadixCache.match_from
+
+    def counting(self, node, depth, ids, limit, touch=True):  # type: ignore[no-untyped-def]
+        calls["from"] += depth > 0
+        return real(self, node, depth, ids, limit, touch)
+
+    monkeypatch.setattr(radix_mod.RadixCache, "match_from", counting)
+    wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
+    specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
+
+    def run(name: str, history: bool):  # type: ignore[no-untyped-def]
+        with monkeypatch.context() as mp:
+            if not history:
+                mp.setattr(kv_mod, "HISTORY_SESSIONS", 0)
+            with RunRecorder(tmp_path / name, {"what": "test"}) as rec:
+                pc = PlanClient(specs, wl, sink=rec)
+                simulate(
+                    pc,
+                    EngineModel(sim_cell(**{"kv_pool_tokens": 40_000, **cell_kw})),
+                    recorder=rec,
+                    until=3000.0,
+                    gauge_interval=5.0,
+                )
+        return load_run(tmp_path / name)
+
+    a = run("history", True)
+    used, calls["from"] = calls["from"], 0
+    b = run("full", False)
+    assert (
+        used > (50 if "kv_pool_tokens" in cell_kw else 300) and calls["from"] == 0
+    )  # follow-ups started at their last turn's node
+    for table in ("turns", "sessions", "gauges"):
+        x, y = getattr(a, table), getattr(b, table)
+        cols = [c for c in x.columns if "wall" not in c]
+        assert len(x) > 0 and x[cols].equals(y[cols]), table
+    hits = (a.turns.cached_tokens > 0).mean()
+    assert hits > 0.5 if "kv_pool_tokens" not in cell_kw else 0.02 < hits < 0.9  # the tight pool evicts
+
+
+class _NoHistory(OrderedDict):  # type: ignore[type-arg]
+    """A TokenKV history that keeps nothing: every lookup walks from the root."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        return None
+
+    def move_to_end(self, key: object, last: bool = True) -> None:
+        return None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_token_kv_lookups_from_the_history_are_root_walks(seed: int) -> None:
+    """Sessions' turns on two token pools, one looking follow-ups up from the node the session's
+    last turn left, one walking from the root: the next prompt extends the last turn's prompt by
+    its outputs (as a client sends), by other ids than its outputs, or is cut short of it (a
+    lookup limit below the remembered node); the same matches, the same tree, turn by turn."""
+    from harness.refengine.kv import TokenKV
+    from harness.refengine.request import Req
+
+    rng = np.random.default_rng(seed)
+    fast, walk = TokenKV(400_000, 1, True), TokenKV(400_000, 1, True)
+    walk._history = _NoHistory()
+    resumed = [0]
+    match_from = fast.tree.match_from
+
+    def counting(node, depth, ids, limit, touch=True):  # type: ignore[no-untyped-def]
+        resumed[0] += depth > 0
+        return match_from(node, depth, ids, limit, touch)
+
+    fast.tree.match_from = counting  # type: ignore[method-assign]
+    last: list[tuple[np.ndarray, np.ndarray]] = []  # per session: (prompt, outputs) of its last turn
+    rid = 0
+    for step in range(600):
+        rid += 1
+        r = rng.random()
+        if r < 0.2 or not last:
+            prompt = toks(int(rng.integers(20, 300)), 100_000 * seed + rid)
+            last.append((prompt, prompt[:0]))
+            i = len(last) - 1
+        else:
+            i = int(rng.integers(len(last)))
+            p, out = last[i]
+            if r < 0.7:
+                prompt = np.concatenate((p, out, toks(int(rng.integers(1, 60)), rid)))  # the client's follow-up
+            elif r < 0.85:
+                prompt = np.concatenate((p, toks(len(out) + 5, rid)))  # not the outputs it was given
+            else:
+                prompt = np.concatenate((p, out))[: int(rng.integers(1, len(p) + len(out) + 1))]  # shorter
+        d = int(rng.integers(1, 40))
+        reqs = [Req(EngineRequest(rid, prompt, d), 0.0, rid, 0) for _ in (fast, walk)]
+        got = [kv.match(q, True) for kv, q in zip((fast, walk), reqs)]
+        assert got[0] == got[1] and _path(reqs[0].node) == _path(reqs[1].node), step
+        for kv, q, n in zip((fast, walk), reqs, got):
+            kv.admit(q, n)
+            kv.alloc(q, q.L - n)
+            kv.checkpoint(q, q.L)
+            kv.own += d - 1  # its decode tokens (the first came with the prefill)
+            kv.finish(q)
+        last[i] = (prompt, reqs[0].out)
+        if rng.random() < 0.2:
+            k = int(rng.integers(1, 1000))
+            assert fast.tree.evict(k) == walk.tree.evict(k)
+        assert _tree_state(fast.tree) == _tree_state(walk.tree), step
+        assert fast.own == walk.own == 0
+    assert resumed[0] > 100, resumed
+
+
+# -- the vLLM flavour's prefix keys, read from the prompt and outputs in place --------------------------
+def test_prefix_keys_of_parts_are_the_keys_of_their_concatenation() -> None:
+    from harness.refengine.blocks import PrefixHasher
+
+    rng = np.random.default_rng(4)
+    for block in (1, 16, 32):
+        h = PrefixHasher(block)
+        for _ in range(200):
+            a = toks(int(rng.integers(0, 900)), int(rng.integers(1 << 30)))
+            b = toks(int(rng.integers(0, 300)), int(rng.integers(1 << 30)))
+            nb = int(rng.integers(0, (a.size + b.size) // block + 1))
+            whole = h.keys(np.concatenate((a, b)), nb)
+            assert h.key_array((a, b), nb).tolist() == whole and len(whole) == nb
+    with pytest.raises(ValueError):
+        PrefixHasher(16).key_array((toks(20, 0),), 2)

@@ -95,7 +95,12 @@ STAGED = {
     "arms": ["cut"],
     "registered_rates": [1.5],
     "references": {"lambda_ref": 0.0715, "all_miss_token_rate": 11243.0},
-    "rule_spec": {"name": "cut-a", "report": "cut", "params": {"margin": 0.002}, "arms": {}},
+    "rule_spec": {
+        "name": "cut-a",
+        "report": "cut",
+        "params": {"margin": 0.002, "backlog_bin": 10.0, "hit_threshold": 0.5},
+        "arms": {},
+    },
     "groups": [
         {
             "group": "1.5",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -96,12 +97,12 @@ def test_only_bound_runs_count_and_the_registration_judges(project) -> None:
 def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
     p = project
     work = p["work"]
-    report = work / "analysis" / "report.py"
+    report = work / "analysis" / "paired.py"
     text = report.read_text()
     report.write_text(
         text.replace(
-            '        "runs": [r.to_json() for r in runs],\n',
-            '        "runs": [r.to_json() for r in runs],\n        "marker": "later code",\n',
+            '        "open_loop": verdict_block(open_loop),\n',
+            '        "open_loop": verdict_block(open_loop),\n        "marker": "later code",\n',
         )
     )
     assert "later code" in report.read_text()
@@ -109,7 +110,7 @@ def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
     try:
         res = registered_analysis(p["reg"], [p["runs"]], p["tmp"] / "out2")
         j = res["registered"]["judged_by"]
-        assert j["mode"] == "worktree" and j["commit"] == p["commit"] and "analysis/report.py" in j["moved_paths"]
+        assert j["mode"] == "worktree" and j["commit"] == p["commit"] and "analysis/paired.py" in j["moved_paths"]
         assert "agentload-judge-" in j["module"] and str(work) not in j["module"]
         assert "marker" not in res  # the later code did not judge
         assert len(res["registered"]["runs_counted"]) == 9
@@ -169,3 +170,85 @@ def test_registrations_inputs_and_freeze_records_are_data_not_code() -> None:
         assert not is_code_path(p), p
     for p in ("harness/servers/base.py", "analysis/rules.py", "prereg/fill.py", "slurm/job.py"):
         assert is_code_path(p), p
+
+
+# The last commit whose code judged E2 in the paired form (the rule as data under `arms` and `pass`),
+# and that rule as the registrations of that time froze it.
+PAIRED_FORM_COMMIT = "f8ce723a32e4224393baa2cc99623635525b64f8"
+PAIRED_E2 = {
+    "name": "e2",
+    "version": 1,
+    "description": "E2 paired test: BURST trapped, NOBURST good, CAPPED recovered in the same seed",
+    "params": {
+        "rate_tolerance": 0.15,
+        "slope_factor": 0.5,
+        "recovered_hit": 0.8,
+        "recovered_outstanding": 20,
+        "recovered_span": 300.0,
+        "outstanding_stat": "mean",
+        "backlog_bin": 10.0,
+        "min_window": 600.0,
+        "hit_threshold": 0.5,
+        "stuck_followup": 0.2,
+    },
+    "states": [
+        {
+            "name": "TRAPPED",
+            "all": [
+                "lam > lam_miss",
+                "abs(token_rate / all_miss_rate - 1) <= rate_tolerance",
+                "slope > slope_factor * (lam - lam_miss)",
+            ],
+        },
+        {"name": "RECOVERED", "all": ["hit_last > recovered_hit", "outstanding_last < recovered_outstanding"]},
+        {"name": "DRAINING", "all": ["slope < 0"]},
+        {"name": "INDETERMINATE", "all": []},
+    ],
+    "flags": {"stuck": "followup_hit < stuck_followup"},
+    "arms": {"BURST": ["TRAPPED"], "NOBURST": ["RECOVERED"], "CAPPED": ["RECOVERED"]},
+    "pass": {"min_seeds": 3, "min_good_seeds": 2},
+}
+
+
+def test_a_registration_in_the_paired_form_is_judged_by_its_own_commit(project, tmp_path: Path) -> None:
+    """A registration made before E2 became a staged spec loads here (its rule is read, not judged),
+    and its verdict comes from the code of its commit, in a worktree, even with nothing moved since;
+    the kill conditions are evaluated here on that verdict."""
+    import yaml
+
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PAIRED_FORM_COMMIT}^{{commit}}"]).returncode:
+        pytest.skip(f"the repository's history lacks commit {PAIRED_FORM_COMMIT[:12]} (a shallow clone)")
+    work, _ = make_repo(tmp_path)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", PAIRED_FORM_COMMIT], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
+    data = yaml.safe_load(Path(project["reg"]).read_text())
+    data["rule"] = PAIRED_E2
+    reg_path = work / "prereg" / "registrations" / "e2-old.yaml"
+    reg_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "the code of that time and a registration")
+    commit = git(work, "rev-parse", "HEAD")
+    reg = load_registration(reg_path)  # loading at HEAD does not fail on the old form
+    assert reg.rule["arms"]["BURST"] == ["TRAPPED"] and reg.status == "FILLED"
+    runs = tmp_path / "runs"
+    for d in sorted(Path(project["runs"]).iterdir()):
+        shutil.copytree(d, runs / d.name)
+        _patch_meta(
+            runs / d.name,
+            registration=reg.binding("prereg/registrations/e2-old.yaml", commit),
+            provenance={"git": {"commit": commit, "dirty": False}},
+        )
+    res = registered_analysis(reg_path, [runs], tmp_path / "out")
+    j = res["registered"]["judged_by"]
+    assert j["mode"] == "worktree" and j["commit"] == commit and j["registered_grid"]
+    assert res["rule_spec"]["arms"] == PAIRED_E2["arms"] and not res["registered"]["family"]
+    assert len(res["registered"]["runs_counted"]) == 9
+    by_rate = {x["rate"]: x for x in res["rates"]}
+    assert by_rate[1.65]["verdict"] == "INCOMPLETE" and "MISSING" not in by_rate[1.35]["seeds"]["0"].values()
+    here = registered_analysis(project["reg"], [project["runs"]], tmp_path / "here")  # the staged e2 spec
+    assert by_rate[1.35]["seeds"] == {x["rate"]: x for x in here["rates"]}[1.35]["seeds"]
+    assert by_rate[1.35]["verdict"] == here["rates"][0]["verdict"]
+    kills = {k["id"]: k["triggered"] for k in res["registered"]["kill_conditions"]}
+    assert kills == {k["id"]: k["triggered"] for k in here["registered"]["kill_conditions"]}
+    assert "Kill conditions" in (tmp_path / "out" / "registered-report.md").read_text()
+    assert (tmp_path / "out" / "report.md").read_text().startswith("### ")
