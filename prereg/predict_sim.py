@@ -285,7 +285,9 @@ def _exact_predictions(
             tag = f"{a}-r{r:.2f}-s{seed}"
             src = {**src_base, "layer": "exact plan", "seeds": [seed]}
             out.append(
-                Prediction(f"simx-{tag}-state", "state", about, "call", src, {"value": v["state"]}, "simulator exact plan")
+                Prediction(
+                    f"simx-{tag}-state", "state", about, "call", src, {"value": v["state"]}, "simulator exact plan"
+                )
             )
             out.append(
                 Prediction(
