@@ -28,7 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 BUDGET_S = 900.0
+
+from analysis.rules import STATE_LETTER  # noqa: E402 - the judge's own letters for the per-seed strings
 
 # The paper's real-engine outcome per test (rules-digest sec. 6), for the closing comparison.
 PAPER = {
@@ -52,15 +55,13 @@ PAPER = {
     "e0b-sglang-300k": "EDGE 2.0 (stable <= 2.0)",
 }
 
-LETTER = {"TRAPPED": "T", "RECOVERED": "R", "DRAINING": "D", "INDETERMINATE": "I", "MISSING": "-", "FAILED": "F"}
-
 
 def summary(v: dict) -> str:
     """One line: the test outcome, per group its outcome and the decisive labels."""
     if "rates" in v:  # the paired E2 form
         parts = []
         for r in v["rates"]:
-            b = "".join(LETTER.get(v2.get("burst", "MISSING"), "?") for _, v2 in sorted(r["seeds"].items()))
+            b = "".join(STATE_LETTER.get(v2.get("burst", "MISSING"), "?") for _, v2 in sorted(r["seeds"].items()))
             parts.append(f"{r['rate']:g} {r['verdict']} ({b})")
         return f"{v['verdict']}: " + "; ".join(parts)
     parts = []

@@ -45,12 +45,13 @@ from radix_reference import RadixCache as ReferenceRadix  # noqa: E402
 from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
 from harness.config import load_test  # noqa: E402
-from harness.protocols.arms import execute_run  # noqa: E402
+from harness.recording.schema import RunStatus  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
 from harness.refengine import model as modelmod  # noqa: E402
 from harness.refengine import request as requestmod  # noqa: E402
 from harness.refengine import sglang as sglangmod  # noqa: E402
 from harness.workload import draws  # noqa: E402
+from runs.arms import execute_run  # noqa: E402
 
 # (test config, arm, rate, seed): vLLM trapped and good, SGLang trapped
 RUNS = [
@@ -200,7 +201,7 @@ def one(test: str, arm: str, rate: float, seed: int, out: Path) -> float:
     c0 = time.process_time()
     res = execute_run(bundle, arm, rate, seed, "sim", out)
     cpu = time.process_time() - c0
-    if res.status != "COMPLETED":
+    if res.status != RunStatus.COMPLETED:
         raise SystemExit(f"{test} {arm} {rate} {seed}: {res.status}: {res.reason}")
     return cpu
 

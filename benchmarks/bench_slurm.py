@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import submitit  # noqa: E402
 
+from slurm import accounting_export as X  # noqa: E402
 from slurm import scheduler as S  # noqa: E402
 from slurm.job_options import JobOptions  # noqa: E402
 from slurm.local import SCRIPT, down, ensure_up, status  # noqa: E402
@@ -143,7 +144,7 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
         doc = submit_registration(path, opts)
         res = collect(doc["_path"], wait_s=1200)
         (job,) = doc["jobs"]
-        (row,) = S.read_accounting_export(Path(doc["_path"]).parent / "provenance" / "accounting.json")
+        (row,) = X.read_accounting_export(Path(doc["_path"]).parent / "provenance" / "accounting.json")
         meta = orjson.loads((Path(doc["_path"]).parent / job["run_dir"] / "meta.json").read_bytes())
         start = row.start
         assert start is not None and row.submit is not None and res["complete"], res

@@ -27,10 +27,11 @@ sys.path[:0] = [str(ROOT)]
 from harness.client.closed import ClosedClient  # noqa: E402
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config, load_test  # noqa: E402
 from harness.drivers.virtual import simulate  # noqa: E402
+
 try:  # the package layout since the DAG; harness.protocols before it (digests of older commits)
-    from runs.arms import execute_run  # noqa: E402
+    from runs.arms import execute_run
 except ImportError:  # pragma: no cover - an older checkout
-    from harness.protocols.arms import execute_run  # type: ignore[no-redef]  # noqa: E402
+    from harness.protocols.arms import execute_run  # type: ignore[no-redef]
 from harness.refengine.model import EngineModel  # noqa: E402
 
 TABLES = ("turns.parquet", "sessions.parquet", "gauges.parquet", "gate_events.parquet")

@@ -11,12 +11,9 @@ from typing import Any
 
 from harness.errors import UsageError
 from prereg.freeze import freeze
-from prereg.predict_makers import (
-    DEFAULT_VALUE_QUANTITIES,
-    entry_predictions,
-    model_f_predictions,
-    simulator_predictions,
-)
+from prereg.predict_makers import DEFAULT_VALUE_QUANTITIES
+from prereg.predict_sim import simulator_predictions
+from prereg.predict_theory import entry_predictions, model_f_predictions
 from prereg.predictions import write_predictions
 from provenance.git import Repo
 from review.score_report import score_frozen, summary_lines, write_report

@@ -34,7 +34,7 @@ def _open(args: argparse.Namespace) -> Any:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     st = collect_status(_open(args), ask_scheduler=not args.no_scheduler)
-    print(json.dumps(st, indent=2, default=str) if args.json else format_status(st))
+    print(json.dumps(st.to_json(), indent=2, default=str) if args.json else format_status(st))
     return 0
 
 

@@ -27,6 +27,7 @@ from analysis.theory.predict import freeze_predictions
 from harness.config import load_test
 from harness.errors import ConfigError, UsageError
 from harness.recording.progress import TestDisplay
+from harness.recording.schema import RunStatus
 from prereg.registration import load_registration
 from provenance.git import GitError, Repo
 from runs.arms import RunResult, execute_run, references, run_name
@@ -34,6 +35,12 @@ from runs.realrun import ENGINE_DID_NOT_START, add_engine_arguments, engine_opti
 from runs.suite import SuiteTest, run_suite, run_test
 from slurm.job_options import add_job_options
 from slurm.sweep import sweep_from_args
+
+#: What `--engine` names: the engine backend a run is driven by (runs/backend.py).
+ENGINE_HELP = (
+    "engine backend: sim (the engine model in virtual time; default), emulator or emulator:sglang|vllm "
+    "(the engine model behind HTTP in wall time), vllm or sglang (a real engine server)"
+)
 
 DEFAULT_RESULTS = Path("results")
 
@@ -145,7 +152,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"{res.status}: {res.run_dir} ({res.wall_s:.1f} s wall, {res.plan_time:.0f} s plan time{_lateness(res)})")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if res.status != "COMPLETED":
+    if res.status != RunStatus.COMPLETED:
         print(res.reason if args.debug else one_line(res.reason), file=sys.stderr)
         return 1
     return 0
@@ -185,7 +192,7 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     wall = time.monotonic() - t0
     if sweep is not None:
         print(f"SLURM accounting of the array: {sweep.export_accounting(out / 'provenance')}", flush=True)
-    failed = [r for r in results if r.status != "COMPLETED"]
+    failed = [r for r in results if r.status != RunStatus.COMPLETED]
     print(f"{len(results)} runs in {wall:.0f} s wall; {len(failed)} not completed", flush=True)
     (out / "wall.json").write_text(f'{{"runs": {len(results)}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
     if len(failed) < len(results):
@@ -245,7 +252,7 @@ def register(cli: Any) -> None:
     p.add_argument("--arm", required=True, help="arm name, e.g. BURST")
     p.add_argument("--rate", required=True, type=float, help="arrival rate in multiples of the cell's lambda_ref")
     p.add_argument("--seed", required=True, type=int)
-    p.add_argument("--engine", default="sim", help="engine backend (default: sim)")
+    p.add_argument("--engine", default="sim", help=ENGINE_HELP)
     p.add_argument("--out", help="run directory (default: results/runs/<test>-<time>/<arm>-r<rate>-s<seed>)")
     p.add_argument("--debug", action="store_true", help="show a failed run's whole reason")
     _add_engine_options(p)
@@ -264,7 +271,7 @@ def register(cli: Any) -> None:
     tr.add_argument(
         "test", nargs="+", help="test YAML, e.g. configs/tests/e2-sglang-300k.yaml (several: one pool for all)"
     )
-    tr.add_argument("--engine", default="sim", help="engine backend (default: sim)")
+    tr.add_argument("--engine", default="sim", help=ENGINE_HELP)
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
     tr.add_argument(
         "--out",
@@ -313,12 +320,12 @@ def run_suite_command(args: argparse.Namespace) -> int:
     codes: dict[str, int] = {}
 
     def run_done(t: SuiteTest, res: RunResult, done: int, total: int) -> None:
-        status = res.status if res.status != "COMPLETED" else f"{res.wall_s:.0f} s"
+        status = res.status if res.status != RunStatus.COMPLETED else f"{res.wall_s:.0f} s"
         print(f"[{done}/{total}] {t.bundle.test.name}/{Path(res.run_dir).name}: {status}", flush=True)
 
     def test_done(t: SuiteTest) -> None:
         b = t.bundle
-        failed = [r for r in t.results if r.status != "COMPLETED"]
+        failed = [r for r in t.results if r.status != RunStatus.COMPLETED]
         (t.out / "wall.json").write_text(
             f'{{"runs": {len(t.results)}, "wall_s": {t.wall_s:.2f}, "jobs": {jobs}, "suite": true}}\n'
         )

@@ -20,7 +20,7 @@ import yaml
 
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
 from harness.errors import UsageError
-from runs.calibration import cache_off, run_closed
+from runs.closed_runs import cache_off, run_closed
 from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs

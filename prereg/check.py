@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prereg.fill import plan_hashes
+from prereg.filling import plan_hashes
 from prereg.labels import GitFacts, Label, git_facts, label_for, label_now
 from prereg.registration import Registration, load_registration
 from provenance.git import GitError, Repo

@@ -14,7 +14,8 @@ registration's `fill` trace (paper §2, App. E.3–E.5, E.11; rules digest §1):
 6. CAPPED drain per rate against 80% of the time after the burst, the largest rate that fits;
 7. predictions, kill conditions, warnings; the SHA-256 of every input and every frozen plan.
 
-A template with a `parent` derives an EXPLORATORY registration from a FILLED one (no inputs).
+A template with a `parent` or `based_on` fills from another registration (prereg/derive.py); the
+parts every way shares are in prereg/filling.py.
 """
 
 from __future__ import annotations
@@ -25,14 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from analysis.calibration_summaries import CalibrationInputs, InputError, e0a_values, load_inputs
+from analysis.calibration_summaries import CalibrationInputs, E0aValues, InputError, e0a_values, load_inputs
 from analysis.rules import arm_expectation, arm_expectations
 from harness.config import (
     DEFAULT_START_LATENESS_P99,
     DEFAULT_TOP_RATE,
-    ArmConfig,
     CellConfig,
     ProtocolConfig,
     WorkloadConfig,
@@ -40,62 +38,17 @@ from harness.config import (
     load_config,
     rate_above_top,
 )
-from harness.errors import ConfigError
-from harness.workload.planfile import plan_bytes
-from harness.workload.plans import make_plan, plan_arm
 from prereg import formula as F
+from prereg.derive import derive_exploratory, fill_based_on
+from prereg.filling import FillResult, arm_configs, cell_dump, plan_hashes, rel_path, repo_root_of
 from prereg.registration import (
     FORMAT,
     FORMAT_VERSION,
-    Registration,
     RegistrationError,
-    load_registration,
     registration_from_data,
     write_registration,
 )
 from prereg.template import FillParams, Template, load_template, resolve_rule
-from provenance.git import GitError, Repo
-
-
-@dataclass(frozen=True)
-class FillResult:
-    registration: Registration
-    data: dict[str, Any]
-
-    def summary(self) -> dict[str, Any]:
-        """What a person checks first: status, window, rates, cap, drains, warnings."""
-        r = self.registration
-        f = r.fill
-        return {
-            "name": r.name,
-            "status": r.status,
-            "status_reasons": r.status_reasons,
-            "window": f.get("window"),
-            "band": f.get("band"),
-            "rates": [x.multiple for x in r.rates],
-            "rates_sessions_per_s": [x.sessions_per_s for x in r.rates],
-            "cap": f.get("cap"),
-            "drain": f.get("drain"),
-            "warnings": [w.model_dump() for w in r.warnings],
-        }
-
-
-def _rel(path: Path, root: Path | None) -> str:
-    p = path.resolve()
-    if root is not None:
-        try:
-            return p.relative_to(root.resolve()).as_posix()
-        except ValueError:
-            pass
-    return p.as_posix()
-
-
-def repo_root_of(path: Path) -> Path | None:
-    """The git working tree holding `path`, for repository-relative paths (None outside one)."""
-    try:
-        return Repo.containing(path).path
-    except (GitError, OSError):  # pragma: no cover - outside a repository
-        return None
 
 
 def _f(d: Any) -> float | None:
@@ -104,53 +57,6 @@ def _f(d: Any) -> float | None:
 
 def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
-
-
-def _arm_configs(names: list[str], base: Path, cap: int | None, source: str) -> dict[str, ArmConfig]:
-    out: dict[str, ArmConfig] = {}
-    for name in names:
-        arm = load_config(config_ref(name, "arms"), ArmConfig, base)
-        try:
-            arm.gate_cap(cap)
-        except ConfigError as exc:
-            raise RegistrationError(f"{source}: arms: {name}: {exc}") from None
-        out[name] = arm
-    return out
-
-
-def plan_hashes(
-    workload: WorkloadConfig,
-    protocol: ProtocolConfig,
-    arms: dict[str, ArmConfig],
-    multiples: list[float],
-    lambda_ref: float,
-    seeds: list[int],
-    top_rate: float = DEFAULT_TOP_RATE,
-) -> list[dict[str, Any]]:
-    """SHA-256 of every frozen plan (arm x rate x seed), generated exactly as a job generates it
-    (from the base stream at the test's `top_rate`). Arms whose plan content is the same (BURST and
-    CAPPED) share one generation."""
-    cache: dict[tuple[bytes, float, int], str] = {}
-    out = []
-    for name, arm in arms.items():
-        key_arm = orjson.dumps(plan_arm(arm, protocol), option=orjson.OPT_SORT_KEYS)
-        for m in multiples:
-            for s in seeds:
-                k = (key_arm, m, s)
-                if k not in cache:
-                    cache[k] = hashlib.sha256(
-                        plan_bytes(make_plan(workload, protocol, arm, m, lambda_ref, s, top_rate))
-                    ).hexdigest()
-                out.append({"arm": name, "rate": m, "seed": s, "sha256": cache[k]})
-    return out
-
-
-def _cell_dump(cell: CellConfig, lambda_ref: float, all_miss: float | None) -> dict[str, Any]:
-    d = cell.model_dump(mode="json")
-    d["cost_file"] = None  # costs inline: the registration must not change when a cost file does
-    d["lambda_ref"] = lambda_ref
-    d["all_miss_token_rate"] = all_miss
-    return d
 
 
 def _kill_conditions(
@@ -233,17 +139,76 @@ def fill_registration(
         tmpl = tmpl.model_copy(update={"name": name})
     root = repo_root if repo_root is not None else repo_root_of(tpath)
     if tmpl.parent is not None:
-        return _derive(tmpl, tpath, root)
+        return derive_exploratory(tmpl, tpath, root)
     if tmpl.based_on is not None:
-        return _based_on(tmpl, tpath, root)
+        return fill_based_on(tmpl, tpath, root)
     if inputs_dir is None:
         raise RegistrationError(f"{tpath}: this template fills from calibration inputs; give --inputs DIR")
     inputs = load_inputs(inputs_dir)
     return _fill(tmpl, tpath, inputs, root)
 
 
-def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | None) -> FillResult:
-    P: FillParams = tmpl.fill
+@dataclass(frozen=True)
+class _Setting:
+    """What the template names, loaded: the configs, the resolved rule, the fill parameters."""
+
+    params: FillParams
+    base: Path
+    src: str
+    cell: CellConfig
+    workload: WorkloadConfig
+    protocol: ProtocolConfig
+    rule: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _References:
+    """Step 1: E0a's references, and why the registration cannot be FILLED for want of them."""
+
+    values: E0aValues
+    lam_ref: float
+    lam_miss: float | None
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Step 2: mu(n) from Stage C with its cap reading, and the E0b edge."""
+
+    curve: list[tuple[int, float]]
+    cap: F.Cap
+    edge: F.Edge
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """Steps 3-4: the window, the rates placed in it, and why any of them fails."""
+
+    window: F.Window
+    placed: F.Placement
+    multiples: list[float]
+    top_rate: float
+    formula_status: str
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class _Drains:
+    """Steps 5-6: the CAPPED drain per rate against the budget, and the window's noise."""
+
+    budget: float
+    burst: int
+    per_rate: dict[float, F.Drain]
+    largest_fitting_multiple: float | None
+    width: float
+    noise: dict[str, Any]
+
+    @property
+    def fits(self) -> list[float]:
+        return [m for m, d in self.per_rate.items() if d.fits]
+
+
+def _setting(tmpl: Template, tpath: Path, inputs: CalibrationInputs) -> _Setting:
     base = tpath.parent
     src = str(tpath)
     cell = load_config(config_ref(tmpl.cell or "", "cells"), CellConfig, base)
@@ -254,8 +219,11 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}"
         )
     rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
+    return _Setting(tmpl.fill, base, src, cell, workload, protocol, rule)
 
-    # 1. references
+
+def _references(inputs: CalibrationInputs, P: FillParams) -> _References:
+    """1. references from E0a."""
     e0a_path = str(inputs.files["e0a"][0])
     ev = e0a_values(inputs.e0a, e0a_path, P.summary_tolerance)
     lam_ref = ev.lambda_ref
@@ -270,17 +238,24 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         reasons.append("E0a gives no completed-session rate, which the template's lambda_miss = sessions needs")
     if ev.all_miss_token_rate is None:
         reasons.append("E0a gives no all-miss token rate: the TRAPPED rule cannot be judged without it")
+    return _References(ev, lam_ref, lam_miss, reasons)
 
-    # 2. curve and edge
+
+def _shape(inputs: CalibrationInputs, P: FillParams) -> _Shape:
+    """2. curve and edge."""
     curve = inputs.stage_c.curve()
     cap = F.cap_rule(
         curve, fraction=P.cap_fraction, ambiguity=P.cap_ambiguity, ambiguity_fraction=P.cap_ambiguity_fraction
     )
     runs = {(p.multiple, p.seed): p.stable for p in inputs.e0b.points}
     edge = F.e0b_edge(inputs.e0b.grid, inputs.e0b.seeds, runs, P.e0b_edge)
+    return _Shape(curve, cap, edge)
 
-    # 3.-4. window and rates
-    w = F.window(cap.mu_star, lam_ref, edge.edge, low=P.window_low, upper=P.upper_edge)
+
+def _rates(tmpl: Template, P: FillParams, refs: _References, shape: _Shape) -> _Rates:
+    """3.-4. window and rates."""
+    lam_ref = refs.lam_ref
+    w = F.window(shape.cap.mu_star, lam_ref, shape.edge.edge, low=P.window_low, upper=P.upper_edge)
     fractions = [(int(a), int(b)) for a, b in P.fractions]
     placed = F.place_rates(
         w,
@@ -291,32 +266,42 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         band_high_factor=P.band_high_factor,
     )
     formula_status = "FILLED" if placed.ok else "INCOMPLETE"
-    reasons = list(placed.reasons) + reasons
+    reasons = list(placed.reasons) + refs.reasons
     multiples = [float(r.multiple) for r in placed.rates]
     top_rate = tmpl.top_rate if tmpl.top_rate is not None else DEFAULT_TOP_RATE
     for m in multiples:
         above = rate_above_top(m, lam_ref, top_rate)
         if above:
             reasons.append(f"{above} (the template's top_rate {top_rate:g})")
+    return _Rates(w, placed, multiples, top_rate, formula_status, reasons)
 
-    # 5.-6. cap and drain
+
+def _drains(setting: _Setting, refs: _References, shape: _Shape, rates: _Rates) -> _Drains:
+    """5.-6. cap and drain."""
+    P, protocol, lam_ref, cap = setting.params, setting.protocol, refs.lam_ref, shape.cap
     budget = F.drain_budget(
         protocol.duration,
         protocol.burst.time,
-        float(rule["params"]["recovered_span"]),  # every rule spec states it (analysis/rulecheck.py)
+        float(setting.rule["params"]["recovered_span"]),  # every rule spec states it (analysis/rulecheck.py)
         P.drain_fraction,
     )
     b = protocol.burst.size
-    drains = {m: F.drain(cap.mu_cap, cap.cap, m, lam_ref, b, budget, curve, P.drain_formula) for m in multiples}
+    drains = {
+        m: F.drain(cap.mu_cap, cap.cap, m, lam_ref, b, budget, shape.curve, P.drain_formula) for m in rates.multiples
+    }
     lam_max = F.largest_fitting_multiple(cap.mu_cap, lam_ref, b, budget)
+    w = rates.window
     width = float(w.high - w.low) if w.high is not None else 0.0
-    noise = F.window_noise(width, lam_ref, ev.lambda_ref_se, P.noise_factor)
+    noise = F.window_noise(width, lam_ref, refs.values.lambda_ref_se, P.noise_factor)
+    return _Drains(budget, b, drains, lam_max, width, noise)
 
-    # 7. warnings, kill conditions, predictions
-    arms = list(tmpl.arms or [])
-    arm_cfgs = _arm_configs(arms, base, cap.cap, src)
-    gated = {a for a, c in arm_cfgs.items() if c.gate is not None}
-    n_max, mu_nmax = curve[-1]
+
+def _warnings(
+    refs: _References, shape: _Shape, drains: _Drains, gated: set[str], curve_end: tuple[int, float]
+) -> list[dict[str, Any]]:
+    """7. warnings (checks the formula reports without a threshold of its own)."""
+    cap, edge, lam_miss = shape.cap, shape.edge, refs.lam_miss
+    n_max, mu_nmax = curve_end
     warnings: list[dict[str, Any]] = []
     if lam_miss:
         warnings.append(
@@ -336,13 +321,13 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
                 + (f", other n {others}" if others else ""),
             }
         )
-    for m, d in drains.items():
+    for m, d in drains.per_rate.items():
         if not d.fits and gated:
             warnings.append(
                 {
                     "id": f"drain_does_not_fit_{m}",
                     "value": _finite(d.drain_s),
-                    "text": f"at {m} x lambda_ref the CAPPED drain does not fit {budget:.0f} s: its prediction lapses and kill condition K3 does not apply there",
+                    "text": f"at {m} x lambda_ref the CAPPED drain does not fit {drains.budget:.0f} s: its prediction lapses and kill condition K3 does not apply there",
                 }
             )
     if not edge.monotone:
@@ -361,41 +346,40 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
                 "text": f"E0b runs missing above the first unstable multiple (cannot change the edge): {[list(x) for x in edge.missing]}",
             }
         )
-    if noise["triggered"]:
+    if drains.noise["triggered"]:
         warnings.append(
             {
                 "id": "window_noise",
-                "value": width,
+                "value": drains.width,
                 "text": "kill condition K4 holds at filling: the window is empty or narrower than the noise",
             }
         )
-    fits = [m for m, d in drains.items() if d.fits]
+    return warnings
 
-    status = "FILLED" if not reasons else "INCOMPLETE"
-    bound = status == "FILLED"
-    plans = (
-        plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), top_rate) if bound else []
-    )
-    all_miss = ev.all_miss_token_rate
-    references = {
-        "lambda_ref": lam_ref,
-        "lambda_ref_se": ev.lambda_ref_se,
-        "lambda_miss": lam_miss if lam_miss is not None else lam_ref,
-        "lambda_miss_sessions": ev.lambda_sessions,
-        "all_miss_token_rate": all_miss,
-        "all_miss_token_rate_se": ev.all_miss_token_rate_se,
-    }
-    inputs_list = [{"path": _rel(p, root), "sha256": h, "role": stage} for stage, (p, h) in inputs.files.items()]
-    trace = {
-        "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
+
+def _fill_trace(
+    tpath: Path,
+    root: Path | None,
+    inputs: CalibrationInputs,
+    P: FillParams,
+    refs: _References,
+    shape: _Shape,
+    rates: _Rates,
+    drains: _Drains,
+    predictions: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The registration's `fill` trace: every measured value and every step's result."""
+    lam_ref, cap, edge, w, placed = refs.lam_ref, shape.cap, shape.edge, rates.window, rates.placed
+    return {
+        "template": {"path": rel_path(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
         "params": P.model_dump(mode="json"),
-        "formula_status": formula_status,
+        "formula_status": rates.formula_status,
         "measured": {
-            "mu": [{"n": n, "mu_sessions": m} for n, m in curve],
+            "mu": [{"n": n, "mu_sessions": m} for n, m in shape.curve],
             "mu_star": cap.mu_star,
             "n_star": cap.argmax,
             "mu_star_over_lambda_ref": cap.mu_star / lam_ref,
-            "e0a_computed": list(ev.computed),
+            "e0a_computed": list(refs.values.computed),
             "e0b": {
                 "grid": list(inputs.e0b.grid),
                 "seeds": list(inputs.e0b.seeds),
@@ -434,10 +418,10 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "ambiguity_reading": cap.reading,
         },
         "drain": {
-            "burst": b,
-            "budget_s": budget,
+            "burst": drains.burst,
+            "budget_s": drains.budget,
             "formula": P.drain_formula,
-            "largest_fitting_multiple": lam_max,
+            "largest_fitting_multiple": drains.largest_fitting_multiple,
             "per_rate": [
                 {
                     "rate": m,
@@ -448,7 +432,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
                     "drain_s": _finite(d.drain_s),
                     "fits": d.fits,
                 }
-                for m, d in drains.items()
+                for m, d in drains.per_rate.items()
             ],
         },
         "boundaries": {
@@ -457,8 +441,45 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "below_window": "rates below lambda_ref: BURST not trapped (none registered)",
             "above_window": "no rate above the window is registered: NOBURST could leave the good state unaided",
         },
-        "predictions": _predictions(arms, rule, multiples, drains, gated) if multiples else [],
+        "predictions": predictions,
     }
+
+
+def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | None) -> FillResult:
+    """The registration by the module docstring's steps, each a function of what the earlier gave."""
+    setting = _setting(tmpl, tpath, inputs)
+    P, rule, protocol, workload = setting.params, setting.rule, setting.protocol, setting.workload
+    refs = _references(inputs, P)  # 1.
+    shape = _shape(inputs, P)  # 2.
+    rates = _rates(tmpl, P, refs, shape)  # 3.-4.
+    drains = _drains(setting, refs, shape, rates)  # 5.-6.
+    # 7. warnings, kill conditions, predictions
+    arms = list(tmpl.arms or [])
+    arm_cfgs = arm_configs(arms, setting.base, shape.cap.cap, setting.src)
+    gated = {a for a, c in arm_cfgs.items() if c.gate is not None}
+    warnings = _warnings(refs, shape, drains, gated, shape.curve[-1])
+
+    lam_ref, multiples, reasons = refs.lam_ref, rates.multiples, rates.reasons
+    status = "FILLED" if not reasons else "INCOMPLETE"
+    bound = status == "FILLED"
+    plans = (
+        plan_hashes(workload, protocol, arm_cfgs, multiples, lam_ref, list(tmpl.seeds or []), rates.top_rate)
+        if bound
+        else []
+    )
+    ev, lam_miss = refs.values, refs.lam_miss
+    all_miss = ev.all_miss_token_rate
+    references = {
+        "lambda_ref": lam_ref,
+        "lambda_ref_se": ev.lambda_ref_se,
+        "lambda_miss": lam_miss if lam_miss is not None else lam_ref,
+        "lambda_miss_sessions": ev.lambda_sessions,
+        "all_miss_token_rate": all_miss,
+        "all_miss_token_rate_se": ev.all_miss_token_rate_se,
+    }
+    inputs_list = [{"path": rel_path(p, root), "sha256": h, "role": stage} for stage, (p, h) in inputs.files.items()]
+    predictions = _predictions(arms, rule, multiples, drains.per_rate, gated) if multiples else []
+    trace = _fill_trace(tpath, root, inputs, P, refs, shape, rates, drains, predictions)
     data = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -468,160 +489,28 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "status_reasons": reasons,
         "parent": None,
         "test": tmpl.test,
-        "cell": _cell_dump(cell, lam_ref, all_miss),
+        "cell": cell_dump(setting.cell, lam_ref, all_miss),
         "workload": workload.model_dump(mode="json"),
         "protocol": protocol.model_dump(mode="json"),
         "arms": arms,
         "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
         "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in multiples],
         "seeds": list(tmpl.seeds or []),
-        "cap": cap.cap if gated else None,
-        "top_rate": top_rate,
+        "cap": shape.cap.cap if gated else None,
+        "top_rate": rates.top_rate,
         "start_lateness_p99": tmpl.start_lateness_p99
         if tmpl.start_lateness_p99 is not None
         else DEFAULT_START_LATENESS_P99,
         "references": references,
         "rule": rule,
-        "kill_conditions": _kill_conditions(arms, rule, fits, noise),
+        "kill_conditions": _kill_conditions(arms, rule, drains.fits, drains.noise),
         "warnings": warnings,
         "allowances": tmpl.allowances.model_dump(mode="json"),
         "inputs": inputs_list,
         "plans": plans,
         "fill": trace,
     }
-    return FillResult(registration_from_data(data, f"{src} (filled)"), data)
-
-
-def _derive(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
-    """An EXPLORATORY registration from a FILLED parent: the parent's rates, cap and references,
-    with the template's changes (cell settings, arms, seeds, rule overrides)."""
-    base = tpath.parent
-    src = str(tpath)
-    parent, ppath = _load_parent(tmpl.parent or "", base, root, src, "parent")
-    cell_d = {**parent.cell.model_dump(mode="json"), **tmpl.cell_overrides}
-    try:
-        cell = CellConfig.model_validate(cell_d, strict=True)
-    except Exception as exc:
-        raise RegistrationError(
-            f"{src}: cell_overrides: the parent's cell with these changes is not a valid cell: {exc}"
-        ) from None
-    arms = list(tmpl.arms) if tmpl.arms is not None else list(parent.arms)
-    seeds = list(tmpl.seeds) if tmpl.seeds is not None else list(parent.seeds)
-    arm_cfgs = {a: parent.arm_configs[a] for a in arms if a in parent.arm_configs}
-    arm_cfgs.update(_arm_configs([a for a in arms if a not in arm_cfgs], base, parent.cap, src))
-    rule = (
-        resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
-        if (tmpl.rule != "e2" or tmpl.rule_overrides)
-        else parent.rule
-    )
-    lam_ref = parent.references.lambda_ref
-    mults = parent.multiples()
-    top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
-    data = parent.model_dump(mode="json")
-    data.update(
-        {
-            "name": tmpl.name,
-            "description": tmpl.description.strip(),
-            "status": "EXPLORATORY",
-            "status_reasons": [],
-            "parent": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
-            "test": tmpl.test,
-            "cell": _cell_dump(cell, lam_ref, parent.references.all_miss_token_rate),
-            "arms": arms,
-            "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
-            "seeds": seeds,
-            "rule": rule,
-            "allowances": tmpl.allowances.model_dump(mode="json"),
-            "kill_conditions": [],
-            "warnings": [],  # an EXPLORATORY registration decides nothing; the parent holds both
-            "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}],
-            "top_rate": top_rate,
-            "start_lateness_p99": tmpl.start_lateness_p99
-            if tmpl.start_lateness_p99 is not None
-            else parent.start_lateness_p99,
-            "plans": plan_hashes(parent.workload, parent.protocol, arm_cfgs, mults, lam_ref, seeds, top_rate),
-            "fill": {
-                "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
-                "derived_from": parent.name,
-                "cell_overrides": dict(tmpl.cell_overrides),
-                "note": "EXPLORATORY: derived from a FILLED parent; never decisive",
-            },
-        }
-    )
-    return FillResult(registration_from_data(data, f"{src} (derived)"), data)
-
-
-def _load_parent(ref: str, base: Path, root: Path | None, src: str, key: str) -> tuple[Registration, Path]:
-    p = Path(ref)
-    if not p.is_absolute():
-        p = (root / p) if root is not None and (root / p).is_file() else base / p
-    reg = load_registration(p)
-    if reg.status != "FILLED":
-        raise RegistrationError(f"{src}: {key}: {p} has status {reg.status}; expected a FILLED registration")
-    return reg, p
-
-
-def _based_on(tmpl: Template, tpath: Path, root: Path | None) -> FillResult:
-    """A FILLED registration of another test on a FILLED registration's calibration: its cell,
-    references and cap, at some of its registered rates (the paper's BASIN, TOOLSLOW, SHED, rescue,
-    CUT and MIRROR registrations reuse the E2 cells' this way), with the template's arms, seeds,
-    rule and, where given, workload and protocol."""
-    base = tpath.parent
-    src = str(tpath)
-    parent, ppath = _load_parent(tmpl.based_on or "", base, root, src, "based_on")
-    rates = list(tmpl.rates or [])
-    bad = [r for r in rates if not any(abs(r - m) < 1e-9 for m in parent.multiples())]
-    if bad:
-        raise RegistrationError(f"{src}: rates: got {bad}; expected rates registered by {ppath} ({parent.multiples()})")
-    workload = (
-        load_config(config_ref(tmpl.workload, "workloads"), WorkloadConfig, base) if tmpl.workload else parent.workload
-    )
-    protocol = (
-        load_config(config_ref(tmpl.protocol, "protocols"), ProtocolConfig, base) if tmpl.protocol else parent.protocol
-    )
-    rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
-    arms = list(tmpl.arms or [])
-    arm_cfgs = _arm_configs(arms, base, parent.cap, src)
-    lam_ref = parent.references.lambda_ref
-    seeds = list(tmpl.seeds or [])
-    top_rate = tmpl.top_rate if tmpl.top_rate is not None else parent.top_rate
-    data = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "name": tmpl.name,
-        "description": tmpl.description.strip(),
-        "status": "FILLED",
-        "status_reasons": [],
-        "parent": None,
-        "test": tmpl.test,
-        "cell": parent.cell.model_dump(mode="json"),
-        "workload": workload.model_dump(mode="json"),
-        "protocol": protocol.model_dump(mode="json"),
-        "arms": arms,
-        "arm_configs": {a: c.model_dump(mode="json") for a, c in arm_cfgs.items()},
-        "rates": [{"multiple": m, "sessions_per_s": m * lam_ref} for m in rates],
-        "seeds": seeds,
-        "cap": parent.cap if any(c.gate is not None for c in arm_cfgs.values()) else None,
-        "top_rate": top_rate,
-        "start_lateness_p99": tmpl.start_lateness_p99
-        if tmpl.start_lateness_p99 is not None
-        else parent.start_lateness_p99,
-        "references": parent.references.model_dump(mode="json"),
-        "rule": rule,
-        "kill_conditions": [],
-        "warnings": [],
-        "allowances": tmpl.allowances.model_dump(mode="json"),
-        "inputs": [{"path": _rel(ppath, root), "sha256": parent.sha256, "role": "parent"}]
-        + [i.model_dump(mode="json") for i in parent.inputs],
-        "plans": plan_hashes(workload, protocol, arm_cfgs, rates, lam_ref, seeds, top_rate),
-        "fill": {
-            "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
-            "based_on": {"name": parent.name, "path": _rel(ppath, root), "sha256": parent.sha256},
-            "note": "the calibration (cell, references, cap) and the rates are the based_on registration's; "
-            "the test's outcomes and refutation are its rule spec's",
-        },
-    }
-    return FillResult(registration_from_data(data, f"{src} (based on {ppath.name})"), data)
+    return FillResult(registration_from_data(data, f"{setting.src} (filled)"), data)
 
 
 def fill_to_file(

@@ -226,17 +226,6 @@ def cap_rule(
 # ---------------------------------------------------------------------------------------------
 # drain
 # ---------------------------------------------------------------------------------------------
-def interpolate_mu(curve: Sequence[tuple[int, float]], n: float) -> float:
-    """mu(n) by linear interpolation between grid points with mu(0) = 0 (App. E.4); flat past the end."""
-    pts = [(0.0, 0.0)] + [(float(a), float(b)) for a, b in sorted(curve)]
-    if n >= pts[-1][0]:
-        return pts[-1][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= n <= x1:
-            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-    return 0.0
-
-
 def rising_fixed_point(curve: Sequence[tuple[int, float]], lam: float) -> float | None:
     """n1 < n*: the stable fixed point mu(n1) = lam on the rising branch (None if lam >= mu*)."""
     pts = [(0.0, 0.0)] + [(float(a), float(b)) for a, b in sorted(curve)]

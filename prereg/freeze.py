@@ -28,16 +28,16 @@ import yaml
 
 from harness.errors import ConfigError
 from prereg.predictions import FORMAT, PredictionFile, parse_predictions
+from provenance.git import GitError, Repo
+from provenance.meta import sha256_bytes
+from provenance.portable import portable_argv, remote_label
+from provenance.proofcheck import tag_message_hashes
 
 # The rule engine's model-value files (analysis/predictions.py: values a rule compares runs with,
 # e.g. model F's per-seed CUT slopes) may be frozen beside prediction sets; they are recorded as such.
 MODEL_VALUES_FORMAT = "agentload-predictions"
-from provenance.git import GitError, Repo
-from provenance.meta import sha256_bytes
-
 RECORD_FORMAT = "agentload-freeze"
 RECORD_DIR = "prereg/freezes"
-_TAG_LINE = re.compile(r"^sha256 ([0-9a-f]{64})  (\S.*)$")
 
 
 class FreezeError(ConfigError):
@@ -50,20 +50,13 @@ def utc_precise() -> str:
 
 
 def tag_message(tag: str, files: Sequence[tuple[str, str]]) -> str:
-    """The tag message: a header and one `sha256 <hex>  <path>` line per frozen file."""
+    """The tag message: a header and one `sha256 <hex>  <path>` line per frozen file.
+
+    Read back by `provenance.proofcheck.tag_message_hashes`, the one parser of these lines (the
+    standalone proof checker must read them with the standard library alone)."""
     lines = [f"agentload freeze {tag}", "", "Frozen files (SHA-256 of the committed bytes):", ""]
     lines += [f"sha256 {sha}  {path}" for path, sha in files]
     return "\n".join(lines) + "\n"
-
-
-def parse_tag_message(msg: str) -> dict[str, str]:
-    """{path: sha256} from a freeze tag's message (lines `sha256 <hex>  <path>`)."""
-    out: dict[str, str] = {}
-    for line in msg.splitlines():
-        m = _TAG_LINE.match(line.rstrip("\r"))
-        if m:
-            out[m.group(2)] = m.group(1)
-    return out
 
 
 @dataclass(frozen=True)
@@ -221,14 +214,14 @@ def freeze(
         "tagged_at": repo.tag_time(tag),
         "remote": {
             "name": remote,
-            "url": chk.url,
+            "url": remote_label(chk.url),
             "branch": branch,
             "remote_head": chk.remote_head,
             "contains_commit": chk.contains,
             "tag_object_on_remote": remote_tag,
         },
         "confirmed_at": confirmed_at,
-        "command": list(sys.argv),
+        "command": portable_argv(sys.argv, repo.path),
     }
     out_dirs = [Path(d) for d in record_dirs] or [repo.path / RECORD_DIR]
     written = None
@@ -315,7 +308,7 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
             problems.append(
                 f"tag object {repo.local_tag(tag)} differs from the freeze record's {record.data['tag_object']} (the tag was re-made)"
             )
-    listed = parse_tag_message(repo.tag_message(tag))
+    listed = tag_message_hashes(repo.tag_message(tag))
     if not listed:
         problems.append(f"tag {tag}: its message lists no `sha256 <hex>  <path>` lines; not a freeze tag")
     files = []

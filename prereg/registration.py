@@ -238,17 +238,6 @@ class Registration(_Strict):
             "commit": commit,
         }
 
-    def rule_refs(self, multiple: float) -> dict[str, float]:
-        """The references the rule engine reads for a run at `multiple` x lambda_ref."""
-        r = self.references
-        return {
-            "lam": multiple * r.lambda_ref,
-            "lam_miss": r.lambda_miss,
-            "all_miss_rate": r.all_miss_token_rate,
-            "rate": multiple,
-            "lambda_ref": r.lambda_ref,
-        }
-
     # -- consistency ---------------------------------------------------------------------------
     def problems(self) -> list[str]:
         """Cross-field inconsistencies, each as 'field: got ...; expected ...'."""

@@ -93,6 +93,8 @@ def _headers(content: bytes) -> tuple[dict[str, str], str]:
 
 
 def tag_message_hashes(msg: str) -> dict[str, str]:
+    """{path: sha256} from a freeze tag's message (its `sha256 <hex>  <path>` lines; written by
+    prereg.freeze.tag_message). The one parser of those lines: freezing reads them back with it too."""
     out: dict[str, str] = {}
     for line in msg.splitlines():
         m = _TAG_LINE.match(line.rstrip("\r"))

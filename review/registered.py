@@ -54,6 +54,7 @@ from analysis.reports import module_for, write_report
 from analysis.rules import is_paired_form
 from analysis.staged_analysis import analyze_staged
 from harness.errors import UsageError
+from harness.recording.schema import RunStatus
 from prereg.labels import git_facts
 from prereg.registration import RegistrationError, cell_dict, load_registration
 from provenance.codepaths import CODE_DIRS, is_code_path
@@ -163,7 +164,7 @@ def bind_run(
                         f"code commit {commit[:12]} changes code since the registration's commit: {changed[:3]}"
                     )
     status = m.get("status")
-    if status not in ("COMPLETED",):
+    if status != RunStatus.COMPLETED:
         reasons.append(f"status {status!r}: only a completed run counts")
     return Binding(str(d), not reasons, reasons, arm, rate, seed)
 

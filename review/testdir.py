@@ -15,7 +15,7 @@ fail. Every record is therefore a `Piece` with a state:
 The layout (docs/report.md) is the one the parts agree on:
 
   <testdir>/submission.json                 submission manifest        (slurm submission)
-  <testdir>/provenance/accounting.json      scheduler accounting export (slurm.scheduler.write_accounting_export)
+  <testdir>/provenance/accounting.json      scheduler accounting export (slurm.accounting_export.write_accounting_export)
   <testdir>/provenance/freezes/*.json       freeze records of predictions (predict freeze)
   <testdir>/provenance/proofs/*/proof.json  proofs of unchanged files   (provenance prove)
   <testdir>/runs/<run>/meta.json ...        run directories (or <testdir>/<run>/ from `test run --out`)
@@ -41,7 +41,7 @@ from provenance.git import Repo
 from review.records import read_manifest, read_run
 from review.timeline import build_timeline
 from review.verify import verify_test
-from slurm.scheduler import read_accounting_export
+from slurm.accounting_export import read_accounting_export
 
 PRESENT, ABSENT, ERROR = "present", "absent", "error"
 VERDICT_FILES = ("registered-verdict.json", "verdict.json")
@@ -171,7 +171,7 @@ class TestDir:
     @cached_property
     def accounting(self) -> Piece:
         """The scheduler's accounting export, read by the reader of its writer
-        (slurm.scheduler.read_accounting_export): {job id: AccountingRow}."""
+        (slurm.accounting_export.read_accounting_export): {job id: AccountingRow}."""
         p = self.path / "provenance" / "accounting.json"
         return _read(
             "accounting export",

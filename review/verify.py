@@ -6,7 +6,9 @@ prints what holds and what does not; any break makes the exit status non-zero. T
 
 registration  its bytes at the registration commit hash to the SHA-256 the runs and the manifest
               carry; the work-tree copy and every later commit leave those bytes unchanged (a
-              registration is never edited after it binds runs); its status is FILLED
+              registration is never edited after it binds runs); its status is FILLED. An
+              exploratory test (no registration binds its runs, or an EXPLORATORY one does) is
+              reported as such (`exploratory`), not as a break: it claims no registration
 runs          every registered arm x rate x seed has a run; every run in the test directory is
               bound: the registration SHA-256 in its meta.json is this registration's, its plan
               SHA-256 is the registration's plan for that arm x rate x seed and the plan file in
@@ -33,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from harness.recording.schema import RunStatus
 from provenance.codepaths import is_code_path
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
@@ -55,6 +58,9 @@ class Verification:
     checks: list[Check] = field(default_factory=list)
     timeline: Timeline | None = None
     skipped: list[str] = field(default_factory=list)
+    #: Why the test is not registered (no registration binds its runs, or an EXPLORATORY one does):
+    #: an exploratory test claims no registration, so its absence is its state, not a break.
+    exploratory: str | None = None
 
     def add(self, area: str, name: str, ok: bool, detail: str = "") -> None:
         self.checks.append(Check(area, name, bool(ok), detail))
@@ -68,7 +74,10 @@ class Verification:
         return [c for c in self.checks if not c.ok]
 
     def text(self) -> str:
-        lines = [f"provenance of {self.testdir}: {'HOLDS' if self.ok else f'{len(self.breaks)} BREAK(S)'}"]
+        verdict = "HOLDS" if self.ok else f"{len(self.breaks)} BREAK(S)"
+        if self.exploratory:
+            verdict = f"NOT REGISTERED (exploratory: {self.exploratory})" + ("" if self.ok else f"; {verdict}")
+        lines = [f"provenance of {self.testdir}: {verdict}"]
         for area in ("registration", "runs", "proofs", "timeline"):
             cs = [c for c in self.checks if c.area == area]
             if not cs:
@@ -91,6 +100,7 @@ class Verification:
             "checks": [c.__dict__ for c in self.checks],
             "skipped": self.skipped,
             "label": self.timeline.label if self.timeline else None,
+            **({"exploratory": self.exploratory} if self.exploratory else {}),
         }
 
 
@@ -130,7 +140,8 @@ def verify_test(
     # -- registration -----------------------------------------------------------------------
     ref = facts.ref
     if ref is None:
-        v.add("registration", "a registration binds the test", False, "; ".join(facts.problems))
+        v.exploratory = "; ".join(facts.problems) or "no registration binds the runs"
+        v.skipped.append(f"registration: not registered (exploratory): {v.exploratory}")
     else:
         v.add(
             "registration",
@@ -155,7 +166,11 @@ def verify_test(
             ", ".join(f"{c[:12]} at {t}" for c, t in facts.later_commits),
         )
         st = facts.view.status if facts.view else None
-        v.add("registration", "status FILLED", st == "FILLED", f"status {st!r}")
+        if st == "EXPLORATORY":
+            v.exploratory = f"the registration {ref.path} is EXPLORATORY"
+            v.skipped.append(f"registration: status FILLED not required: {v.exploratory}")
+        else:
+            v.add("registration", "status FILLED", st == "FILLED", f"status {st!r}")
     # -- runs -------------------------------------------------------------------------------
     view = facts.view
     present = {t.run.key: t for t in tl.runs}
@@ -214,7 +229,7 @@ def verify_test(
         v.add(
             "runs",
             f"{name} completed",
-            r.status == "COMPLETED",
+            r.status == RunStatus.COMPLETED,
             f"status {r.status}" + (f": {r.meta.get('status_reason')}" if r.meta.get("status_reason") else ""),
         )
         if not code_check:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,19 +24,19 @@ from typing import Any
 from analysis.openloop import open_loop_summary, warning_text
 from analysis.rules import RuleError, arm_expectation, arm_expectations, load_rule
 from harness.client.contract import Command, TurnResponse
-from harness.client.gates import make_gate
-from harness.client.openloop import PlanClient, ToolSlowRule
+from harness.client.openloop import PlanClient, arm_client
 from harness.config import ArmConfig, TestBundle
 from harness.drivers.virtual import simulate
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
-from harness.recording.schema import HIT_THRESHOLD, is_hit
+from harness.recording.schema import HIT_THRESHOLD, RunStatus, is_hit
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan, write_plan
 from harness.workload.plans import make_plan
 from provenance.meta import capture
 from runs import realrun  # noqa: F401 - registers the real-engine and emulator backends
 from runs.backend import BackendResult, RunContext, get_backend, register_backend
+from runs.meta import PlanCheck, PlanRecord, RunMeta
 
 log = logging.getLogger("agentload.runner")
 
@@ -56,7 +56,7 @@ def _sim_backend(ctx: RunContext) -> BackendResult:
         "engine": {"backend": "sim", "model": "harness.refengine.model.EngineModel (virtual time)"},
         "simulation": res.as_meta(),
     }
-    return BackendResult("COMPLETED", None, float(res.end_time), meta)
+    return BackendResult(RunStatus.COMPLETED, None, float(res.end_time), meta)
 
 
 register_backend("sim", _sim_backend)
@@ -149,7 +149,7 @@ class RunResult:
     arm: str
     rate: float
     seed: int
-    status: str
+    status: RunStatus
     reason: str | None
     wall_s: float
     plan_time: float
@@ -184,7 +184,7 @@ def execute_run(
     options: dict[str, Any] | None = None,
     registration: dict[str, Any] | None = None,
     expect_plan_sha256: str | None = None,
-    extra_meta: dict[str, Any] | None = None,
+    extra_meta: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Plan, freeze, drive and record one run into `run_dir` (which must not hold a run yet).
 
@@ -207,49 +207,42 @@ def execute_run(
     if plan.sha256 != sha:
         raise RuntimeError(f"{plan_path}: hash changed between write and read")
     cap = arm.gate_cap(bundle.test.cap)
-    meta = {
-        "test": bundle.test.name,
-        "test_file": str(bundle.path) if bundle.path else None,
-        "registration": dict(registration) if registration is not None else bundle.test.registration,
-        "rule": bundle.test.rule,
-        **({"rule_params": bundle.test.rule_params} if bundle.test.rule_params else {}),
-        **({"reference_source": bundle.test.references.source} if bundle.test.references else {}),
-        "arm": key,
-        "arm_config": arm,
-        "rate": float(rate),
-        "rate_abs": float(rate) * refs["lambda_ref"],
-        "seed": int(seed),
-        "references": refs,
-        "cap": cap,
-        "cell": bundle.cell,
-        "workload": bundle.workload,
-        "protocol": bundle.protocol,
-        "plan": {"file": PLAN_FILE, "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate},
-        "engine_backend": engine,
-        "provenance": capture(include_gpu=engine != "sim"),
-    }
-    if extra_meta:
-        meta.update(extra_meta)
-    if expect_plan_sha256 is not None and sha != expect_plan_sha256.lower():
-        reason = (
-            f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered {expect_plan_sha256.lower()}: "
-            "the configs no longer generate the registered plan"
-        )
-        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": False}
-        with RunRecorder(run_dir, meta) as rec:
-            rec.close("REFUSED", reason)
-        return RunResult(str(run_dir), key, float(rate), int(seed), "REFUSED", reason, time.monotonic() - t0, 0.0)
+    meta = RunMeta(
+        test=bundle.test.name,
+        test_file=str(bundle.path) if bundle.path else None,
+        registration=registration if registration is not None else bundle.test.registration,
+        rule=bundle.test.rule,
+        rule_params=bundle.test.rule_params,
+        reference_source=bundle.test.references.source if bundle.test.references else None,
+        arm=key,
+        arm_config=arm,
+        rate=float(rate),
+        rate_abs=float(rate) * refs["lambda_ref"],
+        seed=int(seed),
+        references=refs,
+        cap=cap,
+        cell=bundle.cell,
+        workload=bundle.workload,
+        protocol=bundle.protocol,
+        plan=PlanRecord(PLAN_FILE, sha, plan.meta.get("counts"), plan.top_rate),
+        engine_backend=engine,
+        provenance=capture(include_gpu=engine != "sim"),
+        extra=dict(extra_meta or {}),
+    )
     if expect_plan_sha256 is not None:
-        meta["plan_check"] = {"registered": expect_plan_sha256.lower(), "generated": sha, "ok": True}
-    ts = arm.toolslow
-    with RunRecorder(run_dir, meta) as rec:
-        client = PlanClient(
-            plan.sessions,
-            plan.workload,
-            gate=make_gate(arm.gate, cap),
-            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
-            sink=rec,
+        meta.plan_check = PlanCheck(registered=expect_plan_sha256.lower(), generated=sha)
+    if meta.plan_check is not None and not meta.plan_check.ok:
+        reason = (
+            f"plan SHA-256 {sha} of {key} x {rate:g} seed {seed} differs from the registered "
+            f"{meta.plan_check.registered}: the configs no longer generate the registered plan"
         )
+        with RunRecorder(run_dir, meta.to_json()) as rec:
+            rec.close(RunStatus.REFUSED, reason)
+        return RunResult(
+            str(run_dir), key, float(rate), int(seed), RunStatus.REFUSED, reason, time.monotonic() - t0, 0.0
+        )
+    with RunRecorder(run_dir, meta.to_json()) as rec:
+        client = arm_client(plan.sessions, plan.workload, arm, cap, rec)
         ctx = RunContext(
             bundle, arm, rate, seed, run_dir, client, rec, bundle.protocol.duration, observer, dict(options or {})
         )

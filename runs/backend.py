@@ -1,9 +1,11 @@
 """Engine backends of the runner: what drives one run's client against an engine, by name.
 
-The runner (runs/arms.py) is the same for every engine: it freezes the plan, builds the client and
-the recorder, and hands them to the backend `--engine NAME` names. 'sim' (the engine model in virtual
-time) is registered by runs/arms.py, the real engines and the emulator by runs/realrun.py, and a test
-may register a stub of its own; none of them imports the runner.
+"Engine" here is whatever serves the run's requests: the engine model in virtual time ('sim'), the
+engine model behind HTTP in wall time ('emulator', 'emulator:sglang|vllm'), or a real engine server
+('vllm', 'sglang'). The runner (runs/arms.py) is the same for every one: it freezes the plan,
+builds the client and the recorder, and hands them to the backend `--engine NAME` names. 'sim' is
+registered by runs/arms.py, the emulator and the real engines by runs/realrun.py, and a test may
+register a stub of its own; none of them imports the runner.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from harness.client.openloop import PlanClient
 from harness.config import ArmConfig, TestBundle
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
+from harness.recording.schema import RunStatus
 
 
 class Watcher(Protocol):
@@ -44,7 +47,7 @@ class RunContext:
 
 @dataclass
 class BackendResult:
-    status: str  # COMPLETED | FAILED | INTERRUPTED
+    status: RunStatus  # COMPLETED | FAILED | INTERRUPTED
     reason: str | None
     end_time: float  # plan time at which the drive stopped
     meta: dict[str, Any] = field(default_factory=dict)  # engine facts for meta.json

@@ -29,466 +29,61 @@ died half way need not start over, and what was measured is what is summarised.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from analysis.calibration import (
     E0B_FINAL_MAX,
     E0B_RISE_MAX,
-    E0B_RISE_SPAN,
     E0aSummary,
     E0bStats,
     WindowStats,
-    e0a_summary,
-    e0b_stats,
-    window_stats,
 )
 from analysis.calibration_summaries import e0a_summary_dict, e0b_summary_dict, stage_c_summary, write_summary
-from harness.client.closed import ClosedClient
-from harness.client.openloop import PlanClient
 from harness.config import (
     DEFAULT_TOP_RATE,
-    ArmConfig,
     CellConfig,
-    ProtocolConfig,
     WorkloadConfig,
-    config_ref,
-    load_config,
 )
-from harness.drivers.virtual import SimResult, simulate
-from harness.errors import EngineError
-from harness.recording.record import RunRecorder, load_run
-from harness.refengine.model import EngineModel
-from harness.workload.draws import expected_turns
-from harness.workload.planfile import read_plan, write_plan
-from harness.workload.plans import make_plan
-from provenance.meta import capture
-from runs.calibration_runs import (
-    check_run_dirs,
-    closed_planned,
-    closed_want,
-    completed_run,
-    e0a_calls,
-    e0b_calls,
-    e0b_planned_before_e0a,
-    from_empty_planned,
-    from_empty_resumable,
-    stage_c_calls,
+from runs.calibration_runs import check_run_dirs, closed_planned, e0a_calls, e0b_planned_before_e0a, stage_c_calls
+from runs.closed_runs import (
+    E0A_CHECK_N,
+    E0A_N,
+    E0A_SEEDS,
+    STAGE_C_NS,
+    WARMUP,
+    WINDOW,
+    Mapper,
+    RunEndedError,
+    cache_off,
+    e0a,
+    stage_c,
 )
-from runs.realrun import run_real
+from runs.from_empty import E0B_DURATION, E0B_GRID, E0B_SEEDS, e0b, e0b_protocol
 
-STAGE_C_NS = (16, 20, 24, 28, 32, 36, 48, 96, 300)
-WARMUP = 900.0
-WINDOW = 1800.0
-E0A_SEEDS = (0, 1, 2)
-E0A_N = 32
-E0A_CHECK_N = 64
-E0B_GRID = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
-E0B_SEEDS = (0,)
-E0B_DURATION = 3000.0
-
-
-class RunEndedError(EngineError):
-    """A real calibration run ended without completing (its engine did not start, failed a check,
-    died or was stopped): the stage cannot be summarised. The message is the run's one-line reason
-    and where its records are; the stage stops there, since its later runs would meet the same."""
-
-
-@dataclass(frozen=True)
-class ClosedRun:
-    stats: WindowStats
-    sim: SimResult
-
-
-def run_closed(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    n: int,
-    *,
-    seed: int = 0,
-    warmup: float = WARMUP,
-    window: float = WINDOW,
-    run_dir: Path | str | None = None,
-    meta: dict[str, Any] | None = None,
-    gauge_interval: float = 5.0,
-    engine: Any = None,
-    resume: bool = False,
-) -> ClosedRun:
-    """One closed-population run of warmup + window seconds, and its window statistics.
-
-    `engine` None runs the engine model in virtual time; an EngineOptions (runs.realrun) runs
-    the same client against a real server, which needs `run_dir` for its log and records. With
-    `resume`, a matching COMPLETED run already in `run_dir` is summarised instead (stats only).
-    """
-    end = warmup + window
-    want = closed_want(engine, n, seed, warmup, window)
-    if resume and completed_run(run_dir, cell, workload, want):
-        data = load_run(run_dir)  # type: ignore[arg-type]
-        return ClosedRun(
-            window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed), None
-        )  # type: ignore[arg-type]
-    if engine is not None:
-        return _run_closed_real(
-            cell,
-            workload,
-            n,
-            seed=seed,
-            end=end,
-            warmup=warmup,
-            run_dir=run_dir,
-            meta=meta,
-            gauge_interval=gauge_interval,
-            options=engine,
-        )
-    engine = EngineModel(cell, seed=seed)
-    if run_dir is None:
-        client = ClosedClient(workload, n, seed=seed)
-        res = simulate(client, engine, until=end, gauge_interval=None)
-        turns = pd.DataFrame(client.sink.turns)
-        sessions = pd.DataFrame(client.sink.sessions)
-    else:
-        rec = RunRecorder(run_dir, _closed_meta("sim", cell, workload, n, seed, warmup, window, meta))
-        try:
-            client = ClosedClient(workload, n, seed=seed, sink=rec)
-            res = simulate(client, engine, recorder=rec, until=end, gauge_interval=gauge_interval)
-            rec.update_meta({"simulation": res.as_meta()})
-        except BaseException:
-            rec.close("FAILED", "simulation raised")
-            raise
-        rec.close("COMPLETED")
-        data = load_run(run_dir)
-        turns, sessions = data.turns, data.sessions
-    stats = window_stats(turns, sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
-    return ClosedRun(stats, res)
-
-
-def _closed_meta(
-    engine_kind: str,
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    n: int,
-    seed: int,
-    warmup: float,
-    window: float,
-    extra: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """meta.json of one closed-population run, simulated or real (GPU facts only for a real one)."""
-    return {
-        "run_kind": "closed",
-        "engine_kind": engine_kind,
-        "provenance": capture(include_gpu=engine_kind != "sim"),
-        "cell": cell,
-        "workload": workload,
-        "population": n,
-        "seed": seed,
-        "warmup": warmup,
-        "window": window,
-        **(extra or {}),
-    }
-
-
-def _run_closed_real(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    n: int,
-    *,
-    seed: int,
-    end: float,
-    warmup: float,
-    run_dir: Path | str | None,
-    meta: dict[str, Any] | None,
-    gauge_interval: float,
-    options: Any,
-) -> ClosedRun:
-    if run_dir is None:
-        raise ValueError("a real-engine calibration run needs a run directory (--out)")
-    rec = RunRecorder(run_dir, _closed_meta(options.engine, cell, workload, n, seed, warmup, end - warmup, meta))
-    try:
-        client = ClosedClient(workload, n, seed=seed, sink=rec)
-        result = run_real(
-            client,
-            cell=cell,
-            options=options,
-            run_dir=run_dir,
-            recorder=rec,
-            duration=end,
-            gauge_interval=gauge_interval,
-        )
-    except BaseException:
-        rec.close("FAILED", "calibration run raised")
-        raise
-    rec.close()
-    if result.status != "COMPLETED":
-        raise RunEndedError(
-            f"closed run n={n} seed={seed} ended {result.status}: {result.reason} (records in {run_dir})"
-        )
-    data = load_run(run_dir)
-    stats = window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
-    return ClosedRun(stats, None)  # type: ignore[arg-type]
-
-
-def stage_c(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    ns: Sequence[int] = STAGE_C_NS,
-    *,
-    seeds: Sequence[int] = (0,),
-    out_dir: Path | str | None = None,
-    warmup: float = WARMUP,
-    window: float = WINDOW,
-    engine: Any = None,
-    mapper: Mapper | None = None,
-    resume: bool = False,
-) -> list[WindowStats]:
-    """μ(n) and hit fraction for each population n (and seed). `mapper` runs the runs elsewhere
-    (e.g. slurm.sweep.SlurmSweep: one job array); the default runs them here, in order. A taken
-    run directory is refused before the first run (runs/calibration_runs.py)."""
-    calls = stage_c_calls(cell, workload, ns, seeds, out_dir, warmup, window, engine, resume)
-    check_run_dirs(closed_planned(calls), resume)
-    return list((mapper or serial)(closed_stats, calls))
-
-
-Mapper = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], Sequence[Any]]
-
-
-def serial(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """The default mapper: each call here, in order."""
-    return [fn(*c) for c in calls]
-
-
-def closed_stats(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    n: int,
-    seed: int,
-    warmup: float,
-    window: float,
-    run_dir: str | None,
-    meta: dict[str, Any],
-    engine: Any,
-    resume: bool = False,
-) -> WindowStats:
-    """One closed run's window statistics (a module-level function, so a job array can run it)."""
-    return run_closed(
-        cell,
-        workload,
-        n,
-        seed=seed,
-        warmup=warmup,
-        window=window,
-        run_dir=run_dir,
-        meta=meta,
-        engine=engine,
-        resume=resume,
-    ).stats
-
-
-def cache_off(cell: CellConfig) -> CellConfig:
-    return cell.model_copy(update={"prefix_cache": False})
-
-
-def e0a(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    *,
-    seeds: Sequence[int] = E0A_SEEDS,
-    n: int = E0A_N,
-    check_n: int | None = E0A_CHECK_N,
-    out_dir: Path | str | None = None,
-    warmup: float = WARMUP,
-    window: float = WINDOW,
-    engine: Any = None,
-    runs: list[WindowStats] | None = None,
-    mapper: Mapper | None = None,
-    resume: bool = False,
-) -> E0aSummary:
-    """λ_ref (turns-based all-miss session rate) and the all-miss uncached token rate. Pass a list
-    as `runs` to receive the per-seed statistics too. A saturation check at the E0a population
-    itself is the first seed's run (the same population and seed: one run, not two in one folder)."""
-    calls, check_at = e0a_calls(cache_off(cell), workload, seeds, n, check_n, out_dir, warmup, window, engine, resume)
-    check_run_dirs(closed_planned(calls), resume)
-    stats = list((mapper or serial)(closed_stats, calls))
-    per_seed = stats[: len(seeds)]
-    check = stats[check_at] if check_at is not None else None
-    summary = e0a_summary(per_seed, check)
-    if runs is not None:
-        runs.extend(per_seed)
-    return summary
-
-
-# -- E0b ---------------------------------------------------------------------------------------
-def e0b_protocol(duration: float | None = None, rise_span: float | None = None, base: str = "e0b") -> ProtocolConfig:
-    """The E0b protocol `base` (configs/protocols/e0b.yaml, or a scaled one such as e0b-cpu), with
-    another duration or rise span if asked (default: the protocol's duration and window): no
-    burst, the statistics window = the last `rise_span` seconds, the backlog bins the protocol's."""
-    cfg = load_config(config_ref(base, "protocols"), ProtocolConfig)
-    duration = float(cfg.duration if duration is None else duration)
-    rise_span = float(cfg.window.end - cfg.window.start if rise_span is None else rise_span)
-    data = cfg.model_dump(mode="json")
-    data.update(duration=float(duration), window={"start": float(duration - rise_span), "end": float(duration)})
-    data["burst"] = {**data["burst"], "size": 0, "time": min(data["burst"]["time"], float(duration) / 2)}
-    data["min_window"] = min(float(data["min_window"]), float(rise_span))
-    return ProtocolConfig.model_validate(data)
-
-
-def run_from_empty(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    multiple: float,
-    lambda_ref: float,
-    *,
-    seed: int = 0,
-    protocol: ProtocolConfig | None = None,
-    rise_span: float = E0B_RISE_SPAN,
-    final_max: float = E0B_FINAL_MAX,
-    rise_max: float = E0B_RISE_MAX,
-    run_dir: Path | str | None = None,
-    engine: Any = None,
-    top_rate: float = DEFAULT_TOP_RATE,
-    resume: bool = False,
-) -> E0bStats:
-    """One E0b run: the frozen NOBURST plan at multiple x lambda_ref from an empty engine, thinned
-    from the base stream at `top_rate` sessions/s (a fast cell's test registers a higher one)."""
-    prot = protocol or e0b_protocol(rise_span=rise_span)
-    arm = load_config(config_ref("noburst", "arms"), ArmConfig)
-    plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed, top_rate)
-    stat_args = dict(
-        multiple=multiple,
-        seed=seed,
-        lambda_ref=lambda_ref,
-        duration=prot.duration,
-        rise_span=rise_span,
-        bin_s=prot.backlog_bin,
-        final_max=final_max,
-        rise_max=rise_max,
-    )
-    if resume and from_empty_resumable(run_dir, cell, workload, multiple, lambda_ref, seed, prot, engine, plan):
-        data = load_run(run_dir)  # type: ignore[arg-type]
-        return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
-    if run_dir is None and engine is None:
-        client = PlanClient(plan.sessions, plan.workload)
-        simulate(client, EngineModel(cell, seed=seed), until=prot.duration, gauge_interval=None)
-        return e0b_stats(pd.DataFrame(client.sink.turns), pd.DataFrame(client.sink.sessions), **stat_args)  # type: ignore[arg-type]
-    if run_dir is None:
-        raise ValueError("a real-engine E0b run needs a run directory (--out)")
-
-    rd = Path(run_dir)
-    rd.mkdir(parents=True, exist_ok=True)
-    sha = write_plan(plan, rd / "plan.parquet")
-    plan = read_plan(rd / "plan.parquet")
-    kind = "sim" if engine is None else engine.engine
-    meta = {
-        **_closed_meta(kind, cell, workload, 0, seed, 0.0, prot.duration, {"stage": "E0b"}),
-        "run_kind": "from_empty",
-        "protocol": prot,
-        "rate": float(multiple),
-        "rate_abs": float(multiple) * lambda_ref,
-        "references": {"lambda_ref": float(lambda_ref)},
-        "arm": "NOBURST",
-        "plan": {"file": "plan.parquet", "sha256": sha, "counts": plan.meta.get("counts"), "top_rate": plan.top_rate},
-    }
-    meta.pop("population", None)
-    rec = RunRecorder(rd, meta)
-    try:
-        client = PlanClient(plan.sessions, plan.workload, sink=rec)
-        if engine is None:
-            res = simulate(
-                client,
-                EngineModel(cell, seed=seed),
-                recorder=rec,
-                until=prot.duration,
-                gauge_interval=prot.gauge_interval,
-            )
-            rec.update_meta({"simulation": res.as_meta()})
-            status, reason = "COMPLETED", None
-        else:
-            result = run_real(
-                client,
-                cell=cell,
-                options=engine,
-                run_dir=rd,
-                recorder=rec,
-                duration=prot.duration,
-                gauge_interval=prot.gauge_interval,
-            )
-            status, reason = result.status, result.reason
-        client.close(prot.duration)
-    except BaseException:
-        rec.close("FAILED", "E0b run raised")
-        raise
-    rec.close(status, reason) if engine is None else rec.close()
-    if status != "COMPLETED":
-        raise RunEndedError(
-            f"E0b run at {multiple} x lambda_ref seed {seed} ended {status}: {reason} (records in {rd})"
-        )
-    data = load_run(rd)
-    return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
-
-
-def e0b(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    lambda_ref: float,
-    *,
-    grid: Sequence[float] = E0B_GRID,
-    seeds: Sequence[int] = E0B_SEEDS,
-    duration: float | None = None,
-    rise_span: float | None = None,
-    final_max: float = E0B_FINAL_MAX,
-    rise_max: float = E0B_RISE_MAX,
-    out_dir: Path | str | None = None,
-    engine: Any = None,
-    protocol: str = "e0b",
-    top_rate: float = DEFAULT_TOP_RATE,
-    resume: bool = False,
-    mapper: Mapper | None = None,
-) -> list[E0bStats]:
-    """Every (multiple, seed) of the grid from empty; the same seed's arrivals nest across multiples.
-    `duration` and `rise_span` default to the named protocol's duration and window."""
-    prot = e0b_protocol(duration, rise_span, protocol)
-    rise_span = prot.window.end - prot.window.start
-    calls = e0b_calls(
-        cell, workload, lambda_ref, grid, seeds, prot, final_max, rise_max, out_dir, engine, top_rate, resume
-    )
-    check_run_dirs(from_empty_planned(calls), resume)
-    return list((mapper or serial)(from_empty_stats, calls))
-
-
-def from_empty_stats(
-    cell: CellConfig,
-    workload: WorkloadConfig,
-    multiple: float,
-    lambda_ref: float,
-    seed: int,
-    protocol: ProtocolConfig,
-    rise_span: float,
-    final_max: float,
-    rise_max: float,
-    run_dir: str | None,
-    engine: Any,
-    top_rate: float = DEFAULT_TOP_RATE,
-    resume: bool = False,
-) -> E0bStats:
-    """`run_from_empty` with positional arguments (a module-level function for job arrays)."""
-    return run_from_empty(
-        cell,
-        workload,
-        multiple,
-        lambda_ref,
-        seed=seed,
-        protocol=protocol,
-        rise_span=rise_span,
-        final_max=final_max,
-        rise_max=rise_max,
-        run_dir=run_dir,
-        engine=engine,
-        top_rate=top_rate,
-        resume=resume,
-    )
+#: The stage functions and their defaults are here too: `calibrate all` and the commands that run
+#: one stage (cli/calibrate.py) or cost a campaign (slurm/campaign.py) read them from this module.
+__all__ = [
+    "E0A_CHECK_N",
+    "E0A_N",
+    "E0A_SEEDS",
+    "E0B_DURATION",
+    "E0B_GRID",
+    "E0B_SEEDS",
+    "STAGE_C_NS",
+    "WARMUP",
+    "WINDOW",
+    "Bundle",
+    "RunEndedError",
+    "calibrate_all",
+    "e0a",
+    "e0b",
+    "e0b_protocol",
+    "load_note",
+    "stage_c",
+]
 
 
 # -- the bundle ------------------------------------------------------------------------------

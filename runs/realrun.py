@@ -22,16 +22,19 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from harness.client.contract import Client
 from harness.config import CellConfig, resolve_path
-from harness.drivers.wall import FAILED, INTERRUPTED, DriveResult, drive
+from harness.drivers.sinks import DriveProgress, DriveRecorder
+from harness.drivers.wall import DriveResult, drive
 from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
+from harness.recording.schema import RunStatus
 from harness.servers import EngineStartError, free_port, get_adapter, smoke
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 
@@ -118,6 +121,40 @@ def options_from_args(args: argparse.Namespace, *, cell_ref: str | None = None) 
     )
 
 
+class RunRecord(DriveRecorder, Protocol):
+    """The recorder a real run writes to (harness.recording.record.RunRecorder): the drive's gauges
+    and flush, what is learned on the way into meta.json, and the status the drive ended with."""
+
+    def update_meta(self, values: Mapping[str, Any]) -> None: ...
+
+    def set_status(self, status: str, reason: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """meta.json `engine_launch`: the server's command line, environment and port."""
+
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": self.argv, "env": self.env, "port": self.port}
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """meta.json `engine_start`: when the server was launched and answered /health (UTC), and the
+    seconds in between; a job's start allowance is judged against them."""
+
+    launched_at: str
+    healthy_at: str
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launched_at": self.launched_at, "healthy_at": self.healthy_at, "seconds": self.seconds}
+
+
 class _Interrupted(Exception):
     """SIGTERM/SIGINT outside the drive (while launching or checking the server)."""
 
@@ -150,20 +187,20 @@ def _utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-def _failed(status: str, reason: str, t0: float) -> DriveResult:
+def _failed(status: RunStatus, reason: str, t0: float) -> DriveResult:
     return DriveResult(status=status, reason=reason, plan_time=0.0, wall_seconds=time.monotonic() - t0, cpu_seconds=0.0)
 
 
 def run_real(
-    client: Any,
+    client: Client,
     *,
     cell: CellConfig,
     options: EngineOptions,
     run_dir: Path | str,
-    recorder: Any = None,
+    recorder: RunRecord | None = None,
     duration: float | None = None,
     gauge_interval: float | None = 5.0,
-    progress: Any = None,
+    progress: DriveProgress | None = None,
 ) -> DriveResult:
     """Launch or attach, smoke + canary, drive `client`, stop; the status goes to the recorder.
 
@@ -190,23 +227,14 @@ def run_real(
                 argv, env = adapter.launch_command(
                     cell, model=options.model or cell.model, host=options.host, port=port, extra_args=options.extra_args
                 )
-                _meta(recorder, {"engine_launch": {"argv": argv, "env": env, "port": port}})
+                _meta(recorder, {"engine_launch": EngineLaunch(list(argv), dict(env), port).to_json()})
                 log.info("starting %s: %s", options.engine, shlex.join(argv))
                 launched_at, t_launch = _utc_now(), time.monotonic()
                 handle = adapter.start(
                     argv, env, run_dir, host=options.host, port=port, health_timeout=options.health_timeout
                 )
-                # When the server answered /health: a job's start allowance is judged against this.
-                _meta(
-                    recorder,
-                    {
-                        "engine_start": {
-                            "launched_at": launched_at,
-                            "healthy_at": _utc_now(),
-                            "seconds": time.monotonic() - t_launch,
-                        }
-                    },
-                )
+                start = EngineStart(launched_at, _utc_now(), time.monotonic() - t_launch)
+                _meta(recorder, {"engine_start": start.to_json()})
                 base_url = handle.base_url
             else:
                 base_url = options.base_url.rstrip("/")
@@ -245,16 +273,16 @@ def run_real(
             _install_interrupt()
             load.mark("drive_end", group)
         except EngineStartError as exc:
-            result = _failed(FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
+            result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
-            result = _failed(FAILED, f"pre-run check failed: {exc}", t0)
+            result = _failed(RunStatus.FAILED, f"pre-run check failed: {exc}", t0)
         except (_Interrupted, KeyboardInterrupt) as exc:
-            result = _failed(INTERRUPTED, f"interrupted before the drive: {exc or 'KeyboardInterrupt'}", t0)
+            result = _failed(RunStatus.INTERRUPTED, f"interrupted before the drive: {exc or 'KeyboardInterrupt'}", t0)
         finally:
             if handle is not None:
                 with contextlib.suppress(Exception):
                     adapter.stop(handle)
-    if result.status == FAILED and handle is not None and handle.log_path is not None:
+    if result.status == RunStatus.FAILED and handle is not None and handle.log_path is not None:
         result.reason += _log_tail_note(handle.log_path)
     _meta(recorder, {"host_load": load.as_meta()})
     _finish(recorder, result)
@@ -404,17 +432,16 @@ def _log_tail_note(path: Path, lines: int = 5) -> str:
     return ("; server log tail: " + " | ".join(tail)) if tail else ""
 
 
-def _meta(recorder: Any, values: dict[str, Any]) -> None:
-    if recorder is not None and hasattr(recorder, "update_meta"):
+def _meta(recorder: RunRecord | None, values: dict[str, Any]) -> None:
+    if recorder is not None:
         recorder.update_meta(values)
 
 
-def _finish(recorder: Any, result: DriveResult) -> None:
+def _finish(recorder: RunRecord | None, result: DriveResult) -> None:
     if recorder is None:
         return
     _meta(recorder, {"drive": result.summary(), "flagged": result.flagged})
-    if hasattr(recorder, "set_status"):
-        recorder.set_status(result.status, result.reason or None)
+    recorder.set_status(result.status, result.reason or None)
 
 
 # ---------------------------------------------------------------------------------------------

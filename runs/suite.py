@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.config import TestBundle, load_test
 from harness.errors import ConfigError
+from harness.recording.schema import RunStatus
 from runs.arms import Observer, RunResult, check_before_runs, execute_run, planned_runs, refuse_existing_runs, run_name
 
 
@@ -108,7 +109,14 @@ def drive_pool(
                     res = f.result()
                 except Exception as exc:  # the worker process itself died
                     res = RunResult(
-                        str(t.out / run_name(a, r, s)), a, r, s, "FAILED", f"worker died: {exc!r}", 0.0, float("nan")
+                        str(t.out / run_name(a, r, s)),
+                        a,
+                        r,
+                        s,
+                        RunStatus.FAILED,
+                        f"worker died: {exc!r}",
+                        0.0,
+                        float("nan"),
                     )
                 t.results.append(res)
                 if display is not None:
@@ -160,10 +168,10 @@ def _worker(
             bundle, arm, rate, seed, engine, run_dir, observer=Observer(key, _post, every), options=options
         )
     except Exception as exc:
-        _post({"key": key, "done": True, "status": "FAILED"})
+        _post({"key": key, "done": True, "status": RunStatus.FAILED})
         tb = traceback.format_exc(limit=8)
         return RunResult(
-            run_dir, arm, rate, seed, "FAILED", f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb
+            run_dir, arm, rate, seed, RunStatus.FAILED, f"{type(exc).__name__}: {exc}", 0.0, float("nan"), detail=tb
         )
     _post({"key": key, "done": True, "status": res.status, "wall": res.wall_s})
     return res
@@ -227,7 +235,9 @@ def _run_elsewhere(
             results.append(o.value)
         else:
             results.append(
-                RunResult(str(out / run_name(a, r, s)), a, r, s, "FAILED", f"job failed: {o.error}", 0.0, float("nan"))
+                RunResult(
+                    str(out / run_name(a, r, s)), a, r, s, RunStatus.FAILED, f"job failed: {o.error}", 0.0, float("nan")
+                )
             )
     return sorted(results, key=lambda x: (x.rate, x.arm, x.seed))
 

@@ -25,8 +25,8 @@
 # Plus ~8-9 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
 # NOBURST of seed 0 at one registered rate on a fresh vLLM server; -k 'not cpu_trap' skips it).
 # Plus the tutorial's real-engine steps, each on a fresh server of its own (-k 'not tutorial' skips
-# them): step 11 on vLLM (tests/integration/test_tutorial_vllm.py) ~6 min at load 11-14, 5 of them
-# the server's start; step 12 on SGLang (test_tutorial_sglang.py) 133 s at load ~2: model 16 s,
+# them; tests/integration/test_tutorial_engines.py): step 11 on vLLM ~6 min at load 11-14, 5 of them
+# the server's start; step 12 on SGLang 133 s at load ~2: model 16 s,
 # server start 39 s (94-169 s at load 6-18), smoke + canary + stop 19 s, 57 s of drive.
 set -euo pipefail
 

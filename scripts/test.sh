@@ -36,7 +36,8 @@ if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
   eval "$(scripts/setup-chromium.sh --print-env)"
 fi
 
-# One rerun for a failed test (reported as "rerun" in the summary): the wall-clock and real-engine
-# tests time a 2-core machine, where a scheduler stall can make a single try late; a real fault
-# fails both tries and still fails the run. --durations lists the slowest tests, to keep CI's time in view.
-exec .venv/bin/python -m pytest -q -ra --reruns 1 --reruns-delay 5 --durations=30 "$@"
+# Tests marked `wallclock` (they time real seconds on a 2-core machine, where a scheduler stall can
+# make a single try late) get one rerun, reported as "rerun" in the summary (tests/conftest.py); no
+# other test is rerun, and a real fault fails both tries and still fails the run. --durations lists
+# the slowest tests, to keep CI's time in view.
+exec .venv/bin/python -m pytest -q -ra --durations=30 "$@"

@@ -55,7 +55,7 @@ class _Observed(VLLMEngine):
 
 
 class OurEngine:
-    """The vLLM-flavour engine model behind the driver protocol (ids are strings, as in vLLM)."""
+    """The vLLM-flavour engine model behind the drivers' request/reply messages (ids are strings, as in vLLM)."""
 
     def __init__(self, cell: CellConfig, *, seed: int = 0) -> None:
         self.model = _Observed(cell, seed)
@@ -162,7 +162,7 @@ def sglang_cell(shape: EngineShape, *, prefix_cache: bool = True, policy: str = 
 
 class OurRadixEngine:
     """The SGLang-flavour engine model (radix cache, reservations, separate prefill and decode
-    iterations) behind the driver protocol."""
+    iterations) behind the drivers' request/reply messages."""
 
     def __init__(self, cell: CellConfig, *, seed: int = 0) -> None:
         self.model = EngineModel(cell, seed=seed)

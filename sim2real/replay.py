@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.client.gates import make_gate
-from harness.client.openloop import PlanClient, ToolSlowRule
+from harness.client.openloop import arm_client
 from harness.config import ArmConfig, CellConfig, CostConfig, ProtocolConfig, load_cost_file
 from harness.drivers.virtual import simulate
 from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
+from harness.recording.schema import RunStatus
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan
 from provenance.meta import capture, sha256_file
@@ -103,15 +103,8 @@ def replay_run(
         "provenance": capture(include_gpu=False),
     }
     t0 = time.monotonic()
-    ts = arm.toolslow
     with RunRecorder(out_dir, rmeta) as rec:
-        client = PlanClient(
-            plan.sessions,
-            plan.workload,
-            gate=make_gate(arm.gate, cap),
-            toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
-            sink=rec,
-        )
+        client = arm_client(plan.sessions, plan.workload, arm, cap, rec)
         engine = EngineModel(cell, seed=int(meta.get("seed", 0) if seed is None else seed))
         res = simulate(client, engine, recorder=rec, until=duration, gauge_interval=protocol.gauge_interval)
         client.close(float(res.end_time))
@@ -123,5 +116,5 @@ def replay_run(
                 "wall_s": time.monotonic() - t0,
             }
         )
-        rec.close("COMPLETED")
+        rec.close(RunStatus.COMPLETED)
     return out_dir

@@ -20,7 +20,7 @@ from sim2real.traces import TraceSpec, default_suite, make_trace
 
 
 class DriverSide:
-    """The real engine behind the differential runner's Side protocol."""
+    """The real engine behind the differential runner's `Side` interface."""
 
     def __init__(self, proc: EngineProc) -> None:
         self.proc = proc
@@ -109,10 +109,6 @@ def run_suite(
     out["engine"] = {"name": engine, **{k: v for k, v in info.items() if k != "ok"}}
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
-
-
-def run_vllm_suite(specs: list[TraceSpec] | None = None, **kw: Any) -> dict[str, Any]:
-    return run_suite("vllm", specs, **kw)
 
 
 def write_report(summary: dict[str, Any], out_dir: Path | str) -> Path:

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurm.scheduler import parse_duration
+from slurm.parsers import parse_duration
 
 #: Plan seconds per wall second when the engine is real (it runs on its own clock).
 REAL_TIME_SCALE = 1.0

@@ -29,7 +29,10 @@ from typing import Any
 
 import orjson
 
+from harness.recording.schema import RunStatus
 from provenance.git import GitError, Repo
+from slurm.accounting_export import write_accounting_export
+from slurm.exits import EXIT_MEANING
 from slurm.manifest import (
     ACCOUNTING_CSV,
     ACCOUNTING_JSON,
@@ -41,21 +44,8 @@ from slurm.manifest import (
     test_dir,
     write_manifest,
 )
-from slurm.scheduler import (
-    TERMINAL_STATES,
-    SchedulerError,
-    accounting,
-    job_states,
-    wait_for_accounting,
-    write_accounting_export,
-)
-
-EXIT_MEANING = {
-    3: "refused by the job's checks",
-    4: "the run failed",
-    5: "the run was interrupted",
-    1: "the job raised (see its log)",
-}
+from slurm.parsers import TERMINAL_STATES, JobState, normalise_state
+from slurm.scheduler import SchedulerError, accounting, job_states, wait_for_accounting
 
 
 def _run_meta(path: Path) -> dict[str, Any] | None:
@@ -82,16 +72,18 @@ def _log_tail(job: dict[str, Any], lines: int = 3) -> str | None:
     return None
 
 
-def scheduler_states(doc: dict[str, Any]) -> dict[str, str]:
+def scheduler_states(doc: dict[str, Any]) -> dict[str, JobState]:
     """Each job's state: the scheduler's (slurm) or the local executor's record."""
     if doc["executor"] == "local":
-        return {str(j["job_id"]): str(j.get("state") or "UNKNOWN") for j in doc["jobs"] if j.get("job_id")}
+        return {str(j["job_id"]): normalise_state(str(j.get("state") or "")) for j in doc["jobs"] if j.get("job_id")}
 
     ids = job_ids(doc)
     return job_states(ids) if ids else {}
 
 
-def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def job_table(
+    doc: dict[str, Any], states: dict[str, JobState], rows: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """One line per job: scheduler state, run status and the reason it did not complete."""
     out = []
     base = test_dir(doc)
@@ -100,12 +92,12 @@ def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] 
         rd = base / j["run_dir"]
         meta = _run_meta(rd)
         row = (rows or {}).get(jid)
-        state = row.state if row is not None else states.get(jid, "UNKNOWN")
+        state = row.state if row is not None else states.get(jid, JobState.UNKNOWN)
         exit_code = row.exit_code if row is not None else j.get("exit_code")
         run_status = meta.get("status") if meta else None
         reason = None
-        if run_status != "COMPLETED" or state != "COMPLETED":
-            if state == "TIMEOUT":
+        if run_status != RunStatus.COMPLETED or state != JobState.COMPLETED:
+            if state == JobState.TIMEOUT:
                 limit = f" ({row.timelimit}, after {row.elapsed})" if row is not None and row.timelimit else ""
                 run_why = meta.get("status_reason") if meta else None
                 reason = f"the scheduler's time limit{limit} ended the job" + (
@@ -113,13 +105,13 @@ def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] 
                 )
             elif meta and meta.get("status_reason"):
                 reason = meta["status_reason"]
-            elif state == "CANCELLED":
+            elif state == JobState.CANCELLED:
                 reason = "cancelled (scancel) before it wrote a run"
-            elif state in ("PENDING", "RUNNING", "UNKNOWN"):
+            elif state in (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN):
                 reason = None
             else:
                 reason = EXIT_MEANING.get(exit_code or -1)
-            if run_status is None and state not in ("PENDING", "RUNNING"):
+            if run_status is None and state not in (JobState.PENDING, JobState.RUNNING):
                 tail = _log_tail(j)
                 reason = (
                     f"{reason or 'no run directory'}; job log: {tail}"
@@ -134,7 +126,7 @@ def job_table(doc: dict[str, Any], states: dict[str, str], rows: dict[str, Any] 
                 "arm": j["arm"],
                 "rate": j["rate"],
                 "seed": j["seed"],
-                "state": state,
+                "state": str(state),
                 "exit_code": exit_code,
                 "run_status": run_status,
                 "refused_by": refusal.get("check"),
@@ -239,11 +231,13 @@ def collect(
     deadline = time.monotonic() + wait_s
     states = scheduler_states(doc)
     while (
-        wait_s > 0 and any(states.get(i, "UNKNOWN") not in TERMINAL_STATES for i in ids) and time.monotonic() < deadline
+        wait_s > 0
+        and any(states.get(i, JobState.UNKNOWN) not in TERMINAL_STATES for i in ids)
+        and time.monotonic() < deadline
     ):
         time.sleep(2.0)
         states = scheduler_states(doc)
-    pending = [i for i in ids if states.get(i, "UNKNOWN") not in TERMINAL_STATES]
+    pending = [i for i in ids if states.get(i, JobState.UNKNOWN) not in TERMINAL_STATES]
     result: dict[str, Any] = {
         "manifest": doc["_path"],
         "collected_at": _utc(),
@@ -287,7 +281,9 @@ def collect(
     result["copied_runs"] = _gather(doc)
     table = job_table(doc, states, {r.job_id: r for r in rows} if rows else None)
     result["jobs"] = table
-    result["not_completed"] = [t for t in table if t["state"] != "COMPLETED" or t["run_status"] != "COMPLETED"]
+    result["not_completed"] = [
+        t for t in table if t["state"] != JobState.COMPLETED or t["run_status"] != RunStatus.COMPLETED
+    ]
     remote_now = _remote_now(doc)
     result["remote_now"] = remote_now
     result["label"] = label_from_record(doc, submit_times, remote_now).to_json()

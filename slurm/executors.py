@@ -30,10 +30,18 @@ from typing import Any
 
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
 from slurm.job_options import JobOptions
+from slurm.parsers import JobState
 
 
 def _utc() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _local_state(returncode: int, stopping: bool) -> JobState:
+    """A local job's state in the scheduler's words, from its process's exit (signals: CANCELLED)."""
+    if returncode == 0:
+        return JobState.COMPLETED
+    return JobState.CANCELLED if returncode < 0 or stopping else JobState.FAILED
 
 
 def sbatch_setup(checkout: Path, env: dict[str, str] | None = None) -> list[str]:
@@ -163,7 +171,7 @@ def run_local(
                 "spec_file": str(spec_file),
                 "stdout": str(folder / f"local-{i}.out"),
                 "stderr": str(folder / f"local-{i}.err"),
-                "state": "PENDING",
+                "state": JobState.PENDING.value,
                 "submitted_at_client": None,
                 "start_utc": None,
                 "end_utc": None,
@@ -202,14 +210,14 @@ def run_local(
                     stderr=err,
                     stdin=subprocess.DEVNULL,
                 )
-                rec["state"], rec["pid"] = "RUNNING", proc.pid
+                rec["state"], rec["pid"] = JobState.RUNNING.value, proc.pid
                 running[k] = (proc, out, err)
                 say(f"{rec['job_id']}: started ({specs[k].arm} x {specs[k].rate:g} seed {specs[k].seed})")
                 if on_change:
                     on_change(records)
             if stop["signal"] is not None and todo:
                 for k in todo:
-                    records[k]["state"] = "CANCELLED"
+                    records[k]["state"] = JobState.CANCELLED.value
                 todo = []
             for k, (proc, out, err) in list(running.items()):
                 rc = proc.poll()
@@ -220,9 +228,7 @@ def run_local(
                 rec = records[k]
                 rec["end_utc"] = _utc()
                 rec["exit_code"] = rc
-                rec["state"] = (
-                    "COMPLETED" if rc == 0 else ("CANCELLED" if rc < 0 or stop["signal"] is not None else "FAILED")
-                )
+                rec["state"] = _local_state(rc, stop["signal"] is not None).value
                 del running[k]
                 say(f"{rec['job_id']}: {rec['state']} (exit {rc})")
                 if on_change:

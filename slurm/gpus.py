@@ -75,7 +75,8 @@ def _ask(argv: list[str], runner: Runner | None) -> str | None:
 
 def gpu_facts(facts: Mapping[str, Any], *, env: Mapping[str, str] | None = None, runner: Runner | None = None,
               nvidia_root: Path = NVIDIA_GPUS) -> dict[str, Any]:  # fmt: skip
-    """What GPUs the job has: `facts` is slurm.job.scheduler_facts()' dict (in_slurm, job_label, node)."""
+    """What GPUs the job has: `facts` is the job's scheduler facts as JSON
+    (slurm.checks.SchedulerFacts.to_json(): in_slurm, job_label, node)."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {"env": {k: env[k] for k in GPU_ENV if k in env}, "host_gpus": host_gpus(nvidia_root)}
     visible = device_list(env.get("CUDA_VISIBLE_DEVICES"))

@@ -45,33 +45,25 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from harness.atomic import write_bytes_atomic
+from harness.errors import ConfigError
 from harness.recording.record import RunRecorder
+from harness.recording.schema import RunStatus
 from prereg.registration import RegistrationError, load_registration
-from provenance.codepaths import CODE_DIRS, DATA_DIRS, is_code_path
-from provenance.git import GitError, Repo
 from provenance.meta import capture
 from runs.arms import execute_run
 from runs.realrun import EngineOptions
 from slurm.budget import SCHEDULER_SLACK_S, run_budget
+from slurm.checks import CodeCheck, Refused, SchedulerFacts, TimeCheck, code_check, scheduler_facts, time_check
+from slurm.checks import utc_now as _utc
+from slurm.exits import JobExit
 from slurm.gpus import gpu_facts, gpu_refusal
-from slurm.scheduler import JobNotFound, SchedulerError, job_facts, time_left_s
-
-EXIT_COMPLETED = 0
-EXIT_REFUSED = 3
-EXIT_FAILED = 4
-EXIT_INTERRUPTED = 5
-EXIT_CODES = {
-    "COMPLETED": EXIT_COMPLETED,
-    "REFUSED": EXIT_REFUSED,
-    "FAILED": EXIT_FAILED,
-    "INTERRUPTED": EXIT_INTERRUPTED,
-}
+from slurm.scheduler import SchedulerError, time_left_s
 
 #: The scheduler's warning before the time limit (sbatch --signal=URG@lead; slurm/submit.py).
 #: SIGURG is ignored by default, so the engine server, which gets every signal the job's processes
@@ -115,196 +107,143 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ValueError(f"job spec: unknown field(s) {unknown}")
+            raise ConfigError(
+                f"job spec: unknown field(s) {unknown}; expected some of {list(cls.__dataclass_fields__)}"
+            )
         return cls(**data)
 
 
 @dataclass
 class JobOutcome:
-    status: str  # COMPLETED | REFUSED | FAILED | INTERRUPTED
+    status: RunStatus  # COMPLETED | REFUSED | FAILED | INTERRUPTED
     reason: str | None
     run_dir: str
     check: str | None = None  # which check refused
     notes: list[str] = field(default_factory=list)
 
     @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+    def exit_code(self) -> JobExit:
+        return JobExit.of(self.status)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "exit_code": self.exit_code}
+        return {**asdict(self), "status": str(self.status), "exit_code": int(self.exit_code)}
 
 
-class Refused(Exception):
-    """A check failed: nothing may run. `check` names it (registration-missing, code, time, ...)."""
+# ---------------------------------------------------------------------------------------------
+# what the job writes into its run's meta.json
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class JobBinding:
+    """The run's `registration` block: what the submission named, then what the checks found (the
+    registration's binding, its status and the hash the submission expected)."""
 
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(reason)
-        self.check = check
-        self.reason = reason
+    path: str | None
+    expected_sha256: str
+    sha256: str | None = None
+    commit: str | None = None
+    name: str | None = None
+    status: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: v for k, v in d.items() if v is not None or k not in ("name", "status")}
+
+
+@dataclass
+class JobRecord:
+    """The run's `job` block: the scheduler's facts and how this process was started."""
+
+    facts: SchedulerFacts
+    started_at: str
+    spec: JobSpec
+    pid: int
+    code_root: str
+    gpus: dict[str, Any] = field(default_factory=dict)  # what GPUs the job was given (slurm/gpus.py)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.facts.to_json(),
+            "started_at": self.started_at,
+            "executor": "slurm" if self.facts.in_slurm else "local",
+            "spec": self.spec.to_json(),
+            "pid": self.pid,
+            "code_root": self.code_root,
+            "gpus": self.gpus,
+        }
+
+
+class _Unset:
+    """A block the checks have not reached yet (absent from meta.json, unlike a None value)."""
+
+
+UNSET = _Unset()
+
+
+@dataclass
+class JobRunMeta:
+    """What a job adds to its run's meta.json, filled in as its checks pass (execute_run merges it)."""
+
+    job: JobRecord
+    arm: str
+    rate: float
+    seed: int
+    engine_backend: str
+    registration: JobBinding
+    test: str | None = None
+    code: CodeCheck | None = None
+    time_check: TimeCheck | None = None
+    engine_options: dict[str, Any] | _Unset | None = UNSET
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job": self.job.to_json(),
+            "arm": self.arm,
+            "rate": self.rate,
+            "seed": self.seed,
+            "engine_backend": self.engine_backend,
+            "registration": self.registration.to_json(),
+        }
+        if self.test is not None:
+            out["test"] = self.test
+        if self.code is not None:
+            out["code"] = self.code.to_json()
+        if self.time_check is not None:
+            out["time_check"] = self.time_check.to_json()
+        if not isinstance(self.engine_options, _Unset):
+            out["engine_options"] = self.engine_options
+        return out
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """What a job patches into meta.json once its run has ended: the signals it got, when it ended,
+    how (`job.outcome`), and a reason or refusal the run itself could not know."""
+
+    signals: list[dict[str, Any]]
+    outcome: RunStatus
+    ended_at: str = field(default_factory=_utc)
+    status_reason: str | None = None
+    refusal: dict[str, Any] | None = None
+
+    def apply(self, meta: dict[str, Any]) -> None:
+        if self.refusal is not None:
+            meta["refusal"] = self.refusal
+        job = meta.setdefault("job", {})
+        job["signals"] = list(self.signals)
+        job["ended_at"] = self.ended_at
+        job["outcome"] = str(self.outcome)
+        if self.status_reason is not None:
+            meta["status_reason"] = self.status_reason
 
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM/SIGINT (or the scheduler's warning) outside the engine driver's own handling."""
 
 
-def _utc() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
 def _say(msg: str) -> None:
     print(f"agentload job: {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# scheduler facts
-# ---------------------------------------------------------------------------------------------
-def scheduler_facts() -> dict[str, Any]:
-    """The job as SLURM describes it (empty ids outside SLURM). Time left and limit come from the
-    controller (`squeue %L`/`%l`), the rest from the job's environment."""
-    env = os.environ
-    jid = env.get("SLURM_JOB_ID")
-    facts: dict[str, Any] = {
-        "in_slurm": bool(jid),
-        "job_id": jid,
-        "array_job_id": env.get("SLURM_ARRAY_JOB_ID"),
-        "array_task_id": int(env["SLURM_ARRAY_TASK_ID"]) if env.get("SLURM_ARRAY_TASK_ID", "").isdigit() else None,
-        "node": env.get("SLURMD_NODENAME") or env.get("SLURM_JOB_NODELIST"),
-        "partition": env.get("SLURM_JOB_PARTITION"),
-        "cluster": env.get("SLURM_CLUSTER_NAME"),
-        "time_limit_s": None,
-        "time_limit": None,
-        "time_left_s": None,
-        "time_left": None,
-        "error": None,
-    }
-    if facts["array_job_id"] and facts["array_task_id"] is not None:
-        facts["job_label"] = f"{facts['array_job_id']}_{facts['array_task_id']}"
-    else:
-        facts["job_label"] = jid
-    if not jid:
-        return facts
-
-    try:
-        # An array task is asked for by ARRAY_TASK: the last task of an array runs under the
-        # array's own id, for which squeue lists every task of the array.
-        try:
-            jf = job_facts(facts["job_label"] or jid)
-        except JobNotFound:
-            if facts["job_label"] == jid:
-                raise
-            jf = job_facts(jid)
-        facts.update(
-            time_limit_s=_finite(jf.time_limit_s),
-            time_limit=jf.time_limit,
-            time_left_s=_finite(jf.time_left_s),
-            time_left=jf.time_left,
-            partition=facts["partition"] or jf.partition,
-            node=facts["node"] or jf.nodes,
-        )
-        facts["unlimited"] = jf.time_left_s is not None and math.isinf(jf.time_left_s)
-    except SchedulerError as exc:
-        facts["error"] = str(exc).splitlines()[0]
-    return facts
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or math.isinf(x) else float(x)
-
-
-def time_check(facts: dict[str, Any], budget: Any, lead_s: float) -> dict[str, Any]:
-    """The pre-run time check's numbers; `ok` False means refuse."""
-    need = budget.needed_s
-    out = {
-        **budget.to_json(),
-        "warning_lead_s": float(lead_s),
-        "required_s": need + float(lead_s),
-        "time_left_s": facts.get("time_left_s"),
-        "time_left": facts.get("time_left"),
-        "checked_at": _utc(),
-    }
-    if not facts.get("in_slurm"):
-        return {**out, "source": "none: not in a SLURM job (no time limit to check)", "ok": True}
-    out["source"] = "squeue -h -j $SLURM_JOB_ID -o %L"
-    if facts.get("error"):
-        return {**out, "ok": False, "problem": f"the time left could not be read: {facts['error']}"}
-    if facts.get("unlimited"):
-        return {**out, "ok": True, "note": "the job has no time limit"}
-    left = facts.get("time_left_s")
-    if left is None:
-        return {**out, "ok": False, "problem": f"the scheduler reports no time limit yet ({facts.get('time_left')!r})"}
-    return {**out, "ok": left >= need + lead_s}
-
-
-# ---------------------------------------------------------------------------------------------
-# the code check
-# ---------------------------------------------------------------------------------------------
-def code_check(code_root: Path, reg_path: Path, expected_commit: str | None, exploratory: bool) -> dict[str, Any]:
-    """Is the code that runs the registration's? Returns the facts; raises Refused when it is not
-    (in an exploratory job the facts are recorded and nothing is refused)."""
-
-    def refuse(reason: str, facts: dict[str, Any]) -> dict[str, Any]:
-        if exploratory:
-            return {**facts, "relation": "exploratory", "problem": reason}
-        raise Refused("code", reason)
-
-    facts: dict[str, Any] = {"checkout": str(code_root), "code_dirs": list(CODE_DIRS), "data_dirs": list(DATA_DIRS)}
-    try:
-        repo = Repo.containing(code_root)
-        head = repo.head()
-    except GitError as exc:
-        return refuse(f"the code checkout {code_root} is not a git working tree ({exc})", facts)
-    facts["head"] = head
-    try:
-        rel = repo.relpath(reg_path)
-    except ValueError:
-        return refuse(
-            f"the registration {reg_path} is not inside the code checkout {repo.path}; jobs run the code of the registration's repository",
-            facts,
-        )
-    state = repo.file_state(rel)
-    facts["registration_state"] = state
-    if state != "committed":
-        what = "is not committed" if state == "untracked" else "differs from its last commit"
-        return refuse(f"the registration {rel} {what} in the checkout {repo.path}", facts)
-    reg_commit = repo.last_commit_of(rel)
-    facts["registration_commit"] = reg_commit
-    if expected_commit and reg_commit != expected_commit:
-        return refuse(
-            f"the registration's commit in this checkout is {reg_commit}, but the submission resolved {expected_commit}",
-            facts,
-        )
-    dirty = [
-        ln
-        for ln in repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS]).splitlines()
-        if is_code_path(ln)
-    ]
-    if dirty:
-        facts["uncommitted"] = dirty[:20]
-        return refuse(f"the checkout has uncommitted code changes: {dirty[:5]}", facts)
-    if head == reg_commit:
-        return {**facts, "relation": "same", "note": f"runs the registration's commit {reg_commit[:12]}"}
-    if not repo.is_ancestor(reg_commit, head):
-        return refuse(
-            f"the checkout's commit {head[:12]} does not descend from the registration's commit {reg_commit[:12]}",
-            facts,
-        )
-    changed = repo.changed_paths(reg_commit, head)
-    code = [p for p in changed if is_code_path(p)]
-    facts["changed_paths"] = changed[:50]
-    if code:
-        return refuse(
-            f"the code differs from the registration's commit {reg_commit[:12]}: commit {head[:12]} changes {code[:5]}",
-            facts,
-        )
-    return {
-        **facts,
-        "relation": "descendant without code changes",
-        "note": f"runs commit {head[:12]}, a descendant of the registration's commit {reg_commit[:12]} that changes no code "
-        f"({len(changed)} other path(s) changed)",
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,23 +288,22 @@ class _Signals:
 # ---------------------------------------------------------------------------------------------
 # the job
 # ---------------------------------------------------------------------------------------------
-def _refused_run(run_dir: Path, meta: dict[str, Any], refusal: Refused) -> None:
-    meta = {
-        **meta,
+def _refused_run(run_dir: Path, meta: JobRunMeta, refusal: Refused) -> None:
+    record = {
+        **meta.to_json(),
         "refusal": {"check": refusal.check, "reason": refusal.reason},
         "provenance": capture(include_gpu=False),
     }
-    rec = RunRecorder(run_dir, meta)
-    rec.close("REFUSED", refusal.reason)
+    rec = RunRecorder(run_dir, record)
+    rec.close(RunStatus.REFUSED, refusal.reason)
 
 
 def _patch_meta(run_dir: Path, update: Callable[[dict[str, Any]], None]) -> None:
     path = run_dir / "meta.json"
     meta = orjson.loads(path.read_bytes())
     update(meta)
-    tmp = path.with_name(f".meta.json.tmp{os.getpid()}")
-    tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
-    os.replace(tmp, path)
+    opts = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    write_bytes_atomic(path, orjson.dumps(meta, option=opts))
 
 
 def _engine_options(spec: JobSpec) -> dict[str, Any] | None:
@@ -395,49 +333,40 @@ def run_job(spec: JobSpec, *, code_root: Path | None = None) -> JobOutcome:
     root = (code_root or CODE_ROOT).resolve()
     run_dir = Path(spec.run_dir)
     facts = scheduler_facts()
-    job_meta: dict[str, Any] = {
-        **facts,
-        "started_at": _utc(),
-        "executor": "slurm" if facts["in_slurm"] else "local",
-        "spec": spec.to_json(),
-        "pid": os.getpid(),
-        "code_root": str(root),
-        "gpus": gpu_facts(facts),
-    }
-    meta: dict[str, Any] = {
-        "job": job_meta,
-        "arm": spec.arm,
-        "rate": float(spec.rate),
-        "seed": int(spec.seed),
-        "engine_backend": spec.engine,
-        "registration": {"path": spec.registration, "sha256": None, "expected_sha256": spec.sha256, "commit": None},
-    }
+    meta = JobRunMeta(
+        job=JobRecord(facts, _utc(), spec, os.getpid(), str(root), gpu_facts(facts.to_json())),
+        arm=spec.arm,
+        rate=float(spec.rate),
+        seed=int(spec.seed),
+        engine_backend=spec.engine,
+        registration=JobBinding(path=spec.registration, expected_sha256=spec.sha256),
+    )
     _say(
         f"{spec.arm} x {spec.rate:g} seed {spec.seed} under {spec.registration} (sha256 {spec.sha256[:12]}...), "
-        f"engine {spec.engine}, job {facts.get('job_label') or '(no scheduler)'} on {facts.get('node') or os.uname().nodename}"
+        f"engine {spec.engine}, job {facts.job_label or '(no scheduler)'} on {facts.node or os.uname().nodename}"
     )
     if (run_dir / "meta.json").exists():
         reason = f"{run_dir} already holds a run; a job never overwrites one"
         _say(f"REFUSED: {reason}")
-        return JobOutcome("REFUSED", reason, str(run_dir), "run-dir")
+        return JobOutcome(RunStatus.REFUSED, reason, str(run_dir), "run-dir")
     with _Signals() as sig:
         try:
             return _checked_run(spec, root, run_dir, meta, sig)
         except Refused as r:
             _refused_run(run_dir, meta, r)
             _say(f"REFUSED ({r.check}): {r.reason}")
-            return JobOutcome("REFUSED", r.reason, str(run_dir), r.check)
+            return JobOutcome(RunStatus.REFUSED, r.reason, str(run_dir), r.check)
         except Stopped as exc:
             reason = f"interrupted: {exc}"
             if not (run_dir / "meta.json").exists():
-                RunRecorder(run_dir, meta).close("INTERRUPTED", reason)
+                RunRecorder(run_dir, meta.to_json()).close(RunStatus.INTERRUPTED, reason)
             else:
-                _annotate(run_dir, sig, "INTERRUPTED", reason)
+                _annotate(run_dir, sig, RunStatus.INTERRUPTED, reason)
             _say(f"INTERRUPTED: {reason} ({run_dir})")
-            return JobOutcome("INTERRUPTED", reason, str(run_dir))
+            return JobOutcome(RunStatus.INTERRUPTED, reason, str(run_dir))
 
 
-def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any], sig: _Signals) -> JobOutcome:
+def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: JobRunMeta, sig: _Signals) -> JobOutcome:
     reg_path = Path(spec.registration)
     reg_path = reg_path if reg_path.is_absolute() else root / reg_path
     if not reg_path.is_file():
@@ -448,8 +377,8 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
         text = str(exc)
         check = "registration-hash" if "SHA-256 is" in text and "expected" in text else "registration-invalid"
         raise Refused(check, text) from None
-    meta["test"] = reg.test
-    meta["registration"] = {**meta["registration"], "name": reg.name, "sha256": reg.sha256, "status": reg.status}
+    meta.test = reg.test
+    meta.registration.name, meta.registration.sha256, meta.registration.status = reg.name, reg.sha256, reg.status
     allowed = ("FILLED", "EXPLORATORY") if spec.exploratory else ("FILLED",)
     if reg.status not in allowed:
         why = f" ({'; '.join(reg.status_reasons)})" if reg.status_reasons else ""
@@ -470,43 +399,42 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
             f"(arms {reg.arms}, rates {reg.multiples()}, seeds {reg.seeds})",
         )
     code = code_check(root, reg_path, spec.commit, spec.exploratory)
-    meta["code"] = code
+    meta.code = code
     try:
         rel = Path(reg_path).resolve().relative_to(root).as_posix()
     except ValueError:
         rel = str(reg_path)
-    meta["registration"] = {
-        **reg.binding(rel, code.get("registration_commit")),
-        "status": reg.status,
-        "expected_sha256": spec.sha256,
-    }
-    if code.get("note"):
-        _say(code["note"])
-    if code.get("problem"):
-        _say(f"exploratory: {code['problem']}")
+    meta.registration = JobBinding(
+        **reg.binding(rel, code.registration_commit), status=reg.status, expected_sha256=spec.sha256
+    )
+    if code.note:
+        _say(code.note)
+    if code.problem:
+        _say(f"exploratory: {code.problem}")
     try:
         budget = run_budget(reg.protocol.duration, reg.allowances, spec.engine, spec.time_scale)
     except ValueError as exc:
         raise Refused("arguments", str(exc)) from None
-    tc = time_check(meta["job"], budget, spec.warning_lead_s)
-    meta["time_check"] = tc
+    tc = time_check(meta.job.facts, budget, spec.warning_lead_s)
+    meta.time_check = tc
+    b = tc.budget
     _say(
-        f"time check: need {tc['needed_s']:.0f} s (run {tc['run_s']:.0f} + start {tc['start_s']:.0f} + smoke {tc['smoke_s']:.0f} "
-        f"+ teardown {tc['teardown_s']:.0f}) + warning lead {tc['warning_lead_s']:.0f}; left {tc['time_left_s']} s ({tc['source']})"
+        f"time check: need {tc.needed_s:.0f} s (run {b.run_s:.0f} + start {b.start_s:.0f} + smoke {b.smoke_s:.0f} "
+        f"+ teardown {b.teardown_s:.0f}) + warning lead {tc.warning_lead_s:.0f}; left {tc.time_left_s} s ({tc.source})"
     )
-    if not tc["ok"]:
-        if tc.get("problem"):
-            raise Refused("time", f"the time check cannot be made: {tc['problem']}")
+    if not tc.ok:
+        if tc.problem:
+            raise Refused("time", f"the time check cannot be made: {tc.problem}")
         why = (
-            f"{tc['time_left_s']:.0f} s left in the job, {tc['required_s']:.0f} s needed "
-            f"({tc['needed_s']:.0f} s for the run and its allowances + {tc['warning_lead_s']:.0f} s warning lead)"
+            f"{tc.time_left_s:.0f} s left in the job, {tc.required_s:.0f} s needed "
+            f"({tc.needed_s:.0f} s for the run and its allowances + {tc.warning_lead_s:.0f} s warning lead)"
         )
         raise Refused("time", f"too little time: {why}; resubmit with a longer --time")
-    no_gpu = gpu_refusal(reg.cell, spec.engine, meta["job"]["gpus"])
+    no_gpu = gpu_refusal(reg.cell, spec.engine, meta.job.gpus)
     if no_gpu:
         raise Refused("gpu", no_gpu)
     options = _engine_options(spec)
-    meta["engine_options"] = options
+    meta.engine_options = options
     bundle = reg.bundle()
     res = execute_run(
         bundle,
@@ -517,38 +445,39 @@ def _checked_run(spec: JobSpec, root: Path, run_dir: Path, meta: dict[str, Any],
         run_dir,
         options=options,
         expect_plan_sha256=want_plan,
-        extra_meta=meta,
+        extra_meta=meta.to_json(),
     )
-    status = res.status
+    status = RunStatus(res.status)
     reason = res.reason
-    if status == "REFUSED":
+    if status == RunStatus.REFUSED:
         _say(f"REFUSED (plan): {reason}")
         _annotate(run_dir, sig, status, refusal={"check": "plan", "reason": reason})
-        return JobOutcome("REFUSED", reason, str(run_dir), "plan")
-    if sig.warned and status == "INTERRUPTED":
+        return JobOutcome(RunStatus.REFUSED, reason, str(run_dir), "plan")
+    if sig.warned and status == RunStatus.INTERRUPTED:
         reason = f"{reason} (after the scheduler's time-limit warning)"
     _annotate(run_dir, sig, status, reason if sig.warned else None)
-    if sig.warned and status == "INTERRUPTED" and meta["job"].get("in_slurm"):
-        _await_limit(run_dir, sig, meta["job"])
+    if sig.warned and status == RunStatus.INTERRUPTED and meta.job.facts.in_slurm:
+        _await_limit(run_dir, sig, meta.job.facts)
     _say(f"{status}: {reason or 'the run completed'} ({res.wall_s:.1f} s; {run_dir})")
-    notes = [code["note"]] if code.get("note") else []
-    if status not in EXIT_CODES:
-        status = "FAILED"
+    notes = [code.note] if code.note else []
+    if status == RunStatus.RUNNING:  # a run the runner left open did not end as a job may end
+        status = RunStatus.FAILED
     return JobOutcome(status, reason, str(run_dir), None, notes)
 
 
-def _await_limit(run_dir: Path, sig: _Signals, job: dict[str, Any]) -> None:
+def _await_limit(run_dir: Path, sig: _Signals, facts: SchedulerFacts) -> None:
     """After the time-limit warning ended the run (its records flushed, the engine stopped), wait
     for the limit itself, so the scheduler ends the job and its accounting says TIMEOUT: the job
     did run out of time, and a job that exited on its own would read FAILED (exit 5) there, which
     names no cause. Waits at most the time left plus the scheduler's slack; any signal ends the wait."""
     try:
-        left = time_left_s(job.get("job_label") or job.get("job_id"))
+        left = time_left_s(facts.job_label or facts.job_id)
     except SchedulerError:
         left = None
     wait = (left if left is not None and math.isfinite(left) else 0.0) + 2 * SCHEDULER_SLACK_S
     _say(
-        f"the run ended INTERRUPTED at the time-limit warning; waiting up to {wait:.0f} s for the limit, so accounting records TIMEOUT"
+        f"the run ended INTERRUPTED at the time-limit warning; waiting up to {wait:.0f} s for the limit, "
+        "so accounting records TIMEOUT"
     )
     t0 = time.monotonic()
     outcome = "the wait ended without a signal"
@@ -561,27 +490,22 @@ def _await_limit(run_dir: Path, sig: _Signals, job: dict[str, Any]) -> None:
         outcome = "ended by an interrupt"
 
     def upd(m: dict[str, Any]) -> None:
-        m.setdefault("job", {})["limit_wait"] = {"waited_s": round(time.monotonic() - t0, 3), "max_s": round(wait, 3),
-                                                  "time_left_s": left, "outcome": outcome, "ended_at": _utc()}  # fmt: skip
+        m.setdefault("job", {})["limit_wait"] = {
+            "waited_s": round(time.monotonic() - t0, 3),
+            "max_s": round(wait, 3),
+            "time_left_s": left,
+            "outcome": outcome,
+            "ended_at": _utc(),
+        }
         m["job"]["signals"] = list(sig.received)
 
     _patch_meta(run_dir, upd)
 
 
 def _annotate(
-    run_dir: Path, sig: _Signals, status: str, reason: str | None = None, refusal: dict[str, Any] | None = None
+    run_dir: Path, sig: _Signals, status: RunStatus, reason: str | None = None, refusal: dict[str, Any] | None = None
 ) -> None:
-    def upd(m: dict[str, Any]) -> None:
-        if refusal is not None:
-            m["refusal"] = refusal
-        m.setdefault("job", {})
-        m["job"]["signals"] = list(sig.received)
-        m["job"]["ended_at"] = _utc()
-        m["job"]["outcome"] = status
-        if reason is not None:
-            m["status_reason"] = reason
-
-    _patch_meta(run_dir, upd)
+    _patch_meta(run_dir, JobEnd(list(sig.received), status, status_reason=reason, refusal=refusal).apply)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = [n for n in ("registration", "sha256", "arm", "rate", "seed", "run_dir") if getattr(args, n) is None]
         if missing:
             _say(f"REFUSED: missing arguments {['--' + m.replace('_', '-') for m in missing]} (or give --spec)")
-            return EXIT_REFUSED
+            return JobExit.REFUSED
         spec = JobSpec(
             args.registration,
             args.sha256,

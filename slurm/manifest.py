@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import write_text_atomic
 from harness.errors import RecordError
 from prereg.labels import label_for, to_utc
 
@@ -46,12 +47,7 @@ class ManifestError(RecordError):
 
 def write_manifest(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write atomically (a reader never sees half a manifest)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_text_atomic(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from harness.errors import AgentloadError
 from prereg.check import check_registration
 from prereg.registration import load_registration
 from provenance.git import GitError, Repo
+from provenance.portable import remote_label
 from runs.arms import run_name
 from slurm.budget import job_time_limit, parse_time_minutes, run_budget
 from slurm.executors import run_local, sbatch_script, slurm_executor, submit_slurm
@@ -198,7 +199,7 @@ def plan_submission(
         "remote": {
             "remote": g.get("remote"),
             "branch": g.get("branch"),
-            "url": g.get("remote_url"),
+            "url": remote_label(g.get("remote_url")),
             "head": g.get("remote_head"),
             "contains": bool(g.get("on_remote")),
             "checked_at": g.get("checked_at"),

@@ -24,10 +24,12 @@ from typing import Any
 
 import harness
 from harness.errors import UsageError
+from slurm.accounting_export import write_accounting_export
 from slurm.budget import parse_time_minutes
 from slurm.executors import job_parameters, sbatch_setup
 from slurm.job_options import JobOptions, job_options_from_args
-from slurm.scheduler import SchedulerError, accounting, wait_for_accounting, write_accounting_export
+from slurm.parsers import JobState
+from slurm.scheduler import SchedulerError, accounting, wait_for_accounting
 
 #: Time limit of a sweep task when --time is not given, minutes.
 DEFAULT_TASK_MIN = 60
@@ -41,7 +43,7 @@ class Outcome:
     value: Any
     error: str | None
     job_id: str
-    state: str
+    state: JobState
 
 
 class SweepError(SchedulerError):
@@ -107,7 +109,7 @@ class SlurmSweep:
         states = self._states(array_id)
         out = []
         for i, j in enumerate(jobs):
-            state = states.get(str(j.job_id), "UNKNOWN")
+            state = states.get(str(j.job_id), JobState.UNKNOWN)
             try:
                 out.append(Outcome(True, j.result(), None, str(j.job_id), state))
             except Exception as exc:  # a failed task is an outcome, not a crash of the sweep
@@ -121,7 +123,7 @@ class SlurmSweep:
         return out
 
     @staticmethod
-    def _states(array_id: str) -> dict[str, str]:
+    def _states(array_id: str) -> dict[str, JobState]:
         """Each task's final state from one accounting call (submitit's cached state can be stale)."""
         try:
             return {r.job_id: r.state for r in accounting([array_id])}

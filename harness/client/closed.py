@@ -24,7 +24,7 @@ _TOOL = "tool"
 
 
 class ClosedClient:
-    """Implements `harness.client.protocol.Client` for a closed population of `n` sessions."""
+    """Implements `harness.client.contract.Client` for a closed population of `n` sessions."""
 
     def __init__(
         self,
@@ -50,7 +50,7 @@ class ClosedClient:
         self._next_rid = 0
         self.completed = 0
 
-    # -- Client protocol ---------------------------------------------------------------------------
+    # -- the Client contract ----------------------------------------------------------------------
     def start(self, now: float) -> Sequence[Command]:
         return [self._new_session(now) for _ in range(self.n)]
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from harness.client.contract import Command, Send, Timer, TurnResponse
-from harness.client.gates import GateEvent, NoGate, Start
+from harness.client.gates import GateEvent, NoGate, Start, make_gate
 from harness.client.session import Phase, SessionMachine
-from harness.config import WorkloadConfig
+from harness.config import ArmConfig, WorkloadConfig
 from harness.workload.draws import SessionSpec
 
 NAN = float("nan")
@@ -115,7 +115,7 @@ _GATE = "gate"
 
 
 class PlanClient:
-    """Plays a plan's sessions open-loop; implements `harness.client.protocol.Client`.
+    """Plays a plan's sessions open-loop; implements `harness.client.contract.Client`.
 
     Session id i is the plan's row i (`Plan.sessions[i]`); its kind and SHED flag come from the
     spec. Rows need not be sorted; they are played in (arrival, id) order. `close(now)` must be
@@ -151,7 +151,7 @@ class PlanClient:
         self.prompt_mismatches = 0  # client prompt length != server-reported prompt tokens
         self._lateness: list[tuple[str, float]] = []  # (kind, start lateness) of every arrival played
 
-    # ------------------------------------------------------------------ Client protocol
+    # ------------------------------------------------------------------ the Client contract
     def start(self, now: float) -> Sequence[Command]:
         cmds: list[Command] = []
         self._schedule_arrival(cmds)
@@ -389,3 +389,19 @@ class PlanClient:
                 admitted=e.admitted,
                 cap=cap,
             )
+
+
+def arm_client(
+    sessions: Sequence[SessionSpec], workload: WorkloadConfig, arm: ArmConfig, cap: int | None, sink: RecordSink
+) -> PlanClient:
+    """The client that plays a plan under an arm's run-time rules: its gate at the resolved `cap`
+    (`ArmConfig.gate_cap(test.cap)`) and its TOOLSLOW rule. Runs and replays build it alike, so a
+    replay plays a recorded run's plan exactly as the run did."""
+    ts = arm.toolslow
+    return PlanClient(
+        sessions,
+        workload,
+        gate=make_gate(arm.gate, cap),
+        toolslow=ToolSlowRule(ts.start, ts.end, ts.delta) if ts else None,
+        sink=sink,
+    )

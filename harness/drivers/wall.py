@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import inspect
 import logging
 import signal
 import time
@@ -41,11 +40,12 @@ import aiohttp
 import numpy as np
 
 from harness.client.contract import Client, Send, Timer, TurnResponse
+from harness.drivers.sinks import DriveProgress, DriveRecorder, write_gauge
+from harness.recording.schema import RunStatus
 from harness.servers.base import ParsedTurn, ResponseError
 
 log = logging.getLogger("agentload.driver")
 
-COMPLETED, INTERRUPTED, FAILED = "COMPLETED", "INTERRUPTED", "FAILED"
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError)
 
@@ -64,7 +64,7 @@ class Transport(Protocol):
 class DriveResult:
     """How a drive ended and what it cost; the per-turn truth is in the client's records."""
 
-    status: str  # COMPLETED | INTERRUPTED | FAILED
+    status: RunStatus  # COMPLETED | INTERRUPTED | FAILED
     reason: str
     plan_time: float  # plan seconds from start to the end of the drive
     wall_seconds: float
@@ -122,10 +122,6 @@ def timer_tag(key: Hashable) -> str:
     return str(key)
 
 
-class _Stop(Exception):
-    pass
-
-
 class _Driver:
     def __init__(
         self,
@@ -136,11 +132,11 @@ class _Driver:
         model_name: str,
         time_scale: float,
         request_timeout: float,
-        recorder: Any,
+        recorder: DriveRecorder | None,
         gauge_interval: float | None,
         duration: float | None,
         server_alive: Callable[[], str | None] | None,
-        progress: Any,
+        progress: DriveProgress | None,
         session: aiohttp.ClientSession,
     ) -> None:
         self.client = client
@@ -159,13 +155,13 @@ class _Driver:
         self.t0 = self.loop.time()
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self._timer_seq = 0
-        self.inflight: dict[int, asyncio.Task] = {}
+        self.inflight: dict[int, asyncio.Task[None]] = {}
         self.lateness: dict[str, list[float]] = collections.defaultdict(list)
         self.done = asyncio.Event()
-        self.status: str | None = None
+        self.status: RunStatus | None = None
         self.reason = ""
-        self.counts = collections.Counter()  # sent / ok / error / timeout
-        self.error_reasons: collections.Counter = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()  # sent / ok / error / timeout
+        self.error_reasons: collections.Counter[str] = collections.Counter()
         self.gauge_scrapes = 0
         self.gauge_failures = 0
         self._probing = False
@@ -178,7 +174,7 @@ class _Driver:
         return self.t0 + plan_t / self.scale
 
     # ------------------------------------------------------------------ ending
-    def finish(self, status: str, reason: str) -> None:
+    def finish(self, status: RunStatus, reason: str) -> None:
         """First caller wins: a signal during a failure does not relabel the failure."""
         if self.status is None:
             self.status, self.reason = status, reason
@@ -189,7 +185,7 @@ class _Driver:
         # While a dropped connection is being looked into, the client may have ended its last
         # session on that very error: wait for the probe, which says whether the server died.
         if self.status is None and self.client.finished() and not self._probing:
-            self.finish(COMPLETED, "client finished")
+            self.finish(RunStatus.COMPLETED, "client finished")
 
     # ------------------------------------------------------------------ commands
     def dispatch(self, cmds: Sequence[Any]) -> None:
@@ -219,7 +215,7 @@ class _Driver:
             self.dispatch(self.client.on_timer(self.plan_now(), timer.key))
         except Exception as exc:  # a client bug: end the run with the reason, keep the records
             log.exception("client failed in on_timer")
-            self.finish(FAILED, f"client error in on_timer: {exc!r}")
+            self.finish(RunStatus.FAILED, f"client error in on_timer: {exc!r}")
             return
         self._check_finished()
 
@@ -294,7 +290,7 @@ class _Driver:
             self.dispatch(self.client.on_response(self.plan_now(), tr))
         except Exception as exc:
             log.exception("client failed in on_response")
-            self.finish(FAILED, f"client error in on_response: {exc!r}")
+            self.finish(RunStatus.FAILED, f"client error in on_response: {exc!r}")
             return
         # A dropped connection, or a 5xx (an engine whose core died may still answer HTTP: vLLM's
         # /health then says 503), asks whether the server is still there.
@@ -324,7 +320,7 @@ class _Driver:
             if reason is None:
                 reason = await self._health_reason()
             if reason is not None:
-                self.finish(FAILED, f"server died: {reason}")
+                self.finish(RunStatus.FAILED, f"server died: {reason}")
         finally:
             self._probing = False
             self._check_finished()
@@ -347,7 +343,7 @@ class _Driver:
             await asyncio.sleep(0.25)
             reason = self.server_alive() if self.server_alive else None
             if reason is not None:
-                self.finish(FAILED, f"server died: {reason}")
+                self.finish(RunStatus.FAILED, f"server died: {reason}")
 
     # ------------------------------------------------------------------ periodic work
     async def gauges(self) -> None:
@@ -372,27 +368,124 @@ class _Driver:
             else:
                 self.gauge_scrapes += 1
                 if self.recorder is not None:
-                    _write_gauge(self.recorder, t, values)
-                if self.progress is not None and hasattr(self.progress, "on_gauges"):
+                    write_gauge(self.recorder, t, values)
+                if self.progress is not None:
                     self.progress.on_gauges(t, values)
             k = max(k + 1, int(self.plan_now() // self.gauge_interval) + 1)  # skip missed ticks, no burst
 
     async def horizon(self) -> None:
         assert self.duration is not None
         await asyncio.sleep(max(self.wall_at(self.duration) - self.loop.time(), 0.0))
-        self.finish(COMPLETED, f"plan horizon {self.duration:g} s reached")
+        self.finish(RunStatus.COMPLETED, f"plan horizon {self.duration:g} s reached")
 
     async def ticker(self) -> None:
         """Feed the progress display the client's state a few times a second."""
         while self.status is None:
-            self.progress.update(
-                self.plan_now(),
-                in_system=_attr(self.client, "in_system"),
-                in_flight=len(self.inflight),
-                held=_attr(self.client, "held"),
-                errors=self.counts["error"] + self.counts["timeout"],
-            )
+            self._show(self.plan_now(), len(self.inflight))
             await asyncio.sleep(0.5)
+
+    def _show(self, t: float, in_flight: int, final: bool = False) -> None:
+        assert self.progress is not None
+        self.progress.update(
+            t,
+            in_system=_attr(self.client, "in_system"),
+            in_flight=in_flight,
+            held=_attr(self.client, "held"),
+            errors=self.counts["error"] + self.counts["timeout"],
+            final=final,
+        )
+
+    # ------------------------------------------------------------------ a drive's steps
+    def install_signals(self, handle_signals: bool) -> list[int]:
+        """SIGTERM/SIGINT end the drive INTERRUPTED (main thread only); returns what was installed."""
+        installed: list[int] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    self.loop.add_signal_handler(
+                        sig, self.finish, RunStatus.INTERRUPTED, f"signal {signal.Signals(sig).name}"
+                    )
+                    installed.append(sig)
+        return installed
+
+    def start_helpers(self, stop_event: asyncio.Event | None) -> list[asyncio.Task[None]]:
+        """The periodic tasks beside the client: gauges, horizon, watchdog, progress, external stop."""
+        coros: list[Any] = []
+        if self.gauge_interval:
+            coros.append(self.gauges())
+        if self.duration is not None:
+            coros.append(self.horizon())
+        if self.server_alive is not None:
+            coros.append(self.watchdog())
+        if self.progress is not None:
+            coros.append(self.ticker())
+        if stop_event is not None:
+
+            async def _external() -> None:
+                await stop_event.wait()
+                self.finish(RunStatus.INTERRUPTED, "stop requested")
+
+            coros.append(_external())
+        return [self.loop.create_task(c) for c in coros]
+
+    async def play(self) -> None:
+        """Start the client and wait until the drive ends (a client error in start ends it FAILED)."""
+        try:
+            self.dispatch(self.client.start(self.plan_now()))
+        except Exception as exc:
+            log.exception("client failed in start")
+            self.finish(RunStatus.FAILED, f"client error in start: {exc!r}")
+        self._check_finished()
+        await self.done.wait()
+
+    async def wind_down(
+        self, helpers: list[asyncio.Task[None]], installed: list[int], own_session: bool
+    ) -> tuple[float, int]:
+        """Whatever ended the drive: cancel timers, abandon requests in flight, stop the helpers, close
+        the client (it records what is still open) and flush the recorder. Returns (plan time at
+        the end, requests abandoned)."""
+        end_plan = self.plan_now()
+        for h in self.timers.values():
+            h.cancel()
+        abandoned = list(self.inflight.values())
+        for t in abandoned + helpers:
+            t.cancel()
+        await asyncio.gather(*abandoned, *helpers, return_exceptions=True)
+        for sig in installed:
+            self.loop.remove_signal_handler(sig)
+        close = getattr(self.client, "close", None)
+        if callable(close):
+            try:
+                close(end_plan)
+            except Exception:
+                log.exception("client.close failed")
+        if self.recorder is not None:
+            with contextlib.suppress(Exception):
+                self.recorder.flush()
+        if own_session:
+            await self.http.close()
+        if self.progress is not None:
+            with contextlib.suppress(Exception):
+                self._show(end_plan, 0, final=True)
+        return end_plan, len(abandoned)
+
+    def result(self, end_plan: float, abandoned: int, wall0: float, cpu0: float) -> DriveResult:
+        return DriveResult(
+            status=self.status or RunStatus.COMPLETED,
+            reason=self.reason,
+            plan_time=end_plan,
+            wall_seconds=time.monotonic() - wall0,
+            cpu_seconds=time.process_time() - cpu0,
+            sent=self.counts["sent"],
+            ok=self.counts["ok"],
+            errors=self.counts["error"],
+            timeouts=self.counts["timeout"],
+            abandoned=abandoned,
+            gauge_scrapes=self.gauge_scrapes,
+            gauge_failures=self.gauge_failures,
+            error_reasons=dict(self.error_reasons),
+            lateness={k: np.asarray(v, dtype=float) for k, v in self.lateness.items()},
+        )
 
 
 def _attr(obj: Any, name: str) -> int | None:
@@ -409,18 +502,6 @@ def _reason_class(reason: str) -> str:
     return reason[:60]
 
 
-def _write_gauge(recorder: Any, t: float, values: dict[str, float]) -> None:
-    """Only the columns the recorder's gauge table has (an engine may export more, e.g. kv_usage_frac)."""
-    try:
-        params = set(inspect.signature(recorder.gauge).parameters)
-    except (TypeError, ValueError):
-        params = set()
-    if "time" in params:
-        recorder.gauge(time=t, **{k: float(v) for k, v in values.items() if k in params and k != "time"})
-    else:
-        recorder.gauge({"time": t, **values})
-
-
 async def drive(
     client: Client,
     transport: Transport,
@@ -429,12 +510,12 @@ async def drive(
     model_name: str = "default",
     time_scale: float = 1.0,
     request_timeout: float = 600.0,
-    recorder: Any = None,
+    recorder: DriveRecorder | None = None,
     gauge_interval: float | None = 5.0,
     duration: float | None = None,
     stop_event: asyncio.Event | None = None,
     server_alive: Callable[[], str | None] | None = None,
-    progress: Any = None,
+    progress: DriveProgress | None = None,
     handle_signals: bool = True,
     session: aiohttp.ClientSession | None = None,
 ) -> DriveResult:
@@ -448,22 +529,14 @@ async def drive(
     server_alive: returns a reason string once the server process is gone (e.g. from its
         Popen handle); checked by a watchdog and, with GET /health, after every dropped
         connection or 5xx reply.
-    progress: a harness.recording.progress.RunProgress (or anything with on_turn/update).
+    progress: a harness.recording.progress.RunProgress (or anything with its DriveProgress methods).
     handle_signals: SIGTERM/SIGINT end the drive as INTERRUPTED (main thread only).
     """
     if time_scale <= 0:
         raise ValueError(f"time_scale must be positive, got {time_scale}")
-    loop = asyncio.get_running_loop()
     cpu0 = time.process_time()
     wall0 = time.monotonic()
     own_session = session is None
-    if session is None:
-        # No connection cap: an open-loop client must never queue a turn behind another on its
-        # own side. Timeouts are per request (asyncio.timeout) so that they cover the whole reply.
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
-        session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
-        )
     d = _Driver(
         client,
         transport,
@@ -476,86 +549,26 @@ async def drive(
         duration=duration,
         server_alive=server_alive,
         progress=progress,
-        session=session,
+        session=session if session is not None else _open_session(),
     )
-    installed: list[int] = []
-    if handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, d.finish, INTERRUPTED, f"signal {signal.Signals(sig).name}")
-                installed.append(sig)
-    helpers: list[asyncio.Task] = []
+    installed = d.install_signals(handle_signals)
+    helpers: list[asyncio.Task[None]] = []
     try:
-        if gauge_interval:
-            helpers.append(loop.create_task(d.gauges()))
-        if duration is not None:
-            helpers.append(loop.create_task(d.horizon()))
-        if server_alive is not None:
-            helpers.append(loop.create_task(d.watchdog()))
-        if progress is not None:
-            helpers.append(loop.create_task(d.ticker()))
-        if stop_event is not None:
-
-            async def _external() -> None:
-                await stop_event.wait()
-                d.finish(INTERRUPTED, "stop requested")
-
-            helpers.append(loop.create_task(_external()))
-        try:
-            d.dispatch(client.start(d.plan_now()))
-        except Exception as exc:
-            log.exception("client failed in start")
-            d.finish(FAILED, f"client error in start: {exc!r}")
-        d._check_finished()
-        await d.done.wait()
+        helpers = d.start_helpers(stop_event)
+        await d.play()
     except asyncio.CancelledError:
-        d.finish(INTERRUPTED, "driver cancelled")
+        d.finish(RunStatus.INTERRUPTED, "driver cancelled")
         raise
     finally:
-        end_plan = d.plan_now()
-        for h in d.timers.values():
-            h.cancel()
-        abandoned = list(d.inflight.values())
-        for t in abandoned + helpers:
-            t.cancel()
-        await asyncio.gather(*abandoned, *helpers, return_exceptions=True)
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        close = getattr(client, "close", None)
-        if callable(close):
-            try:
-                close(end_plan)
-            except Exception:
-                log.exception("client.close failed")
-        flush = getattr(recorder, "flush", None)
-        if callable(flush):
-            with contextlib.suppress(Exception):
-                flush()
-        if own_session:
-            await session.close()
-        if progress is not None:
-            with contextlib.suppress(Exception):
-                progress.update(
-                    end_plan,
-                    in_system=_attr(client, "in_system"),
-                    in_flight=0,
-                    held=_attr(client, "held"),
-                    errors=d.counts["error"] + d.counts["timeout"],
-                    final=True,
-                )
-    return DriveResult(
-        status=d.status or COMPLETED,
-        reason=d.reason,
-        plan_time=end_plan,
-        wall_seconds=time.monotonic() - wall0,
-        cpu_seconds=time.process_time() - cpu0,
-        sent=d.counts["sent"],
-        ok=d.counts["ok"],
-        errors=d.counts["error"],
-        timeouts=d.counts["timeout"],
-        abandoned=len(abandoned),
-        gauge_scrapes=d.gauge_scrapes,
-        gauge_failures=d.gauge_failures,
-        error_reasons=dict(d.error_reasons),
-        lateness={k: np.asarray(v, dtype=float) for k, v in d.lateness.items()},
+        end_plan, abandoned = await d.wind_down(helpers, installed, own_session)
+    return d.result(end_plan, abandoned, wall0, cpu0)
+
+
+def _open_session() -> aiohttp.ClientSession:
+    """The drive's own HTTP session. No connection cap: an open-loop client must never queue a turn
+    behind another on its own side. Timeouts are per request (asyncio.timeout) so that they cover
+    the whole reply."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
     )

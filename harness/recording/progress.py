@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from harness.recording.schema import HIT_THRESHOLD, is_hit
+from harness.recording.schema import HIT_THRESHOLD, RunStatus, is_hit
 
 log = logging.getLogger("agentload.progress")
 
@@ -255,7 +255,7 @@ class TestDisplay:
         )
         if not self.live:
             reason = (res.reason or "").strip()
-            extra = f" ({reason.splitlines()[0]})" if res.status != "COMPLETED" and reason else ""
+            extra = f" ({reason.splitlines()[0]})" if res.status != RunStatus.COMPLETED and reason else ""
             warn = "".join(f"; warning: {w}" for w in getattr(res, "warnings", None) or ())
             self._print(f"{key}: {res.status} in {res.wall_s:.0f} s{extra}{warn}")
         self._refresh(force=True)
@@ -269,7 +269,11 @@ class TestDisplay:
             self._print(self._summary())
 
     def _summary(self) -> str:
-        done = sum(1 for r in self.rows.values() if r.get("status") in ("COMPLETED", "FAILED", "INTERRUPTED"))
+        done = sum(
+            1
+            for r in self.rows.values()
+            if r.get("status") in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+        )
         frac = sum(min(r.get("t", 0.0), self.duration) for r in self.rows.values()) / (
             self.duration * max(1, len(self.rows))
         )

@@ -11,7 +11,6 @@ A --server-cmd prefix replaces `python -m harness.emulator`.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from harness.atomic import write_text_atomic
 from harness.config import CellConfig, load_config
 from harness.errors import ConfigError
 from harness.servers.base import EngineAdapter
@@ -57,9 +57,7 @@ def cell_file(cell: CellConfig, ref: str | None = None) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{cell.name}-{digest}.yaml"
     if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out)
+        write_text_atomic(out, text)
     return str(out)
 
 

@@ -15,11 +15,11 @@ verdict judged (the charts use the figure's own series function).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness.atomic import write_text_atomic
 from review.html.figures import data_uri, fig1_charts, json_script
 from review.html.markdown import render
 from review.html.records import (
@@ -32,6 +32,7 @@ from review.html.records import (
 )
 from review.html.verdict import absent, badge, esc, verdict_section
 from review.status import collect_status
+from review.status_model import TestStatus
 from review.testdir import PRESENT, TestDir
 
 SECTIONS = [
@@ -50,8 +51,8 @@ def _asset(name: str) -> str:
     return resources.files("review.html").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def _summary(st: Mapping[str, Any]) -> str:
-    r, p, j, ru, v, pv = (st[k] for k in ("registration", "predictions", "jobs", "runs", "verdict", "provenance"))
+def _summary(st: TestStatus) -> str:
+    r, p, j, ru, v, pv = st.registration, st.predictions, st.jobs, st.runs, st.verdict, st.provenance
     items = []
 
     def item(k: str, body: str) -> None:
@@ -59,66 +60,69 @@ def _summary(st: Mapping[str, Any]) -> str:
 
     item(
         "registration",
-        f"{esc(r['name'])} {badge(r['status'], 'PASS' if r['status'] == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r['sha256'])}</code>"
-        if r["state"] == PRESENT
-        else f"<span class='muted'>{esc(r['state'])}: {esc(r['note'])}</span>",
+        f"{esc(r.name)} {badge(r.status, 'PASS' if r.status == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r.sha256)}</code>"
+        if r.state == PRESENT
+        else f"<span class='muted'>{esc(r.state)}: {esc(r.note)}</span>",
     )
     item(
         "label",
-        f"{badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))}</span>"
-        if r.get("label")
-        else f"<span class='muted'>none: {esc(r.get('label_reason'))}</span>",
+        f"{badge(r.label)} <span class='muted'>{esc(r.label_reason)}</span>"
+        if r.label
+        else f"<span class='muted'>none: {esc(r.label_reason)}</span>",
     )
     item(
         "predictions",
         "; ".join(
-            f"frozen <code>{esc(f['tag'])}</code> {badge(f['blindness'] or '?', 'blind' if (f['blindness'] or '').startswith('blind') else 'notblind')}"
-            for f in p["freezes"]
+            f"frozen <code>{esc(f.tag)}</code> {badge(f.blindness or '?', 'blind' if (f.blindness or '').startswith('blind') else 'notblind')}"
+            for f in p.freezes
         )
-        + "".join(
-            f"<br>scored {esc(s.get('tag'))}: {s.get('hits', 0)} hits, {s.get('misses', 0)} misses" for s in p["scored"]
-        )
-        if p["frozen"]
+        + "".join(f"<br>scored {esc(s.tag)}: {s.hits} hits, {s.misses} misses" for s in p.scored)
+        if p.frozen
         else "<span class='muted'>not frozen</span>",
     )
-    if j["state"] == PRESENT:
-        c = j["counts"]
+    if j.state == PRESENT:
+        c = j.counts
         item(
             "jobs",
             ", ".join(f"{c[k]} {k}" for k in c if c[k] or k != "unknown")
-            + f"<br><span class='muted'>from {esc(j['source'])}</span>",
+            + f"<br><span class='muted'>from {esc(j.source)}</span>",
         )
     else:
         item("jobs", "<span class='muted'>no submission manifest: not submitted to the scheduler</span>")
-    bound = f"; {ru['bound']} bound of {ru['registered']} registered" if ru.get("bound") is not None else ""
+    bound = f"; {ru.bound} bound of {ru.registered} registered" if ru.bound is not None else ""
     item(
         "runs",
-        f"{ru['found']} found ({esc(', '.join(f'{n} {s}' for s, n in sorted(ru['by_status'].items())) or 'none')}){esc(bound)}",
+        f"{ru.found} found ({esc(', '.join(f'{n} {s}' for s, n in sorted(ru.by_status.items())) or 'none')}){esc(bound)}",
     )
-    if v["state"] == PRESENT:
+    if v.state == PRESENT:
         kind = (
-            ("registered, decisive" if v["decisive"] else "registered, not decisive")
-            if v["registered"]
-            else "not registered"
+            ("registered, decisive" if v.decisive else "registered, not decisive") if v.registered else "not registered"
         )
         item(
             "verdict",
-            f"{badge(v['verdict'])} <span class='muted'>{esc(kind)}</span>"
-            + (f"<br><strong>{esc(v['stale'])}</strong>" if v.get("stale") else ""),
+            f"{badge(v.verdict)} <span class='muted'>{esc(kind)}</span>"
+            + (f"<br><strong>{esc(v.stale)}</strong>" if v.stale else ""),
         )
     else:
         item("verdict", "<span class='muted'>not scored yet</span>")
-    if pv["state"] == PRESENT:
+    if pv.state == PRESENT and pv.exploratory:
+        item(
+            "provenance",
+            badge("not registered (exploratory)", "exploratory")
+            + f"<br><span class='muted'>{esc(pv.exploratory)}</span>"
+            + "".join(f"<br>{esc(b['name'])}" for b in pv.breaks[:4]),
+        )
+    elif pv.state == PRESENT:
         item(
             "provenance",
             badge("holds")
-            if pv["ok"]
-            else badge(f"{len(pv['breaks'])} BREAK(S)", "FAIL")
+            if pv.ok
+            else badge(f"{len(pv.breaks)} BREAK(S)", "FAIL")
             + "<br>"
-            + "<br>".join(esc(b["name"]) for b in pv["breaks"][:4]),
+            + "<br>".join(esc(b["name"]) for b in pv.breaks[:4]),
         )
     else:
-        item("provenance", f"<span class='muted'>not verified: {esc(pv['note'])}</span>")
+        item("provenance", f"<span class='muted'>not verified: {esc(pv.note)}</span>")
     return f"<div class='summary'>{''.join(items)}</div>"
 
 
@@ -177,18 +181,18 @@ def _tables(td: TestDir) -> str:
     )
 
 
-def build_page(td: TestDir, out_path: Path, *, status: Mapping[str, Any] | None = None) -> str:
+def build_page(td: TestDir, out_path: Path, *, status: TestStatus | None = None) -> str:
     """The page's HTML for the test directory, with links relative to `out_path`'s folder."""
     st = status or collect_status(td)
     base = out_path.parent
     v = td.verdict
     name = td.test_name or td.path.name
-    reg = st["registration"]
+    reg = st.registration
     sub = []
-    if reg.get("label"):
-        sub.append(f"label {badge(reg['label'])}")
-    if reg["state"] == PRESENT:
-        sub.append(f"registration <code>{esc(reg['name'])}</code> SHA-256 <code>{esc(reg['sha256'][:16])}…</code>")
+    if reg.label:
+        sub.append(f"label {badge(reg.label)}")
+    if reg.state == PRESENT:
+        sub.append(f"registration <code>{esc(reg.name)}</code> SHA-256 <code>{esc((reg.sha256 or '')[:16])}…</code>")
     sub.append(f"test directory <code>{esc(td.path)}</code>")
     figs, _ = _figures(td)
     body = {
@@ -215,12 +219,9 @@ def build_page(td: TestDir, out_path: Path, *, status: Mapping[str, Any] | None 
     )
 
 
-def write_html(td: TestDir, out_path: str | Path | None = None, *, status: Mapping[str, Any] | None = None) -> Path:
+def write_html(td: TestDir, out_path: str | Path | None = None, *, status: TestStatus | None = None) -> Path:
     """Write the page (default <testdir>/report.html) and return its path."""
     out = Path(out_path) if out_path is not None else td.path / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = build_page(td, out.resolve(), status=status)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return write_text_atomic(out, text)

@@ -13,6 +13,7 @@ from typing import Any
 from provenance.meta import git_state
 from review.html.figures import run_state
 from review.html.verdict import absent, badge, esc, num, run_key
+from review.status_model import TestStatus
 from review.testdir import PRESENT, TestDir
 
 
@@ -38,19 +39,19 @@ def _blind_cls(text: str | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # predictions
 # ---------------------------------------------------------------------------------------------
-def predictions_section(td: TestDir, status: Mapping[str, Any]) -> str:
-    p = status["predictions"]
+def predictions_section(td: TestDir, status: TestStatus) -> str:
+    p = status.predictions
     out = []
-    if not p["frozen"] and not td.scores:
+    if not p.frozen and not td.scores:
         return absent(
             "No predictions were frozen for this test: there is no freeze record in provenance/freezes/ or in the repository's "
             "prereg/freezes/ (agentload predict freeze FILES --testdir TESTDIR)."
         )
-    for f in p["freezes"]:
+    for f in p.freezes:
         out.append(
-            f"<p>Freeze <code>{esc(f['tag'])}</code>, confirmed on the remote at {esc(f['confirmed_at'] or 'no record')}: "
-            f"{badge(f['blindness'] or 'unknown', _blind_cls(f['blindness']))} <span class='muted'>{esc(f['reason'])}</span>"
-            + (f" <strong>{f['errata']} erratum/errata after the freeze</strong>" if f.get("errata") else "")
+            f"<p>Freeze <code>{esc(f.tag)}</code>, confirmed on the remote at {esc(f.confirmed_at or 'no record')}: "
+            f"{badge(f.blindness or 'unknown', _blind_cls(f.blindness))} <span class='muted'>{esc(f.reason)}</span>"
+            + (f" <strong>{f.errata} erratum/errata after the freeze</strong>" if f.errata else "")
             + "</p>"
         )
     if not td.scores:
@@ -216,9 +217,12 @@ def provenance_section(td: TestDir) -> str:
     v = td.verification
     if v.ok:
         ver = v.value
-        out.append(
-            f"<h3>Verification: {badge('holds') if ver.ok else badge(f'{len(ver.breaks)} BREAK(S)', 'FAIL')} <span class='muted'>({len(ver.checks)} checks)</span></h3>"
-        )
+        answer = badge("holds") if ver.ok else badge(f"{len(ver.breaks)} BREAK(S)", "FAIL")
+        if ver.exploratory:
+            answer = badge("not registered (exploratory)", "exploratory") + ("" if ver.ok else " " + answer)
+        out.append(f"<h3>Verification: {answer} <span class='muted'>({len(ver.checks)} checks)</span></h3>")
+        if ver.exploratory:
+            out.append(f"<p class='muted'>{esc(ver.exploratory)}</p>")
 
         def table(cs: list[Any]) -> str:
             rows = "".join(
@@ -244,23 +248,19 @@ def provenance_section(td: TestDir) -> str:
 # ---------------------------------------------------------------------------------------------
 # registration
 # ---------------------------------------------------------------------------------------------
-def registration_section(td: TestDir, status: Mapping[str, Any]) -> str:
-    r = status["registration"]
-    basis = f" [{esc(r['label_basis'])}]" if r.get("label_basis") else ""
-    label = (
-        f"<p>Label: {badge(r['label'])} <span class='muted'>{esc(r.get('label_reason'))}{basis}</span></p>"
-        if r.get("label")
-        else ""
-    )
-    if r["state"] != PRESENT:
-        return absent(f"No registration: {r['note']}") + label
+def registration_section(td: TestDir, status: TestStatus) -> str:
+    r = status.registration
+    basis = f" [{esc(r.label_basis)}]" if r.label_basis else ""
+    label = f"<p>Label: {badge(r.label)} <span class='muted'>{esc(r.label_reason)}{basis}</span></p>" if r.label else ""
+    if r.state != PRESENT:
+        return absent(f"No registration: {r.note}") + label
     reg = td.registration.value
-    ref = r.get("ref") or {}
+    ref = r.ref or {}
     out = [
         f"<p><strong>{esc(reg.name)}</strong> {badge(reg.status, 'PASS' if reg.status == 'FILLED' else 'INCOMPLETE')} — SHA-256 <code>{esc(reg.sha256)}</code></p>",
         label,
         "<table><tbody>",
-        f"<tr><th>file</th><td><code>{esc(ref.get('path'))}</code> (read from {esc(r.get('path'))})</td></tr>",
+        f"<tr><th>file</th><td><code>{esc(ref.get('path'))}</code> (read from {esc(r.path)})</td></tr>",
         f"<tr><th>commit</th><td><code>{esc(ref.get('commit') or 'not recorded')}</code> (bound by the {esc(ref.get('source'))})</td></tr>",
         f"<tr><th>test</th><td>{esc(reg.test)}</td></tr>",
         f"<tr><th>cell</th><td>{esc(reg.cell.name)}: {esc(reg.cell.engine.name)} {esc(reg.cell.engine.version)}, {esc(reg.cell.model)}, {esc(reg.cell.gpu)}, pool {esc(reg.cell.kv_pool_tokens)} tokens</td></tr>",
@@ -272,8 +272,8 @@ def registration_section(td: TestDir, status: Mapping[str, Any]) -> str:
         f"<tr><th>plans</th><td>{len(reg.plans)} frozen plan hashes</td></tr>",
         "</tbody></table>",
     ]
-    if r.get("mismatch"):
-        out.append(f"<p><strong>Mismatch:</strong> {esc(r['mismatch'])}</p>")
+    if r.mismatch:
+        out.append(f"<p><strong>Mismatch:</strong> {esc(r.mismatch)}</p>")
     if reg.status_reasons:
         out.append("<p>why " + esc(reg.status) + ": " + esc("; ".join(reg.status_reasons)) + "</p>")
     if reg.kill_conditions:
@@ -307,7 +307,7 @@ def registration_section(td: TestDir, status: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # runs and raw records
 # ---------------------------------------------------------------------------------------------
-def runs_section(td: TestDir, status: Mapping[str, Any], base: Path) -> str:
+def runs_section(td: TestDir, status: TestStatus, base: Path) -> str:
     if not td.runs:
         return absent(
             "No run directory yet: nothing under runs/ (the jobs have not run, or their output was not collected here)."
@@ -316,13 +316,9 @@ def runs_section(td: TestDir, status: Mapping[str, Any], base: Path) -> str:
     if td.verdict.ok:
         for r in td.verdict.value.get("runs") or []:
             verdict_runs[Path(str(r.get("run_dir"))).name] = r
-    unbound = {Path(u["run_dir"]).name: u["reasons"] for u in status["runs"].get("unbound") or []}
-    jobs = {
-        Path(str(j["run_dir"])).name: f"{j['job_id']} ({j['category']})"
-        for j in status["jobs"].get("jobs") or []
-        if j.get("run_dir")
-    }
-    checked = status["runs"].get("bound") is not None
+    unbound = {Path(u.run_dir).name: u.reasons for u in status.runs.unbound}
+    jobs = {Path(str(j.run_dir)).name: f"{j.job_id} ({j.category})" for j in status.jobs.jobs if j.run_dir}
+    checked = status.runs.bound is not None
     rows = []
     for run in td.runs:
         m = run.meta or {}

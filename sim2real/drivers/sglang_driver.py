@@ -12,7 +12,7 @@ update_running_batch / process_batch_result for the configuration the experiment
 prefill and decode batches, no overlap, no speculative decoding, no hierarchical cache); the model
 forward is replaced by the caller's output ids, as SGLang's own scheduler tests use mock models.
 
-Protocol (request -> reply), as the vLLM driver's:
+Messages (request -> reply), as the vLLM driver's:
   {"op": "init", "model": DIR, "pool_tokens": M, "page_size": P, "chunked_prefill": C,
    "max_running": R, "schedule_policy": "fcfs"|"lpm", "context_length": L, "prefix_caching": true}
   {"op": "add", "id": .., "prompt": [..], "max_tokens": d, "output": [..]}

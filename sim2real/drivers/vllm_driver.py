@@ -7,7 +7,7 @@ how vLLM's own scheduler unit tests exercise the scheduler: a real `Scheduler` b
 outputs (the sampled token of each request is supplied by the caller), so every decision --
 prefix-cache hits, admission, chunking, preemption, block eviction -- is vLLM's own code.
 
-Protocol (request -> reply):
+Messages (request -> reply, one JSON object a line):
   {"op": "init", "model": DIR, "num_blocks": N, "block_size": B, "max_num_seqs": S,
    "max_num_batched_tokens": T, "max_model_len": L, "prefix_caching": true}
       -> {"ok": true, "version": "0.32.0", "usable_blocks": N - 1, "reserve_full_isl": bool}
@@ -231,7 +231,7 @@ class Driver:
 def main() -> int:
     drv = Driver()
     out = sys.stdout
-    sys.stdout = sys.stderr  # anything vLLM prints goes to stderr, never into the protocol
+    sys.stdout = sys.stderr  # anything vLLM prints goes to stderr, never into the replies
     for line in sys.stdin:
         line = line.strip()
         if not line:

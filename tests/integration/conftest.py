@@ -31,8 +31,8 @@ def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool
         pool.close()
 
 
-# fixture name -> the page size its servers run with (None: the engine's default)
-_SERVER_FIXTURES = {"live": None, "live32": 32}
+# the parametrized fixture whose engine names the servers a test uses (live_engines.servers_for)
+_SERVER_FIXTURE = "live"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -43,15 +43,14 @@ def boot_real_engines(request: pytest.FixtureRequest) -> None:
     together while the first tests run they mostly overlap. The emulator starts in seconds and is
     started on demand. Nothing is booted when no selected test uses a real engine.
     """
-    from live_engines import is_real
+    from live_engines import is_real, servers_for
 
     wanted: list[tuple[str, int | None]] = []
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        for name, page in _SERVER_FIXTURES.items():
-            engine = params.get(name)
-            if isinstance(engine, str) and is_real(engine) and (engine, page) not in wanted:
-                wanted.append((engine, page))
+        engine = params.get(_SERVER_FIXTURE)
+        if isinstance(engine, str) and is_real(engine):
+            wanted += [s for s in servers_for(engine) if s not in wanted]
     if wanted:
         pool: EnginePool = request.getfixturevalue("engine_pool")
         for engine, page in wanted:

@@ -63,6 +63,15 @@ VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 # cases running on another.
 SGLANG_ARGS = ("--sleep-on-idle",)
 START_TIMEOUT = {"vllm": 600.0, "sglang": 900.0}
+#: Page size of the server an engine's fault cases may kill, by dialect (absent: its main server):
+#: SGLang's run on a second server of 32-token pages, vLLM's on its one server of 32-token blocks.
+FAULT_PAGE = {"sglang": 32}
+
+
+def servers_for(engine: str) -> list[tuple[str, int | None]]:
+    """(engine, page size) of every server the engine's integration cases use."""
+    page = FAULT_PAGE.get(flavor_of(engine))
+    return [(engine, None)] + ([(engine, page)] if page is not None else [])
 
 
 def flavor_of(engine: str) -> str:

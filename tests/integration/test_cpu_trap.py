@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REG = ROOT / "prereg" / "registrations" / "e2-vllm-cpu-tiny-131k.yaml"
 SEED = 2
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.wallclock]
 
 
 def _model(python: str, tmp: Path) -> str:

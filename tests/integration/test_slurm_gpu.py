@@ -31,10 +31,10 @@ from support.slurm_fixture import commit, fill, make_project
 
 from cli.main import main
 from harness.recording.record import load_run
-from slurm import scheduler as S
+from slurm import accounting_export as X
 from slurm.gpus import gres_gpus
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.wallclock, pytest.mark.usefixtures("slurm_cluster")]
 
 # The job's timeline (a 4-minute limit, warning lead 60 s): the time check passes within ~10 s (it
 # needs 120 s of run + 25 s of allowances + 60 s of lead); the engine is healthy ~100 s in and the
@@ -164,7 +164,7 @@ def test_calibrate_through_slurm_takes_the_job_options(
         sys.executable,
     ):
         assert line in text, (line, text)
-    (row,) = S.read_accounting_export(out / "provenance" / "accounting.json")
+    (row,) = X.read_accounting_export(out / "provenance" / "accounting.json")
     assert row.state == "COMPLETED" and row.timelimit_s == 7 * 60
 
 
@@ -182,7 +182,7 @@ def test_a_job_past_its_limit_is_interrupted_kept_and_collected_as_timeout(timeo
         nc["reason"]
     )
     assert "TIMEOUT" in printed and "time limit" in printed
-    (row,) = S.read_accounting_export(timeout_submission.parent / "provenance" / "accounting.json")
+    (row,) = X.read_accounting_export(timeout_submission.parent / "provenance" / "accounting.json")
     assert row.state == "TIMEOUT" and row.timelimit_s == LIMIT_MIN * 60 and col["agreement"] == []
     (j,) = _json(timeout_submission)["jobs"]
     run = load_run(timeout_submission.parent / j["run_dir"])

@@ -28,10 +28,12 @@ import cloudpickle
 import pytest
 import submitit
 
+from slurm import accounting_export as X
+from slurm import parsers as P
 from slurm import scheduler as S
 from slurm.local import ClusterStatus, ensure_up, status
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.wallclock, pytest.mark.usefixtures("slurm_cluster")]
 
 # The functions below run inside jobs. This module is imported by pytest under a name the job's
 # interpreter cannot import, so they travel by value.
@@ -65,7 +67,7 @@ def sbatch(*args: str, cwd: Path) -> str:
     return out.strip().split(";", 1)[0]
 
 
-def wait_accounted(ids: Iterable[str], *, count: int | None = None, timeout_s: float = 60.0) -> list[S.AccountingRow]:
+def wait_accounted(ids: Iterable[str], *, count: int | None = None, timeout_s: float = 60.0) -> list[P.AccountingRow]:
     return S.wait_for_accounting(ids, count=count, timeout_s=timeout_s)
 
 
@@ -174,7 +176,7 @@ def test_sacct_states_exit_codes_and_utc_times(workdir: Path, monkeypatch: pytes
     ).stdout.strip()
     assert "T" in out and not out.split("|")[0].isdigit()
     kolkata = ZoneInfo("Asia/Kolkata")
-    assert tuple(S.parse_timestamp(x, tz=kolkata) for x in out.split("|")) == (
+    assert tuple(P.parse_timestamp(x, tz=kolkata) for x in out.split("|")) == (
         rows[ok].submit,
         rows[ok].start,
         rows[ok].end,
@@ -200,8 +202,8 @@ def test_comment_round_trips_into_the_export(workdir: Path, tmp_path: Path) -> N
     assert [r.job_id for r in rows] == [jid]
     kolkata = ZoneInfo("Asia/Kolkata")
     for suffix in ("json", "csv"):
-        path = S.write_accounting_export(rows, tmp_path / f"accounting.{suffix}", local_tz=kolkata)
-        assert S.read_accounting_export(path) == rows
+        path = X.write_accounting_export(rows, tmp_path / f"accounting.{suffix}", local_tz=kolkata)
+        assert X.read_accounting_export(path) == rows
     doc = json.loads((tmp_path / "accounting.json").read_text())
     rec = doc["rows"][0]
     assert rec["comment"] == comment and rec["job_name"] == "agentload-comment"

@@ -44,9 +44,10 @@ from support.slurm_fixture import commit, fill, make_project, one_seed_rule, tin
 from cli.main import main
 from harness.recording.record import load_run
 from prereg.registration import load_registration, registration_dict, write_registration
+from slurm import accounting_export as X
 from slurm import scheduler as S
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.wallclock, pytest.mark.usefixtures("slurm_cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,10 +128,10 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
     assert col["complete"] and not col["not_completed"], col["not_completed"]
     assert col["agreement"] == [] and rc == 0
     assert col["label"]["label"] == "pre-registered"
-    rows = S.read_accounting_export(t_slurm / "provenance" / "accounting.json")
+    rows = X.read_accounting_export(t_slurm / "provenance" / "accounting.json")
     assert [r.job_id for r in rows] == ids and all(r.state == "COMPLETED" and r.exit_code == 0 for r in rows)
     assert all(r.comment == manifest["comment"] and r.timelimit_s == manifest["time_limit"]["seconds"] for r in rows)
-    assert [r.job_id for r in S.read_accounting_export(t_slurm / "provenance" / "accounting.csv")] == ids
+    assert [r.job_id for r in X.read_accounting_export(t_slurm / "provenance" / "accounting.csv")] == ids
     for j in manifest["jobs"]:  # every run bound, on a fresh server that passed its checks
         m = _meta(t_slurm / j["run_dir"])
         assert m["registration"]["sha256"] == reg.sha256 and m["registration"]["commit"] == project["commit"]
@@ -343,7 +344,7 @@ def test_a_cancelled_job_ends_interrupted_with_its_records(
     assert (
         run.meta["drive"]["status"] == "INTERRUPTED" and run.meta["tables"]
     )  # flushed and compacted before the job ended
-    (row,) = S.read_accounting_export(out / "provenance" / "accounting.json")
+    (row,) = X.read_accounting_export(out / "provenance" / "accounting.json")
     assert row.state == "CANCELLED" and row.job_id == j["job_id"]
 
 
@@ -455,7 +456,7 @@ def test_sweeps_on_the_cluster_equal_the_local_runs(
         ma, mb = _meta(d / "local" / n), _meta(d / "slurm" / n)
         assert {t: v["sha256"] for t, v in ma["tables"].items()} == {t: v["sha256"] for t, v in mb["tables"].items()}, n
         assert mb["provenance"]["slurm"]["slurm_array_job_id"] and not ma["provenance"]["slurm"]["slurm_job_id"]
-    rows = S.read_accounting_export(d / "slurm" / "provenance" / "accounting.json")
+    rows = X.read_accounting_export(d / "slurm" / "provenance" / "accounting.json")
     assert len(rows) == 6 and all(r.state == "COMPLETED" for r in rows)
 
     common = [
@@ -474,7 +475,7 @@ def test_sweeps_on_the_cluster_equal_the_local_runs(
     assert _cli(*common, "--executor", "slurm", "--job-time", "10", "--out", d / "c-slurm") == 0
     capsys.readouterr()
     assert _json(d / "c-local" / "stage-c.json")["result"] == _json(d / "c-slurm" / "stage-c.json")["result"]
-    assert len(S.read_accounting_export(d / "c-slurm" / "provenance" / "accounting.json")) == 3
+    assert len(X.read_accounting_export(d / "c-slurm" / "provenance" / "accounting.json")) == 3
 
 
 # ------------------------------------------------------------------------------- the vLLM job

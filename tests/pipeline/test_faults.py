@@ -22,12 +22,12 @@ import yaml
 
 from harness.client.openloop import PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.drivers.wall import FAILED
 from harness.recording.record import RunRecorder, load_run
+from harness.recording.schema import RunStatus
 from harness.workload.draws import STREAM_BASE, draw_session
 from runs.realrun import EngineOptions, run_real
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 SCALE = 100.0
 WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
@@ -248,5 +248,5 @@ def test_cache_off_preflight_error_is_a_failed_run(tmp_path: Path) -> None:
     wl = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
     res = run_real(PlanClient([], wl, sink=rec), cell=cell, options=opts, run_dir=run_dir, recorder=rec, duration=10.0)
     rec.close(res.status, res.reason)
-    assert res.status == FAILED and "pre-run check failed" in res.reason and "cache-off check" in res.reason
-    assert load_run(run_dir).meta["status"] == FAILED
+    assert res.status == RunStatus.FAILED and "pre-run check failed" in res.reason and "cache-off check" in res.reason
+    assert load_run(run_dir).meta["status"] == RunStatus.FAILED

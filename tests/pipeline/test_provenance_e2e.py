@@ -21,7 +21,8 @@ from support.provfixture import commit_registration, record_submission, run_all,
 
 from cli.main import main
 from harness.config import load_test
-from prereg.predict_makers import model_f_predictions, simulator_predictions
+from prereg.predict_sim import simulator_predictions
+from prereg.predict_theory import model_f_predictions
 from prereg.predictions import write_predictions
 from provenance.git import Repo
 from provenance.proofcheck import verify_proof

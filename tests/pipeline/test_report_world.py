@@ -23,7 +23,7 @@ from cli.main import main
 from provenance.git import Repo
 from review.html import write_html
 from review.status import collect_status, format_status
-from review.testdir import open_testdir
+from review.testdir import find_verdicts, open_testdir
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,8 @@ STATES = {"101": "COMPLETED", "102": "RUNNING", "103": "PENDING", "104": "TIMEOU
 # status
 # ---------------------------------------------------------------------------------------------
 def test_status_of_a_registered_scored_test(world: dict[str, Any]) -> None:
-    st = collect_status(_td(world), runner=squeue_runner(STATES))
+    status = collect_status(_td(world), runner=squeue_runner(STATES))
+    st = status.to_json()
     r = st["registration"]
     assert (r["state"], r["name"], r["status"], r["sha256"]) == (
         "present",
@@ -76,7 +77,7 @@ def test_status_of_a_registered_scored_test(world: dict[str, Any]) -> None:
     assert [x["rate"] for x in v["rates"]] == [1.35] and v["path"].endswith("registered-verdict.json")
     pv = st["provenance"]
     assert pv["ok"] is True and pv["breaks"] == [] and pv["checks"] > 10
-    text = format_status(st)
+    text = format_status(status)
     for line in (
         "registration  tiny-e2 (FILLED)",
         "label         PRE-REGISTERED",
@@ -109,7 +110,11 @@ def test_a_refused_job_and_an_edited_run_show_as_such(world: dict[str, Any], tmp
     m = orjson.loads((run / "meta.json").read_bytes())
     m["status"], m["status_reason"] = "REFUSED", "registration SHA-256 differs from the one the job was submitted with"
     (run / "meta.json").write_bytes(orjson.dumps(m))
-    st = collect_status(_td(world, td_path), runner=squeue_runner(STATES))
+    # the edit comes after the verdict (status allows a second of clock skew; the world may be younger)
+    later = max(p.stat().st_mtime for p in find_verdicts(td_path)) + 10.0
+    os.utime(run / "meta.json", (later, later))
+    status = collect_status(_td(world, td_path), runner=squeue_runner(STATES))
+    st = status.to_json()
     cats = {x["job_id"]: x["category"] for x in st["jobs"]["jobs"]}
     assert cats["103"] == "refused" and st["jobs"]["counts"]["refused"] == 1
     assert st["runs"]["bound"] == 3 and st["runs"]["missing"] == ["NOBURST r1.35 s0"]
@@ -118,7 +123,7 @@ def test_a_refused_job_and_an_edited_run_show_as_such(world: dict[str, Any], tmp
         b["name"] == "noburst-r1.35-s0 completed" for b in st["provenance"]["breaks"]
     )
     assert st["verdict"].get("stale"), "a run changed after the verdict: the status must say so"
-    text = format_status(st)
+    text = format_status(status)
     assert "1 refused" in text and "BREAK [runs] noburst-r1.35-s0 completed" in text and "STALE" in text
 
 
@@ -127,7 +132,8 @@ def test_job_states_from_the_accounting_export_when_the_scheduler_cannot_be_aske
 ) -> None:
     from datetime import datetime
 
-    from slurm.scheduler import AccountingRow, write_accounting_export
+    from slurm.accounting_export import write_accounting_export
+    from slurm.parsers import AccountingRow
 
     td_path = copy_world(world, tmp_path / "td")
     t = datetime(2026, 1, 1, tzinfo=UTC)
@@ -140,19 +146,44 @@ def test_job_states_from_the_accounting_export_when_the_scheduler_cannot_be_aske
     def no_scheduler(argv: Any, env: Any) -> Any:
         raise FileNotFoundError(argv[0])
 
-    st = collect_status(_td(world, td_path), runner=no_scheduler)
+    status = collect_status(_td(world, td_path), runner=no_scheduler)
+    st = status.to_json()
     j = st["jobs"]
     assert j["source"].startswith("accounting export") and "could not be asked" in j["note"]
     assert j["counts"]["done"] == 3 and j["counts"]["failed"] == 1
-    format_status(st)  # whatever the timeline makes of the export, the status is printed
+    format_status(status)  # whatever the timeline makes of the export, the status is printed
+
+
+def test_an_exploratory_test_shows_not_registered_not_a_break(world: dict[str, Any], tmp_path: Path) -> None:
+    """Runs that no registration binds (no manifest, no binding in their meta.json) are an
+    exploratory test: status and the page say "not registered (exploratory)", and nothing breaks."""
+    import shutil
+
+    td_path = tmp_path / "td"
+    shutil.copytree(world["testdir"] / "runs", td_path / "runs")
+    for run in (td_path / "runs").iterdir():
+        m = orjson.loads((run / "meta.json").read_bytes())
+        m["registration"] = None
+        (run / "meta.json").write_bytes(orjson.dumps(m))
+    td = open_testdir(td_path, repo=Repo(world["work"]))
+    status = collect_status(td, ask_scheduler=False)
+    pv = status.to_json()["provenance"]
+    assert pv["state"] == "present" and pv["ok"] is True and pv["breaks"] == [], pv
+    assert pv["exploratory"].startswith("no registration"), pv
+    assert status.registration.label == "exploratory"
+    text = format_status(status)
+    assert "provenance    not registered (exploratory): no registration" in text and "BREAK" not in text, text
+    page = write_html(td, status=status).read_text()
+    assert "not registered (exploratory)</span>" in page and "BREAK(S)" not in page
 
 
 def test_an_empty_test_directory_says_what_has_not_happened(tmp_path: Path) -> None:
-    st = collect_status(open_testdir(tmp_path), ask_scheduler=False)
+    status = collect_status(open_testdir(tmp_path), ask_scheduler=False)
+    st = status.to_json()
     assert st["registration"]["state"] == "absent" and st["registration"]["label"] == "exploratory"
     assert not st["predictions"]["frozen"] and st["jobs"]["state"] == "absent" and st["runs"]["found"] == 0
     assert st["verdict"]["state"] == "absent" and st["provenance"]["state"] == "absent"
-    text = format_status(st)
+    text = format_status(status)
     for phrase in (
         "no registration binds this test",
         "predictions   not frozen",
@@ -190,8 +221,8 @@ class _Refs(HTMLParser):
 def page(world: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     import review.status as status_mod
 
-    st = status_mod.collect_status(_td(world), runner=squeue_runner(STATES))
-    out = write_html(_td(world), world["testdir"] / "report.html", status=st)
+    status = status_mod.collect_status(_td(world), runner=squeue_runner(STATES))
+    out = write_html(_td(world), world["testdir"] / "report.html", status=status)
     return out, out.read_text(encoding="utf-8")
 
 
@@ -333,9 +364,10 @@ def test_before_submission_the_label_is_what_jobs_submitted_now_would_get(
 
     td_path = tmp_path / "td"
     shutil.copytree(world["testdir"] / "provenance" / "freezes", td_path / "provenance" / "freezes")
-    st = collect_status(
+    status = collect_status(
         open_testdir(td_path, repo=Repo(world["work"]), registration=world["reg_file"]), ask_scheduler=False
     )
+    st = status.to_json()
     r = st["registration"]
     assert (r["state"], r["status"], r["sha256"]) == ("present", "FILLED", world["binding"]["sha256"])
     assert r["label"] == "pre-registered" and r["label_basis"].startswith("jobs submitted now"), r

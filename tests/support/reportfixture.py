@@ -31,7 +31,7 @@ def _bind_code(run: Path, commit: str) -> None:
 
 
 def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
-    from prereg.predict_makers import model_f_predictions
+    from prereg.predict_theory import model_f_predictions
     from prereg.predictions import write_predictions
     from review.registered import registered_analysis
 

@@ -19,14 +19,15 @@ from aiohttp import web
 from harness.client.contract import Command, Send, Timer, TurnResponse
 from harness.client.openloop import ListSink, PlanClient
 from harness.config import CellConfig, WorkloadConfig, load_config
-from harness.drivers.wall import COMPLETED, FAILED, INTERRUPTED, drive
+from harness.drivers.wall import drive
 from harness.emulator.server import Emulator, Faults, serve
 from harness.recording.progress import RunProgress
 from harness.recording.record import RunRecorder, load_run
+from harness.recording.schema import RunStatus
 from harness.servers import get_adapter
 from harness.workload.draws import STREAM_BASE, draw_session
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 SCALE = 100.0
 WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
@@ -86,7 +87,7 @@ def test_plan_end_to_end_hits_and_gauges(flavor: str, tmp_path: Any) -> None:
             return res, emu.cell.page_size
 
     res, bs = asyncio.run(go())
-    assert res.status == COMPLETED and res.reason == "client finished"
+    assert res.status == RunStatus.COMPLETED and res.reason == "client finished"
     assert not res.flagged and res.errors == 0 and res.timeouts == 0
     assert res.sent == res.ok == sum(s.n_turns for s in plan) == len(sink.turns)
     # plan time runs time_scale times faster than the wall
@@ -136,7 +137,7 @@ def test_horizon_ends_run_and_open_requests_are_recorded() -> None:
             )
 
     res = asyncio.run(go())
-    assert res.status == COMPLETED and "horizon" in res.reason
+    assert res.status == RunStatus.COMPLETED and "horizon" in res.reason
     assert res.plan_time == pytest.approx(12.0, abs=1.0)
     # close(now) was called: every session that arrived has a row, open ones included
     assert {r["session"] for r in sink.sessions} == {0, 1, 2, 3}
@@ -163,7 +164,7 @@ def test_stop_event_interrupts() -> None:
             )
 
     res = asyncio.run(go())
-    assert res.status == INTERRUPTED and res.wall_seconds < 2.0
+    assert res.status == RunStatus.INTERRUPTED and res.wall_seconds < 2.0
 
 
 class _Ticker:
@@ -201,7 +202,7 @@ def test_any_client_timers_fire_on_the_scaled_clock() -> None:
             )
 
     res = asyncio.run(go())
-    assert res.status == COMPLETED and res.ok == 4
+    assert res.status == RunStatus.COMPLETED and res.ok == 4
     # each timer fired at its plan time (lateness is in wall seconds; plan = wall x scale)
     for due, now in zip(client.times, client.fired):
         assert due <= now + 1e-6 and now - due < 0.05 * SCALE
@@ -356,7 +357,7 @@ def _drive_against(health_status: int, client: Any, duration: float) -> Any:
 def test_5xx_with_dead_health_fails_the_run() -> None:
     client = _Chain(None)  # never finishes on its own: only the probe can end the drive early
     res = _drive_against(503, client, duration=20.0)
-    assert res.status == FAILED and "server died" in res.reason and "503" in res.reason
+    assert res.status == RunStatus.FAILED and "server died" in res.reason and "503" in res.reason
     assert res.wall_seconds < 10.0
     assert client.responses and all(r.status == "error" and r.http_status == 500 for r in client.responses)
 
@@ -386,7 +387,7 @@ def test_wall_clock_lateness_is_not_a_gate_wait() -> None:
             )
 
     res = asyncio.run(go())
-    assert res.status == COMPLETED
+    assert res.status == RunStatus.COMPLETED
     rows = sink.sessions
     assert len(rows) == 8 and all(r["outcome"] == "completed" for r in rows)
     assert all(r["gate_wait"] == 0.0 for r in rows)

@@ -10,6 +10,8 @@ import pytest
 
 from harness.servers import cpuquota
 
+pytestmark = pytest.mark.wallclock  # the quota is measured in CPU seconds of a busy loop timed in real seconds
+
 BUSY = "import time\nt=time.monotonic()\nwhile time.monotonic()-t<1.5: pass\nprint(open('/proc/self/cgroup').read())"
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from support.gitfixture import commit_file, git, make_repo
 
-from prereg.freeze import FreezeError, freeze, parse_tag_message, read_frozen
+from prereg.freeze import FreezeError, freeze, read_frozen
 from prereg.predictions import About, Prediction, make_file, write_predictions
 from provenance.git import Repo
 from provenance.meta import sha256_file
+from provenance.proofcheck import tag_message_hashes
 from provenance.proofs import prove, verify_proof
 
 
@@ -38,12 +39,15 @@ def test_freeze_commits_tags_pushes_and_reads_back(tmp_path: Path, fmt: str) -> 
     rec = freeze([f], tag="pred-unit")
     repo = Repo(work)
     assert rec.data["object_format"] == fmt and rec.data["new_commit"]
-    assert parse_tag_message(repo.tag_message("pred-unit")) == {"predictions/p.yaml": sha256_file(f)}
+    assert tag_message_hashes(repo.tag_message("pred-unit")) == {"predictions/p.yaml": sha256_file(f)}
     # the remote holds the commit on its branch and the very tag object
     assert git(remote, "rev-parse", "refs/heads/main") == rec.commit
     assert git(remote, "rev-parse", "refs/tags/pred-unit") == rec.data["tag_object"]
     assert rec.confirmed_at and rec.confirmed_at >= rec.data["committed_at"]
-    assert json.loads((work / "prereg" / "freezes" / "pred-unit.json").read_text())["tag"] == "pred-unit"
+    record_text = (work / "prereg" / "freezes" / "pred-unit.json").read_text()
+    assert json.loads(record_text)["tag"] == "pred-unit"
+    # the record is committed: the local bare remote is named, no path of this host is in it
+    assert rec.data["remote"]["url"] == remote.name and str(tmp_path) not in record_text
     # a tag is never moved or re-made
     with pytest.raises(FreezeError, match="never moves a tag"):
         freeze([f], tag="pred-unit")
@@ -68,7 +72,7 @@ def test_a_remade_tracked_prediction_file_is_frozen_again(tmp_path: Path) -> Non
     _predictions(f, 0.7)
     rec = freeze([f], tag="pred-second")
     assert (
-        parse_tag_message(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)}
+        tag_message_hashes(Repo(work).tag_message("pred-second")) == {"predictions/p.yaml": sha256_file(f)}
         and rec.data["new_commit"]
     )
 

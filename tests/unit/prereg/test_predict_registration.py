@@ -7,7 +7,8 @@ import pytest
 from support.paths import REPO
 
 from harness.errors import ConfigError
-from prereg.predict_makers import is_registration_file, load_bundle, model_f_predictions
+from prereg.predict_makers import is_registration_file, load_bundle
+from prereg.predict_theory import model_f_predictions
 from prereg.registration import load_registration
 
 ROOT = REPO

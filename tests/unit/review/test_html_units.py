@@ -147,10 +147,11 @@ def test_a_staged_family_verdict_renders_its_groups_and_its_own_figure(tmp_path:
     )
     _png(tmp_path / "analysis" / "figure.png")
     td = open_testdir(tmp_path)
-    st = collect_status(td, ask_scheduler=False)
+    status = collect_status(td, ask_scheduler=False)
+    st = status.to_json()
     assert st["verdict"]["verdict"] == "THEORY-FAVOURED" and st["verdict"]["groups"][0]["outcome"] == "THEORY-FAVOURED"
-    assert "1.5: THEORY-FAVOURED (2 of 2 seeds closer to model F)" in format_status(st)
-    text = write_html(td, status=st).read_text()
+    assert "1.5: THEORY-FAVOURED (2 of 2 seeds closer to model F)" in format_status(status)
+    text = write_html(td, status=status).read_text()
     assert (
         "THEORY-FAVOURED" in text and "n_favoured &gt;= 2" in text and "(2 vs 2)" in text and "(0.02 vs 0.01)" in text
     )
@@ -168,13 +169,14 @@ def test_malformed_records_are_reported_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "predictions" / "x.score.json").write_text("[")
     td = open_testdir(tmp_path)
     assert td.manifest.state == "error" and "not valid JSON" in td.manifest.note
-    st = collect_status(td, ask_scheduler=False)
+    status = collect_status(td, ask_scheduler=False)
+    st = status.to_json()
     assert st["verdict"]["state"] == "error" and "no 'verdict' key" in st["verdict"]["note"]
     assert st["predictions"]["scored"][0]["error"].startswith("not valid JSON")
     assert st["jobs"]["state"] == "error"
-    text = format_status(st)
+    text = format_status(status)
     assert "jobs          none: " in text and "not valid JSON" in text
-    page = write_html(td, status=st).read_text()
+    page = write_html(td, status=status).read_text()
     assert "no &#x27;verdict&#x27; key" in page and "not valid JSON" in page
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.calibration import curve_means, e0a_summary, hit_crossing, window_stats
 from harness.config import CellConfig, WorkloadConfig, load_config
-from runs.calibration import STAGE_C_NS, e0a, stage_c
+from runs.closed_runs import STAGE_C_NS, e0a, stage_c
 
 PAPER_ALL_MISS_TOKENS = 11_243.0  # tokens/s, E0a on the A100 (App. E.3)
 PAPER_LAMBDA_REF = 0.0715  # sessions/s, turns-based

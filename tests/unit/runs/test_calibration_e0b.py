@@ -14,7 +14,8 @@ from analysis.calibration import e0b_stats
 from analysis.calibration_summaries import dir_sha256, load_inputs
 from harness.config import CellConfig, WorkloadConfig, load_config
 from prereg.fill import fill_registration
-from runs.calibration import calibrate_all, e0b, run_from_empty
+from runs.calibration import calibrate_all
+from runs.from_empty import e0b, run_from_empty
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_from_empty_runs_nest_and_separate(cell_wl) -> None:
 
 def test_from_empty_run_records(tmp_path: Path, cell_wl) -> None:
     cell, wl = cell_wl
-    from runs.calibration import e0b_protocol
+    from runs.from_empty import e0b_protocol
 
     prot = e0b_protocol(300.0, 150.0)
     s = run_from_empty(cell, wl, 1.0, 0.0715, protocol=prot, rise_span=150.0, run_dir=tmp_path / "r")

@@ -15,10 +15,10 @@ import pytest
 from harness.config import CellConfig, WorkloadConfig, load_config
 from harness.emulator.server import Emulator, serve
 from harness.recording.record import load_run
-from runs.calibration import cache_off, e0a, run_closed
+from runs.closed_runs import cache_off, e0a, run_closed
 from runs.realrun import EngineOptions
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.wallclock]  # wall-clock drives: one rerun if a try is late
 
 WL = WorkloadConfig(name="tiny", first_prompt=256, tool_tokens=64, decode_tokens=8)
 
@@ -73,7 +73,7 @@ def test_cache_off_run_refuses_a_server_whose_cache_is_on(tmp_path: Path) -> Non
 
 def test_e0b_on_a_launched_emulator(tmp_path: Path) -> None:
     """E0b on a real server: a fresh emulator per run, the frozen plan played in wall time."""
-    from runs.calibration import e0b
+    from runs.from_empty import e0b
 
     opts = EngineOptions(engine="emulator", time_scale=40.0, health_timeout=60.0)
     stats = e0b(tiny_cell(), WL, 0.2, grid=(0.5,), duration=200.0, rise_span=100.0, out_dir=tmp_path, engine=opts)

@@ -27,7 +27,9 @@ from harness.workload.planfile import plan_bytes
 from harness.workload.plans import make_plan
 from prereg.fill import fill_registration
 from prereg.registration import dump_registration, load_registration, registration_from_data
-from runs.calibration import calibrate_all, e0b, e0b_protocol, run_closed, stage_c
+from runs.calibration import calibrate_all
+from runs.closed_runs import run_closed, stage_c
+from runs.from_empty import e0b, e0b_protocol
 
 K_TIME, K_POP = 50.0, 64 / 20  # as in tests/unit/harness/test_config.py: times / k, populations x the cap ratio
 
@@ -145,7 +147,7 @@ def test_resume_summarises_a_matching_completed_run_and_reruns_nothing(tmp_path:
 
 
 def test_resume_does_not_take_a_run_of_other_settings(tmp_path: Path) -> None:
-    from runs.calibration import completed_run
+    from runs.closed_runs import completed_run
 
     cell = fast_cell()
     rd = tmp_path / "r"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from harness.config import CellConfig, WorkloadConfig, load_cost_file, load_test
-from runs.calibration import run_closed
+from runs.closed_runs import run_closed
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs
 from sim2real.replay import replay_run

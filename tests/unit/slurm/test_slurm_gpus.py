@@ -104,7 +104,7 @@ def test_a_gpu_cell_without_a_gpu_is_refused_before_any_engine_starts(project: d
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setattr("slurm.gpus.host_gpus", lambda *_a: 0)  # whatever GPUs this host has
     out = J.run_job(_spec(project, tmp_path / "run", "sglang"), code_root=project["work"])
-    assert out.status == "REFUSED" and out.check == "gpu" and out.exit_code == J.EXIT_REFUSED, out
+    assert out.status == "REFUSED" and out.check == "gpu" and out.exit_code == J.JobExit.REFUSED, out
     meta = orjson.loads((tmp_path / "run" / "meta.json").read_bytes())
     assert meta["refusal"]["check"] == "gpu" and "runs sglang on a GPU (A100 80GB PCIe)" in meta["status_reason"]
     assert meta["job"]["gpus"]["given"] == 0 and "engine_launch" not in meta  # nothing was launched

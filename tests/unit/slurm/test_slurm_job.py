@@ -4,6 +4,7 @@ project's code and registrations filled by formula (tests/support/slurm_fixture.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import UTC, datetime, timedelta, timezone
@@ -19,6 +20,7 @@ from harness.recording.record import load_run
 from prereg.registration import load_registration, registration_dict, write_registration
 from slurm import job as J
 from slurm.budget import Budget, job_time_limit, parse_time_minutes, run_budget, warning_lead_s
+from slurm.checks import SchedulerFacts, time_check
 from slurm.job_options import JobOptions
 from slurm.manifest import label_from_record
 from slurm.submit import SubmitOptions, SubmitRefused, format_plan, plan_submission
@@ -57,7 +59,7 @@ def _spec(p: dict[str, Any], run_dir: Path, **kw: Any) -> J.JobSpec:
 
 
 def _refused(out: J.JobOutcome, check: str) -> dict[str, Any]:
-    assert out.status == "REFUSED" and out.exit_code == J.EXIT_REFUSED and out.check == check, out
+    assert out.status == "REFUSED" and out.exit_code == J.JobExit.REFUSED and out.check == check, out
     meta = orjson.loads((Path(out.run_dir) / "meta.json").read_bytes())
     assert meta["status"] == "REFUSED" and meta["status_reason"] == out.reason and meta["refusal"]["check"] == check
     assert meta["tables"] is not None and all(t["rows"] == 0 for t in meta["tables"].values())  # a readable, empty run
@@ -95,12 +97,14 @@ def test_time_check_reproduces_the_papers_refused_job() -> None:
     same job resubmitted with --time 02:15:00 ran. (The paper's jobs had no warning lead.)"""
     need = Budget("sglang", 6000.0, 1.0, 6000.0, 900.0, 120.0, 60.0)
     assert need.needed_s == 7080
-    refused = J.time_check({"in_slurm": True, "time_left_s": 5369.0, "time_left": "1:29:29"}, need, 0.0)
-    ran = J.time_check({"in_slurm": True, "time_left_s": 8100.0 - 31, "time_left": "2:14:29"}, need, 0.0)
-    assert refused["ok"] is False and ran["ok"] is True and refused["required_s"] == 7080
-    assert J.time_check({"in_slurm": False}, need, 60.0)["ok"]  # no scheduler, no limit
-    assert J.time_check({"in_slurm": True, "unlimited": True}, need, 60.0)["ok"]
-    assert not J.time_check({"in_slurm": True, "error": "squeue: unreachable"}, need, 60.0)["ok"]
+    refused = time_check(SchedulerFacts(True, time_left_s=5369.0, time_left="1:29:29"), need, 0.0)
+    ran = time_check(SchedulerFacts(True, time_left_s=8100.0 - 31, time_left="2:14:29"), need, 0.0)
+    assert refused.ok is False and ran.ok is True and refused.required_s == 7080
+    assert refused.to_json()["required_s"] == 7080 and "problem" not in refused.to_json()
+    assert time_check(SchedulerFacts(False), need, 60.0).ok  # no scheduler, no limit
+    assert time_check(SchedulerFacts(True, unlimited=True), need, 60.0).ok
+    unread = time_check(SchedulerFacts(True, error="squeue: unreachable"), need, 60.0)
+    assert not unread.ok and "squeue: unreachable" in unread.to_json()["problem"]
 
 
 # ---------------------------------------------------------------------------------- the job script
@@ -154,19 +158,12 @@ def test_job_refuses_a_plan_mismatch(project: dict[str, Any], tmp_path: Path) ->
 
 
 def test_job_refuses_too_little_time(project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    facts = {
-        "in_slurm": True,
-        "job_id": "123",
-        "job_label": "123",
-        "time_left_s": 100.0,
-        "time_left": "1:40",
-        "error": None,
-    }
-    monkeypatch.setattr(J, "scheduler_facts", lambda: dict(facts))
+    facts = SchedulerFacts(True, job_id="123", job_label="123", time_left_s=100.0, time_left="1:40")
+    monkeypatch.setattr(J, "scheduler_facts", lambda: dataclasses.replace(facts))
     out = J.run_job(_spec(project, tmp_path / "run", warning_lead_s=60.0), code_root=project["work"])
     meta = _refused(out, "time")
     assert "100 s left in the job, 120 s needed" in out.reason and meta["time_check"]["required_s"] == 120.0
-    facts["time_left_s"] = 120.0  # exactly enough runs
+    facts.time_left_s = 120.0  # exactly enough runs
     assert (
         J.run_job(_spec(project, tmp_path / "run2", warning_lead_s=60.0), code_root=project["work"]).status
         == "COMPLETED"
@@ -218,11 +215,11 @@ def test_job_cli_and_entry_exit_statuses(
     spec = _spec(project, tmp_path / "run", sha256="cd" * 32)
     f = tmp_path / "spec.json"
     f.write_text(json.dumps(spec.to_json()))
-    assert J.main(["--spec", str(f)]) == J.EXIT_REFUSED
+    assert J.main(["--spec", str(f)]) == J.JobExit.REFUSED
     with pytest.raises(SystemExit) as exc:
         J.JobEntry(_spec(project, tmp_path / "run2", sha256="cd" * 32).to_json())()
-    assert exc.value.code == J.EXIT_REFUSED
-    assert J.main(["--registration", "x.yaml"]) == J.EXIT_REFUSED  # incomplete arguments are refused, not guessed
+    assert exc.value.code == J.JobExit.REFUSED
+    assert J.main(["--registration", "x.yaml"]) == J.JobExit.REFUSED  # incomplete arguments are refused, not guessed
 
 
 # ------------------------------------------------------------------------------------ submission
@@ -331,7 +328,7 @@ def test_label_from_the_manifest_and_the_schedulers_submit_times() -> None:
 # -------------------------------------------------------------------------------- collection
 def test_the_export_is_checked_against_the_manifest() -> None:
     from slurm.collect import agreement
-    from slurm.scheduler import AccountingRow
+    from slurm.parsers import AccountingRow
 
     t = datetime(2026, 12, 1, 6, 19, 7, tzinfo=UTC)
     doc = {

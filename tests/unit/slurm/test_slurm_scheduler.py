@@ -10,6 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from slurm import accounting_export as X
+from slurm import parsers as P
 from slurm import scheduler as S
 from slurm.scheduler import CommandResult
 
@@ -66,87 +68,104 @@ def ok(stdout: str) -> CommandResult:
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert S.parse_duration(text) == pytest.approx(seconds)
+    assert P.parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["UNLIMITED", "unlimited", "INFINITE", "-1"])
 def test_parse_duration_unlimited(text: str) -> None:
-    assert S.parse_duration(text) == math.inf
+    assert P.parse_duration(text) == math.inf
 
 
 @pytest.mark.parametrize("text", ["NOT_SET", "Partition_Limit", "INVALID", "", "None", "Unknown"])
 def test_parse_duration_no_value(text: str) -> None:
-    assert S.parse_duration(text) is None
+    assert P.parse_duration(text) is None
 
 
 @pytest.mark.parametrize("text", ["abc", "1:2:3:4", "5-", "1.5", "-5:00"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError):
-        S.parse_duration(text)
+        P.parse_duration(text)
 
 
 def test_parse_time_left() -> None:
-    assert S.parse_time_left("4:57") == 297
-    assert S.parse_time_left("1-00:00:00") == 86400
-    assert S.parse_time_left("UNLIMITED") == math.inf
-    assert S.parse_time_left("INVALID") == 0.0  # past the limit, not yet killed
-    assert S.parse_time_left("NOT_SET") is None
+    assert P.parse_time_left("4:57") == 297
+    assert P.parse_time_left("1-00:00:00") == 86400
+    assert P.parse_time_left("UNLIMITED") == math.inf
+    assert P.parse_time_left("INVALID") == 0.0  # past the limit, not yet killed
+    assert P.parse_time_left("NOT_SET") is None
 
 
 # --------------------------------------------------------------------------------------- timestamps
 def test_parse_timestamp_epoch_is_utc() -> None:
-    ts = S.parse_timestamp("1796110587")
+    ts = P.parse_timestamp("1796110587")
     assert ts == datetime(2026, 12, 1, 7, 36, 27, tzinfo=UTC)
     assert ts is not None and ts.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("text", ["Unknown", "None", "", "0", "N/A"])
 def test_parse_timestamp_unset(text: str) -> None:
-    assert S.parse_timestamp(text) is None
+    assert P.parse_timestamp(text) is None
 
 
 def test_parse_timestamp_local_text_in_explicit_zone() -> None:
     ny = ZoneInfo("America/New_York")
     # Standard time (UTC-5) and summer time (UTC-4).
-    assert S.parse_timestamp("2026-12-01T06:19:07", tz=ny) == datetime(2026, 12, 1, 11, 19, 7, tzinfo=UTC)
-    assert S.parse_timestamp("2026-07-01T06:19:07", tz=ny) == datetime(2026, 7, 1, 10, 19, 7, tzinfo=UTC)
+    assert P.parse_timestamp("2026-12-01T06:19:07", tz=ny) == datetime(2026, 12, 1, 11, 19, 7, tzinfo=UTC)
+    assert P.parse_timestamp("2026-07-01T06:19:07", tz=ny) == datetime(2026, 7, 1, 10, 19, 7, tzinfo=UTC)
     # The repeated hour at the end of summer time: the first occurrence (still UTC-4).
-    assert S.parse_timestamp("2026-11-01T01:30:00", tz=ny) == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
+    assert P.parse_timestamp("2026-11-01T01:30:00", tz=ny) == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
     kolkata = ZoneInfo("Asia/Kolkata")
-    assert S.parse_timestamp("2026-12-01T12:00:00", tz=kolkata) == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
+    assert P.parse_timestamp("2026-12-01T12:00:00", tz=kolkata) == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
 
 
 def test_parse_timestamp_local_text_uses_tz_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TZ", "Asia/Kolkata")
-    assert S.parse_timestamp("2026-12-01T12:00:00") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
-    assert S.local_timezone() == ZoneInfo("Asia/Kolkata")
+    assert P.parse_timestamp("2026-12-01T12:00:00") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
+    assert P.local_timezone() == ZoneInfo("Asia/Kolkata")
 
 
 def test_parse_timestamp_with_offset() -> None:
-    assert S.parse_timestamp("2026-12-01T12:00:00+05:30") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
+    assert P.parse_timestamp("2026-12-01T12:00:00+05:30") == datetime(2026, 12, 1, 6, 30, tzinfo=UTC)
 
 
 def test_parse_timestamp_rejects_garbage() -> None:
     with pytest.raises(ValueError):
-        S.parse_timestamp("yesterday")
+        P.parse_timestamp("yesterday")
 
 
 # --------------------------------------------------------------------------------- states and codes
 def test_exit_codes_and_states() -> None:
-    assert S.parse_exit_code("0:0") == (0, 0)
-    assert S.parse_exit_code("3:0") == (3, 0)
-    assert S.parse_exit_code("0:15") == (0, 15)
-    assert S.parse_exit_code("") == (None, None)
-    assert S.normalise_state("CANCELLED by 0") == "CANCELLED"
-    assert S.normalise_state("running") == "RUNNING"
-    assert S.normalise_state("COMPLETED+") == "COMPLETED"
-    assert S.is_terminal("CANCELLED by 1000") and S.is_terminal("TIMEOUT")
-    assert not S.is_terminal("PENDING") and not S.is_terminal("RUNNING") and not S.is_terminal("COMPLETING")
+    assert P.parse_exit_code("0:0") == (0, 0)
+    assert P.parse_exit_code("3:0") == (3, 0)
+    assert P.parse_exit_code("0:15") == (0, 15)
+    assert P.parse_exit_code("") == (None, None)
+    assert P.normalise_state("CANCELLED by 0") == "CANCELLED"
+    assert P.normalise_state("running") == "RUNNING"
+    assert P.normalise_state("COMPLETED+") == "COMPLETED"
+    assert P.is_terminal("CANCELLED by 1000") and P.is_terminal("TIMEOUT")
+    assert not P.is_terminal("PENDING") and not P.is_terminal("RUNNING") and not P.is_terminal("COMPLETING")
+
+
+def test_states_are_normalised_to_the_enum_in_one_place() -> None:
+    """squeue's and sacct's text, the local executor's words and an export read back all become a
+    JobState through normalise_state; text no Slurm state names reads as UNKNOWN, never as itself."""
+    assert P.normalise_state("CANCELLED by 0") is P.JobState.CANCELLED
+    assert P.normalise_state("") is P.JobState.UNKNOWN
+    assert P.normalise_state("NOT_A_STATE") is P.JobState.UNKNOWN
+    assert P.parse_squeue_states("5_0|PENDING\n5_1|RUNNING+\n") == {
+        "5_0": P.JobState.PENDING,
+        "5_1": P.JobState.RUNNING,
+    }
+    assert {type(r.state) for r in P.parse_sacct(SACCT_EPOCH)} == {P.JobState}
+    # the categories status reports by partition the states that are not final, and SPECIAL_EXIT
+    # (requeued and held) is both pending and final, as before
+    assert set() == P.PENDING_STATES & P.RUNNING_STATES
+    assert {P.JobState.SPECIAL_EXIT} == P.PENDING_STATES & P.TERMINAL_STATES
 
 
 # ------------------------------------------------------------------------------------------- sacct
 def test_parse_sacct_rows() -> None:
-    rows = S.parse_sacct(SACCT_EPOCH)
+    rows = P.parse_sacct(SACCT_EPOCH)
     by_id = {r.job_id: r for r in rows}
     assert list(by_id) == ["2", "3", "4_0", "4_2", "9", "10", "11"]
     ok_row = by_id["2"]
@@ -169,12 +188,12 @@ def test_parse_sacct_rows() -> None:
 
 def test_parse_sacct_multiline_comment_and_empty() -> None:
     out = "5|j|1796110587|1796110588|1796110590|COMPLETED|0:0|vm|00:05:00|00:00:02|line one\nline|two\n6|k|1796110587|Unknown|Unknown|PENDING|0:0|None assigned|UNLIMITED|00:00:00|\n"
-    rows = S.parse_sacct(out)
+    rows = P.parse_sacct(out)
     assert [r.job_id for r in rows] == ["5", "6"]
     assert rows[0].comment == "line one\nline|two"
-    assert S.parse_sacct("") == []
+    assert P.parse_sacct("") == []
     with pytest.raises(ValueError):
-        S.parse_sacct("garbage without fields\n")
+        P.parse_sacct("garbage without fields\n")
 
 
 def test_accounting_command_and_env() -> None:
@@ -273,10 +292,10 @@ def test_job_states_unknown_single_id_and_no_accounting() -> None:
 
 # ------------------------------------------------------------------------------------------ export
 def test_export_json_and_csv_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    rows = S.parse_sacct(SACCT_EPOCH)
+    rows = P.parse_sacct(SACCT_EPOCH)
     kolkata = ZoneInfo("Asia/Kolkata")
-    j = S.write_accounting_export(rows, tmp_path / "acct.json", local_tz=kolkata)
-    c = S.write_accounting_export(rows, tmp_path / "acct.csv", local_tz=kolkata)
+    j = X.write_accounting_export(rows, tmp_path / "acct.json", local_tz=kolkata)
+    c = X.write_accounting_export(rows, tmp_path / "acct.csv", local_tz=kolkata)
     doc = json.loads(j.read_text())
     assert doc["local_tz"] == "Asia/Kolkata" and len(doc["rows"]) == len(rows)
     first = doc["rows"][0]
@@ -288,15 +307,15 @@ def test_export_json_and_csv_round_trip(tmp_path) -> None:  # type: ignore[no-un
     pending = next(r for r in doc["rows"] if r["job_id"] == "10")
     assert pending["start_utc"] is None and pending["start_local"] is None
     header = c.read_text().splitlines()[0].split(",")
-    assert header[: len(S.EXPORT_COLUMNS)] == list(S.EXPORT_COLUMNS) and header[-1] == "local_tz"
-    assert S.read_accounting_export(j) == rows
-    assert S.read_accounting_export(c) == rows
+    assert header[: len(X.EXPORT_COLUMNS)] == list(X.EXPORT_COLUMNS) and header[-1] == "local_tz"
+    assert X.read_accounting_export(j) == rows
+    assert X.read_accounting_export(c) == rows
 
 
 def test_export_rejects_unknown_format(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="csv or json"):
-        S.write_accounting_export([], tmp_path / "acct.txt")
-    assert S.write_accounting_export([], tmp_path / "x.out", fmt="json").exists()
+        X.write_accounting_export([], tmp_path / "acct.txt")
+    assert X.write_accounting_export([], tmp_path / "x.out", fmt="json").exists()
 
 
 # ----------------------------------------------------------------------------- settled accounting
@@ -324,13 +343,13 @@ def test_wait_for_accounting_waits_for_the_settled_row() -> None:
     runner = SequenceRunner(stages)
     (row,) = S.wait_for_accounting([19], poll_s=0.0, runner=runner)
     assert runner.n == 3 and row.settled and row.timelimit_s == 120 and row.comment == "hello x"
-    assert not S.parse_sacct(stages[1])[0].settled
+    assert not P.parse_sacct(stages[1])[0].settled
     with pytest.raises(TimeoutError, match="not final"):
         S.wait_for_accounting([19], timeout_s=0.0, poll_s=0.0, runner=SequenceRunner(stages[:2]))
 
 
 def test_settled_without_a_start() -> None:
-    (row,) = S.parse_sacct("30|wrap|1796111020|Unknown|1796111025|CANCELLED by 0|0:0|None assigned||00:00:00|\n")
+    (row,) = P.parse_sacct("30|wrap|1796111020|Unknown|1796111025|CANCELLED by 0|0:0|None assigned||00:00:00|\n")
     assert row.start is None and row.settled  # cancelled while pending: no start message will come
 
 
