@@ -365,7 +365,7 @@ def dump_yaml(data: Any) -> bytes:
 # launch settings, the engine's CPU quota): left out of the file while unset, so a registration written before they
 # existed keeps its bytes, its SHA-256 and every run bound to it. Reading the file back gives the
 # same object (the fields default to None).
-_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota")
+_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "engine_speed_pin")
 
 
 def registration_dict(reg: Registration) -> dict[str, Any]:

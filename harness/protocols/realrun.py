@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 from harness.drivers.wall import FAILED, INTERRUPTED, DriveResult, drive
 from harness.config import CellConfig
+from harness.servers import cpuquota
+from harness.servers.speedpin import SpeedPinError, pin_blocking
 
 log = logging.getLogger("agentload.realrun")
 
@@ -181,6 +183,9 @@ def run_real(
                 base_url = options.base_url.rstrip("/")
             model_name = options.served_model_name or _served_name(adapter, cell)
             _meta(recorder, {"engine_adapter": {**adapter.describe(), "base_url": base_url, "model_name": model_name, "time_scale": options.time_scale}})
+            pin = _pin_speed(adapter, handle, cell, base_url, model_name)
+            if pin is not None:
+                _meta(recorder, {"engine_speed_pin": pin})
             checks = asyncio.run(_preflight(adapter, base_url, cell, model_name, options))
             _meta(recorder, {"preflight": checks})
             alive = _liveness(handle)
@@ -203,6 +208,9 @@ def run_real(
             )
             _install_interrupt()
             load.mark("drive_end", group)
+        except SpeedPinError as exc:
+            _meta(recorder, {"engine_speed_pin": {"applied": True, **exc.record}})
+            result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
         except EngineStartError as exc:
             result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
@@ -218,6 +226,30 @@ def run_real(
     _meta(recorder, {"host_load": load.as_meta()})
     _finish(recorder, result)
     return result
+
+
+def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model_name: str) -> dict[str, Any] | None:
+    """Pin the engine's speed to the cell's (harness/servers/speedpin.py) once it is healthy, before
+    the smoke checks and the canary; None for a cell without a pin. A server this run did not launch
+    under a CPU quota (the emulator, an attached server) cannot be pinned: that is recorded. Raises
+    SpeedPinError when the host cannot give the cell's speed, PreflightError when the probe fails."""
+    pin = cell.engine_speed_pin
+    if pin is None:
+        return None
+    group = getattr(handle, "cpu_group", None)
+    if group is None or cell.engine_cpu_quota is None:
+        return {"applied": False, "reason": "the server was not launched by this run under a CPU quota (emulator or attached server)"}
+    try:
+        res = pin_blocking(adapter, base_url, pin, cell.engine_cpu_quota, model_name, lambda q: cpuquota.apply(group, q))
+    except SpeedPinError:
+        raise
+    except Exception as exc:  # a failed probe request or flush is a failed pre-run check, not a crash
+        raise PreflightError(f"engine speed pin: {type(exc).__name__}: {exc}") from None
+    if handle.log_path is not None:
+        with Path(handle.log_path).open("ab") as log:
+            log.write(f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
+                      f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode())  # fmt: skip
+    return {"applied": True, **res.to_json()}
 
 
 class HostLoad:

@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.config import SpeedPin
+from harness.servers import cpuquota
 from harness.servers.base import EngineAdapter
+from harness.servers.speedpin import measure_blocking
 
 if TYPE_CHECKING:
     import aiohttp
@@ -354,6 +357,10 @@ def register(cli: Any) -> None:
     p.add_argument("--long-prompt", type=int, default=WORKLOAD_MAX_PROMPT)
     p.add_argument("--decode-tokens", type=int, default=100)
     p.add_argument("--cache-dir", type=Path, default=None, help="private folder for the engine's compile caches and temp files")
+    p.add_argument("--probe-quotas", default=None, metavar="Q1,Q2,...",
+                   help="after the checks, the speed pin's probe (the cell's engine_speed_pin shape, else the default) at each CPU "
+                        "quota: what a cell's engine_speed_pin.token_rate is measured with (needs a cell with engine_cpu_quota)")
+    p.add_argument("--probe-repeats", type=int, default=3, help="probes per quota (default 3)")
     p.set_defaults(func=_cmd_smoke)
     from harness.servers.base import EngineStartError
 
@@ -386,6 +393,8 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
             base_url = handle.base_url
         report = run_smoke_blocking(adapter, base_url.rstrip("/"), cell, model_name=adapter.served_model_name(cell),
                                     long_prompt=args.long_prompt, decode_tokens=args.decode_tokens, launched_argv=argv)  # fmt: skip
+        if args.probe_quotas:
+            _probe_quotas(adapter, handle, cell, base_url.rstrip("/"), [float(x) for x in args.probe_quotas.split(",")], args.probe_repeats, run_dir)
     finally:
         if handle is not None:
             adapter.stop(handle)
@@ -393,6 +402,20 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     print(report.summary())
     print(f"report: {run_dir / 'smoke.json'}")
     return 0 if report.passed else 1
+
+
+def _probe_quotas(adapter: EngineAdapter, handle: Any, cell: CellConfig, base_url: str, quotas: list[float], repeats: int, run_dir: Path) -> None:
+    """The speed pin's probe at each quota (harness/servers/speedpin.py), printed and kept in probe.json."""
+    group = getattr(handle, "cpu_group", None)
+    if group is None:
+        raise SystemExit("smoke --probe-quotas: the server must be launched here under a CPU quota (a cell with engine_cpu_quota)")
+    pin = cell.engine_speed_pin or SpeedPin(token_rate=1.0, max_cpu_quota=max(quotas), source="measurement")
+    steps = measure_blocking(adapter, base_url, pin, adapter.served_model_name(cell), quotas, repeats, lambda q: cpuquota.apply(group, q))
+    print(f"speed probe ({pin.requests} prompts x {pin.prompt_tokens} tokens, {pin.max_tokens} out, at once):")
+    for q in quotas:
+        rates = [s.token_rate for s in steps if abs(s.quota - q) < 1e-6]
+        print(f"  quota {q:g} CPU: {np.mean(rates):.0f} uncached tokens/s (runs {', '.join(f'{r:.0f}' for r in rates)})")
+    (run_dir / "probe.json").write_text(json.dumps([s.__dict__ for s in steps], indent=2) + "\n")
 
 
 __all__ = [
