@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prereg.decidable import undecidable_reasons
+from prereg.registration import RegistrationError, load_registration
+
 
 def _cmd_fill(args: Any) -> int:
     from prereg.fill import fill_to_file
@@ -35,6 +38,11 @@ def _cmd_fill(args: Any) -> int:
         print(f"  warning {w_['id']}{v}: {w_['text']}")
     for r in s["status_reasons"]:
         print(f"  INCOMPLETE: {r}")
+    for r in undecidable_reasons(res.registration):
+        print(f"  UNDECIDABLE: {r}")
+    design = res.registration.fill.get("design")
+    if design:
+        print(f"  design  {design['path']} (sha256 {design['sha256'][:12]}): {'decisive' if design['decisive'] else 'NOT decisive'}")
     return 0
 
 
@@ -47,13 +55,17 @@ def _cmd_check(args: Any) -> int:
         print(json.dumps(res.to_json(), indent=2, default=str))
     else:
         print(format_check(res))
+        try:
+            reasons = undecidable_reasons(load_registration(args.registration))
+        except RegistrationError:
+            reasons = []
+        for r in reasons:  # not a refusal of the check: `agentload submit` refuses it unless told --accept-undecidable
+            print(f"UNDECIDABLE: {r}")
     return 0 if res.ok else 1
 
 
 def register(cli: Any) -> None:
-    """Add `agentload prereg fill|check`."""
-    from prereg.registration import RegistrationError
-
+    """Add `agentload prereg fill|check|design`."""
     cli.user_errors(RegistrationError)
     p = cli.command("prereg", group="calibrate", help="fill a registration by formula from calibration inputs; check one before submitting")
     p.set_defaults(_parser=p)
@@ -76,3 +88,6 @@ def register(cli: Any) -> None:
     c.add_argument("--exploratory", action="store_true", help="accept an EXPLORATORY registration (exploratory runs)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_check)
+    from prereg.design_cli import add_design_command  # the simulator's stack, loaded with the command set
+
+    add_design_command(sub)

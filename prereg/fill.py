@@ -28,6 +28,7 @@ from typing import Any
 from harness.config import DEFAULT_START_LATENESS_P99, ArmConfig, CellConfig, ConfigError, ProtocolConfig, WorkloadConfig, config_ref, load_config
 from harness.workload.plans import DEFAULT_TOP_RATE, rate_above_top
 from prereg import formula as F
+from prereg.design_record import bound_design
 from prereg.inputs import CalibrationInputs, InputError, e0a_values, load_inputs
 from prereg.registration import (
     FORMAT,
@@ -291,6 +292,9 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "all_miss_token_rate_se": ev.all_miss_token_rate_se,
     }
     inputs_list = [{"path": _rel(p, root), "sha256": h, "role": stage} for stage, (p, h) in inputs.files.items()]
+    design = bound_design(inputs.folder, tpath, inputs.files, root)  # a design record beside the inputs is bound by its hash
+    if design is not None:
+        inputs_list.append({"path": design["path"], "sha256": design["sha256"], "role": "design"})
     trace = {
         "template": {"path": _rel(tpath, root), "sha256": hashlib.sha256(tpath.read_bytes()).hexdigest()},
         "params": P.model_dump(mode="json"),
@@ -328,6 +332,7 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
             "above_window": "no rate above the window is registered: NOBURST could leave the good state unaided",
         },
         "predictions": _predictions(arms, rule, multiples, drains, gated) if multiples else [],
+        **({"design": design} if design is not None else {}),
     }
     data = {
         "format": FORMAT,

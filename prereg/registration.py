@@ -76,7 +76,7 @@ class Rate(_Strict):
 class InputFile(_Strict):
     path: str = Field(..., min_length=1, description="repository-relative path of the committed input copy")
     sha256: str = Field(..., pattern=_HEX64)
-    role: Literal["stage-c", "e0a", "e0b", "parent", "other"] = "other"
+    role: Literal["stage-c", "e0a", "e0b", "parent", "design", "other"] = "other"
 
 
 class PlanHash(_Strict):

@@ -47,6 +47,7 @@ def _cmd_submit(args: Any) -> int:
         partition=args.partition, time=args.time, dry_run=args.dry_run, exploratory=args.exploratory, out=args.out,
         remote=args.remote, branch=args.branch, parallel=args.parallel, cpus_per_task=args.cpus_per_task, mem=args.mem,
         gres=args.gres, account=args.account, qos=args.qos, python=args.python, job_env=_kv(args.job_env, "--job-env"),
+        accept_undecidable=args.accept_undecidable,
     )  # fmt: skip
     doc = submit_registration(args.registration, opts, echo=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
@@ -94,6 +95,9 @@ def register(cli: Any) -> None:
     p.add_argument("--time", help="per-job limit as sbatch reads it (minutes, HH:MM:SS, D-HH:MM); default: from the protocol with a margin")
     p.add_argument("--dry-run", action="store_true", help="check and print what would be submitted; submit nothing")
     p.add_argument("--exploratory", action="store_true", help="accept an EXPLORATORY or uncommitted registration (runs are exploratory)")
+    p.add_argument("--accept-undecidable", action="store_true",
+                   help="submit a registration whose rule can only FAIL by design, or that its bound design record finds not decisive "
+                        "(refused otherwise, with the reason and what design would be decisive); the manifest records it")
     p.add_argument("--out", help="test directory (default: results/submissions/<registration>-<time>)")
     p.add_argument("--remote", help="git remote to ask (default: the branch's upstream, else origin)")
     p.add_argument("--branch", help="remote branch to ask (default: the upstream branch)")
