@@ -270,7 +270,8 @@ _STATES: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
 
 def _key(bundle: TestBundle, arm: str, rate: float, seed: int, factor: float) -> tuple[Any, ...]:
     a = next(v for k, v in bundle.arms.items() if k.upper() == arm.upper())
-    return (bundle.protocol.model_dump_json(), arm.upper(), round(rate, 9), seed, round(factor, 9), bundle.test.cap if a.gate else None)
+    proto = bundle.protocol.model_dump_json(exclude={"name", "description"})  # the description names every knob, the cap's too
+    return (proto, arm.upper(), round(rate, 9), seed, round(factor, 9), bundle.test.cap if a.gate else None)
 
 
 @dataclass
@@ -393,9 +394,10 @@ class SearchResult:
 
 
 def search(ctx: Context, grid: Grid, *, seeds: Sequence[int], need: int, margin: float, overhead_s: float, max_candidates: int = 60,
-           jobs: int = 1, echo: Any = None) -> SearchResult:  # fmt: skip
+           jobs: int = 1, echo: Any = None, max_hours: float | None = None, max_ci_s: float | None = None) -> SearchResult:  # fmt: skip
     """The baseline (the template's design) evaluated in full, then candidates in order of cost
-    (engine-hours of the full test, then the CI version's time) until one is decisive."""
+    (engine-hours of the full test, then the CI version's time) until one is decisive. A candidate
+    over `max_hours` (the full test) or `max_ci_s` (its CI version) is pruned with the formulas'."""
     say = echo or (lambda m: None)
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
@@ -408,6 +410,11 @@ def search(ctx: Context, grid: Grid, *, seeds: Sequence[int], need: int, margin:
         if max_candidates <= 0:
             return SearchResult(baseline, None, [], 0, 0, runs, searched=False)
         cands = [formula_eval(ctx, d) for d in grid.designs(ctx.protocol.burst.size) if d != ctx.baseline()]
+        for c in cands:
+            if max_hours is not None and c.engine_hours(overhead_s) > max_hours:
+                c.reasons.append(f"the full test takes {c.engine_hours(overhead_s):.2f} engine-hours, over the {max_hours:g} allowed")
+            if max_ci_s is not None and c.ci_seconds(overhead_s) > max_ci_s:
+                c.reasons.append(f"its CI version takes {c.ci_seconds(overhead_s) / 60:.1f} min, over the {max_ci_s / 60:g} allowed")
         ok = sorted((c for c in cands if c.ok), key=lambda c: (c.engine_hours(overhead_s), c.ci_seconds(overhead_s), -c.design.burst))
         evaluated: list[Evaluated] = []
         proposal = None

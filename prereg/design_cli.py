@@ -105,7 +105,8 @@ def _cmd_design(args: argparse.Namespace) -> int:
           "with them by the registered rule")  # fmt: skip
     t0 = time.monotonic()
     res = search(ctx, grid, seeds=seeds, need=need, margin=args.margin, overhead_s=args.overhead, max_candidates=0 if args.no_search else args.max_candidates,
-                 jobs=args.jobs, echo=print if args.verbose else None)  # fmt: skip
+                 jobs=args.jobs, echo=print if args.verbose else None, max_hours=args.max_hours,
+                 max_ci_s=None if args.max_ci_minutes is None else 60 * args.max_ci_minutes)  # fmt: skip
     mg = None
     if res.proposal is not None and args.flip_margins:
         mg = margins(ctx, res.proposal.formula, seeds, max_change=0.5, tol=args.margin_tol)
@@ -116,6 +117,7 @@ def _cmd_design(args: argparse.Namespace) -> int:
             per = ", ".join(f"{s}: {v['base']} {'>' if not v['bounded'] else ''}{v['margin']:.2f}" for s, v in m["seeds"].items())
             print(f"  {m['arm']:8} x {m['rate']:<5g} min {m['min_margin']:.2f}  ({per})")
     settings: dict[str, Any] = {"seeds": seeds, "need": need, "margin": args.margin, "overhead_s": args.overhead, "max_candidates": args.max_candidates,
+                                "max_hours": args.max_hours, "max_ci_minutes": args.max_ci_minutes,
                                 "grid": {"time_factors": list(grid.time_factors), "post_factors": list(grid.post_factors),
                                          "burst_factors": list(grid.burst_factors), "width_factors": list(grid.width_factors),
                                          "cap_fractions": list(grid.cap_fractions), "fractions": [[list(f) for f in g] for g in grid.fractions]}}  # fmt: skip
@@ -146,6 +148,8 @@ def add_design_command(sub: Any) -> None:
     d.add_argument("--cap-fractions", default="0.95,0.9,0.85,0.8", help="the cap rule's fraction of mu* (default 0.95,0.9,0.85,0.8)")
     d.add_argument("--fractions", default="1/3:2/3,1/4:1/2,1/5:2/5,1/4:3/4", help="the rates' places across the window, pairs by ':'")
     d.add_argument("--max-candidates", type=int, default=60, help="candidates simulated at most, cheapest first (default 60)")
+    d.add_argument("--max-hours", type=float, default=None, help="prune designs whose full test takes more engine-hours")
+    d.add_argument("--max-ci-minutes", type=float, default=None, help="prune designs whose CI version (BURST + NOBURST of one seed) takes longer")
     d.add_argument("--no-search", action="store_true", help="evaluate the template's design only")
     d.add_argument("--flip-margins", action="store_true", help="also bisect the flip margin of every run of the proposal (slow)")
     d.add_argument("--margin-tol", type=float, default=0.02, help="bisection tolerance of the flip margins (default 0.02)")

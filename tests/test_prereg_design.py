@@ -162,3 +162,61 @@ def test_the_design_command_prints_the_table_and_the_undecidable_reason(tmp_path
     assert [c["arm"] for c in rec["baseline"]["simulated"]["counts"] if c["speed_factor"] == 1.0].count("CAPPED") == 2
     assert rec["references"]["all_miss_token_rate"] == pytest.approx(2335.33, abs=0.01) and rec["template"]["path"] == "prereg/templates/e2-vllm-cpu-tiny-131k.yaml"
     assert "search: not run (--no-search)" in text
+
+
+# ------------------------------------------------------------------------------------ the search
+def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator replaced by a rule of thumb (a burst of at least 200 traps; a gate recovers):
+    the search must skip what the formulas rule out, simulate the rest cheapest first and stop at
+    the first design where every arm meets its registered state in k of n seeds at every speed."""
+    import prereg.design as D
+
+    seen: list[tuple[str, int, float]] = []
+
+    def fake_state(bundle, arm, rate, seed, factor, rule, refs):  # noqa: ANN001, ANN202 - the simulator's signature
+        b = bundle.protocol.burst.size
+        seen.append((arm.upper(), b, factor))
+        if arm.upper() == "BURST":
+            return ("TRAPPED" if b >= 200 else "RECOVERED"), {}
+        return "RECOVERED", {}
+
+    monkeypatch.setattr(D, "_state", fake_state)
+    monkeypatch.setattr(D, "_STATES", {})
+    ctx = load_context(OLD_INPUTS, OLD_TEMPLATE, COST)
+    grid = D.Grid(time_factors=(1.0,), post_factors=(1.0, 8.0, 16.0), burst_factors=(1.0, 0.375, 0.25, 0.125), width_factors=(1.0,),
+                  cap_fractions=(0.95,), fractions=(((1, 5), (2, 5)),))  # fmt: skip
+    res = D.search(ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20)
+    assert not res.baseline.decisive and any("CAPPED cannot recover" in r for r in res.baseline.formula.reasons)
+    assert res.proposal is not None and res.proposal.decisive
+    d = res.proposal.formula.design
+    assert d.burst >= 200 and all(x["fits"] for x in res.proposal.formula.drains)
+    hours = [e.formula.engine_hours(60.0) for e in res.evaluated]
+    assert hours == sorted(hours) and res.evaluated[-1] is res.proposal  # cheapest first, stopped at the first decisive
+    assert all(not e.decisive for e in res.evaluated[:-1])
+    assert res.pruned > 0 and res.candidates == len([x for x in grid.designs(640) if x != ctx.baseline()])
+    assert {f for _, _, f in seen} == {1.0, 0.9, 1.1}  # each arm also at the speed moved by the margin
+    hours_cap = res.proposal.formula.engine_hours(60.0) * 0.99  # just under the proposal's: it must be pruned now
+    capped = D.search(ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20, max_hours=hours_cap)
+    assert capped.proposal is None or capped.proposal.formula.engine_hours(60.0) <= hours_cap
+    assert all(e.formula.engine_hours(60.0) <= hours_cap for e in capped.evaluated)
+
+
+def test_a_run_state_is_simulated_once_for_designs_that_differ_only_in_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prereg.design as D
+
+    calls: list[str] = []
+
+    def fake_state(bundle, arm, rate, seed, factor, rule, refs):  # noqa: ANN001, ANN202
+        calls.append(arm.upper())
+        return ("TRAPPED" if arm.upper() == "BURST" else "RECOVERED"), {}
+
+    monkeypatch.setattr(D, "_state", fake_state)
+    monkeypatch.setattr(D, "_STATES", {})
+    ctx = load_context(OLD_INPUTS, OLD_TEMPLATE, COST)
+    a = D.formula_eval(ctx, D.Design(1.0, 16.0, 160, 1.0, 0.95, ((1, 5), (2, 5))))
+    b = D.formula_eval(ctx, D.Design(1.0, 16.0, 160, 1.0, 0.8, ((1, 5), (2, 5))))
+    assert a.ok and b.ok and a.cap != b.cap
+    D.sim_eval(ctx, a, seeds=[1, 2], need=2, margin=0.0)
+    n = calls.count("BURST")
+    D.sim_eval(ctx, b, seeds=[1, 2], need=2, margin=0.0)
+    assert calls.count("BURST") == n == 4 and calls.count("CAPPED") == 8  # BURST and NOBURST reused; CAPPED's cap differs

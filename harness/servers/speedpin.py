@@ -9,8 +9,9 @@ called a plainly trapped run INDETERMINATE. What the registration's references n
 a probe sends `requests` unique prompts at once (random ids, no prefix shared with anything, so
 every token is a miss), the uncached prompt tokens over the wall time from the first send to the
 last reply is the rate, and the quota is moved until the rate is within `tolerance` of the target:
-first in proportion (a CPU-bound engine's rate grows about linearly with its quota), then, once
-the target is bracketed, by interpolation in log-log inside the bracket. A host that cannot reach
+first in proportion (a CPU-bound engine's rate grows about linearly with its quota), then along
+the power law the last two probes give (a secant in log-log; on a shared host the speed a quota
+gives drifts with the others' load, so only the latest probes count). A host that cannot reach
 the rate at `max_cpu_quota` is refused with what it reached (SpeedPinError, an EngineStartError);
 so is one still too fast at `min_cpu_quota`, and a search that does not settle in `max_steps`.
 The cache is flushed after the probe, so the canary that follows checks that nothing is left.
@@ -90,20 +91,18 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
         best = min(steps, key=lambda s: abs(math.log(s.token_rate / T)) if s.token_rate > 0 else math.inf)
         return Decision("refused", None, f"speed not settled in {pin.max_steps} probes: closest {best.token_rate:.0f} tokens/s at "
                                          f"{best.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%}); rates {[round(s.token_rate) for s in steps]}")  # fmt: skip
-    below = [s for s in steps if s.token_rate < T]
-    above = [s for s in steps if s.token_rate > T]
-    b = max(below, key=lambda s: s.quota) if below else None
-    a = min(above, key=lambda s: s.quota) if above else None
-    if b is not None and a is not None and b.quota < a.quota:
-        # bracketed: the rate is about a power of the quota between the two; interpolate in log-log,
-        # kept off the bracket's ends (noise can make one end look closer than it is)
-        q0, q1 = math.log(b.quota), math.log(a.quota)
-        r0, r1 = math.log(max(b.token_rate, 1e-9)), math.log(a.token_rate)
-        x = q0 + (math.log(T) - r0) * (q1 - q0) / (r1 - r0)
-        x = min(max(x, q0 + 0.1 * (q1 - q0)), q1 - 0.1 * (q1 - q0))
-        return Decision("measure", math.exp(x))
-    # no bracket yet (or a non-monotone one, from noise): move in proportion to the rate
-    q = last.quota * (T / last.token_rate if last.token_rate > 0 else 2.0)
+    # Move along rate ~ quota^alpha through the last probe, alpha from the last two probes (a secant in
+    # log-log; 1 = proportional until there are two). Only the last two: on a shared host the speed a
+    # quota gives drifts with the others' load, and an older probe no longer says what the quota gives.
+    alpha = 1.0
+    if len(steps) >= 2:
+        p0, p1 = steps[-2], steps[-1]
+        if p0.quota != p1.quota and p0.token_rate > 0 and p1.token_rate > 0:
+            a = math.log(p1.token_rate / p0.token_rate) / math.log(p1.quota / p0.quota)
+            if 0.3 <= a <= 1.5:  # a flat or inverted pair is noise (or drift), not the engine: keep proportional
+                alpha = a
+    ratio = T / last.token_rate if last.token_rate > 0 else 2.0
+    q = last.quota * min(max(ratio ** (1.0 / alpha), 0.5), 2.0)  # at most a factor of two a step
     return Decision("measure", min(max(q, lo), hi))
 
 
@@ -153,10 +152,17 @@ def probe_prompts(pin: SpeedPin, step: int) -> list[np.ndarray]:
 
 async def probe_once(adapter: EngineAdapter, http: aiohttp.ClientSession, base_url: str, model_name: str, pin: SpeedPin,
                      step: int, quota: float) -> Step:  # fmt: skip
-    """Send one probe's prompts at once; the uncached prompt tokens over first send to last reply."""
+    """Send one probe's prompts (`concurrency` in flight, else all at once); the uncached prompt
+    tokens over the time from the first send to the last reply."""
     prompts = probe_prompts(pin, step)
+    gate = asyncio.Semaphore(pin.concurrency or len(prompts))
+
+    async def one(p: np.ndarray) -> Any:
+        async with gate:
+            return await adapter.complete(http, base_url, p, pin.max_tokens, model_name)
+
     t0 = time.monotonic()
-    done = await asyncio.gather(*(adapter.complete(http, base_url, p, pin.max_tokens, model_name) for p in prompts))
+    done = await asyncio.gather(*(one(p) for p in prompts))
     dt = time.monotonic() - t0
     uncached = sum(int(d.prompt_tokens if d.prompt_tokens is not None else len(p)) - int(d.cached_tokens) for d, p in zip(done, prompts))
     return Step(quota, uncached / dt if dt > 0 else math.inf, uncached, round(dt, 4))
