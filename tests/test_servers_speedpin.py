@@ -170,3 +170,23 @@ def test_pin_speed_refuses_a_slow_host_with_an_engine_start_error() -> None:
     assert isinstance(info.value, EngineStartError) and info.value.reason == "speed_pin"
     assert "host too slow" in str(info.value) and info.value.record["steps"][-1]["quota"] == 1.5
     assert eng.flushes == 1  # nothing of the probe is left behind even when refused
+
+
+def test_the_after_run_probe_measures_an_idle_engine_only() -> None:
+    from harness.servers.speedpin import recheck
+
+    eng = _FakeEngine(per_core=50000.0)
+    eng.quota = 1.0
+
+    async def idle(http: Any, base_url: str) -> dict[str, float]:
+        return {"running": 0.0, "waiting": 0.0}
+
+    async def busy(http: Any, base_url: str) -> dict[str, float]:
+        return {"running": 32.0, "waiting": 250.0}
+
+    eng.scrape_metrics = idle  # type: ignore[attr-defined]
+    step = asyncio.run(recheck(eng, "http://x", PIN_FAST, "m", 1.0))  # type: ignore[arg-type]
+    assert isinstance(step, Step) and step.token_rate == pytest.approx(50000.0, rel=0.2) and eng.flushes == 1
+    eng.scrape_metrics = busy  # type: ignore[attr-defined]
+    why = asyncio.run(recheck(eng, "http://x", PIN_FAST, "m", 1.0, wait_idle_s=0.6))  # type: ignore[arg-type]
+    assert isinstance(why, str) and "still busy" in why and "'waiting': 250.0" in why and eng.flushes == 1

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from harness.drivers.wall import FAILED, INTERRUPTED, DriveResult, drive
 from harness.config import CellConfig
 from harness.servers import cpuquota
-from harness.servers.speedpin import SpeedPinError, pin_blocking
+from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 
 log = logging.getLogger("agentload.realrun")
 
@@ -208,6 +208,8 @@ def run_real(
             )
             _install_interrupt()
             load.mark("drive_end", group)
+            if pin is not None and pin.get("pinned"):
+                _meta(recorder, {"engine_speed_pin": {**pin, "after": _recheck_speed(adapter, cell, base_url, model_name, pin)}})
         except SpeedPinError as exc:
             _meta(recorder, {"engine_speed_pin": {"applied": True, **exc.record}})
             result = _failed(FAILED, f"engine did not start ({exc.reason}): {exc}", t0)
@@ -250,6 +252,19 @@ def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model
             log.write(f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
                       f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode())  # fmt: skip
     return {"applied": True, **res.to_json()}
+
+
+def _recheck_speed(adapter: Any, cell: CellConfig, base_url: str, model_name: str, pin: dict[str, Any]) -> dict[str, Any]:
+    """One more probe once the drive is over, at the pinned quota: whether the host gave the engine the
+    same speed to the end (on a shared host the speed a quota gives drifts with the others' load).
+    Recorded beside the pin, never judged; a failed probe is recorded as such."""
+    try:
+        step = asyncio.run(recheck(adapter, base_url, cell.engine_speed_pin, model_name, float(pin["quota"])))
+    except Exception as exc:  # the run is over: a recheck that fails must not change its status
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if isinstance(step, str):
+        return {"skipped": step}
+    return {"token_rate": step.token_rate, "tokens": step.tokens, "seconds": step.seconds, "ratio": step.token_rate / float(pin["target"])}
 
 
 class HostLoad:

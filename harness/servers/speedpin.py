@@ -225,3 +225,28 @@ async def measure_at(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model
 def measure_blocking(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_name: str, quotas: Sequence[float], repeats: int,
                      set_quota: Callable[[float], float]) -> list[Step]:  # fmt: skip
     return asyncio.run(measure_at(adapter, base_url, pin, model_name, quotas, repeats, set_quota))
+
+
+RECHECK_STEP = 1 << 21  # the after-run probe's draw
+
+
+async def recheck(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_name: str, quota: float, *,
+                  wait_idle_s: float = 30.0) -> Step | str:  # fmt: skip
+    """One probe at the quota already set (after a run: did the speed hold?), or why not: an engine
+    still serving what the run left after `wait_idle_s` (a trapped run ends with hundreds queued)
+    would not measure its speed. The cache is flushed after it."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + wait_idle_s
+        while True:
+            gauges = await adapter.scrape_metrics(http, base_url)
+            busy = {k: gauges[k] for k in ("running", "waiting") if gauges.get(k)}
+            if not busy:
+                break
+            if time.monotonic() >= deadline:
+                return f"not probed: the engine was still busy {wait_idle_s:g} s after the run ({busy})"
+            await asyncio.sleep(0.5)
+        step = await probe_once(adapter, http, base_url, model_name, pin, RECHECK_STEP, quota)
+        await adapter.flush_cache(http, base_url, timeout=30.0)
+    return step
