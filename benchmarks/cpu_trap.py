@@ -1,7 +1,8 @@
 """The registered paired test on the real CPU vLLM, end to end: calibrate, fill, register, run, score.
 
     python benchmarks/cpu_trap.py all --out results/cpu-trap          # everything, in order
-    python benchmarks/cpu_trap.py calibrate|fill|register|run|score --out results/cpu-trap
+    python benchmarks/cpu_trap.py calibrate|costs|design|fill|register|run|score --out results/cpu-trap
+    python benchmarks/cpu_trap.py ... --cell vllm-cpu-tiny-65k          # the speed-pinned cell
 
 Why a script: the paper needed A100s to show the trap; the cell vllm-cpu-tiny-131k shows the same
 thrashing curve on a 2-core CPU (vLLM 0.32 CPU serving the tiny model), so the whole registered
@@ -17,6 +18,9 @@ Steps:
    every closed run is the paper's 900 s + 1800 s divided by 50; one fresh server per run.
    The summaries go to prereg/inputs/vllm-cpu-tiny-131k/ (the registration's inputs), the run
    records under OUT/calibration/. `--resume` keeps completed runs of a stage that died.
+   costs, design (a cell with a fitted cost file, --cell vllm-cpu-tiny-65k): `calibrate costs` from
+   the E0a runs and Stage C n = 16, then `prereg design` (is every arm's outcome reachable; the
+   record goes to the inputs folder as design.yaml, which the fill binds).
 2. fill: `prereg fill` with prereg/templates/e2-vllm-cpu-tiny-131k.yaml ->
    prereg/registrations/e2-vllm-cpu-tiny-131k.yaml (a pure function of the inputs).
 3. register: commit the inputs and the registration (`--commit`), then `prereg check`; the
@@ -51,6 +55,7 @@ WORKLOAD = "cpu-scaled"
 INPUTS = Path("prereg/inputs") / CELL
 TEMPLATE = Path("prereg/templates/e2-vllm-cpu-tiny-131k.yaml")
 REGISTRATION = Path("prereg/registrations/e2-vllm-cpu-tiny-131k.yaml")
+COST: Path | None = None  # the cell's fitted cost file, which the design step simulates with
 
 # The calibration of the scaled cell, as data: the paper's stages with every time divided by
 # k = 50 (as protocols/e2-cpu.yaml) and the populations of E0a and E0b's thresholds multiplied by
@@ -73,6 +78,39 @@ CALIBRATION: dict[str, Any] = {
     "rise_max": 32.0,
     "top_rate": 40.0,
 }
+
+# The speed-pinned cell (docs/cpu-trap.md): a 65,536-token pool, at most 32 running; E0a at twice
+# the running cap, E0b's population thresholds x the cap ratio 32 / 20.
+PINNED: dict[str, Any] = {
+    "cell": "vllm-cpu-tiny-65k",
+    "template": Path("prereg/templates/e2-vllm-cpu-tiny-65k.yaml"),
+    "registration": Path("prereg/registrations/e2-vllm-cpu-tiny-65k.yaml"),
+    "cost": Path("configs/costs/vllm-cpu-tiny-65k-fitted.yaml"),
+    "calibration": {
+        **CALIBRATION,
+        "n": [8, 16, 24, 32, 48, 64, 96, 128],
+        "e0a_n": 64,
+        "check_n": 128,
+        "final_max": 80.0,
+        "rise_max": 16.0,
+    },
+}
+
+
+def use_cell(name: str) -> None:
+    """Point the steps at another CPU cell's files (--cell)."""
+    global CELL, INPUTS, TEMPLATE, REGISTRATION, COST, CALIBRATION
+    if name == CELL:
+        return
+    if name != PINNED["cell"]:
+        sys.exit(f"cpu_trap: --cell {name}: expected {CELL} or {PINNED['cell']}")
+    CELL, INPUTS, TEMPLATE, REGISTRATION = (
+        name,
+        Path("prereg/inputs") / name,
+        PINNED["template"],
+        PINNED["registration"],
+    )
+    COST, CALIBRATION = PINNED["cost"], PINNED["calibration"]
 
 
 def engine_options() -> list[str]:
@@ -165,6 +203,27 @@ def calibrate(steps: Steps, args: argparse.Namespace) -> None:
     steps.run("calibrate", argv)
 
 
+def costs(steps: Steps, args: argparse.Namespace) -> None:
+    """`calibrate costs` from the calibration's E0a runs and its Stage C run at the running cap's half
+    (as the first CPU cell's fit): the cost model the design step simulates with."""
+    if COST is None:
+        return
+    c = CALIBRATION
+    runs = [steps.out / "calibration" / f"e0a-n{c['e0a_n']}-s{s}" for s in c["e0a_seeds"]] + [
+        steps.out / "calibration" / "stage-c-n16-s0"
+    ]
+    steps.run("costs", agentload("calibrate", "costs", "--cell", CELL, "--workload", WORKLOAD, "--engine", "vllm", "--from-runs", *map(str, runs),
+                                 "--name", COST.stem, "--out", str(COST)))  # fmt: skip
+
+
+def design(steps: Steps, args: argparse.Namespace) -> None:
+    """`prereg design` on the calibration and the template; its record goes beside the inputs, where the fill binds it."""
+    if COST is None:
+        sys.exit(f"cpu_trap: {CELL} has no fitted cost file for the design step (agentload calibrate costs fits one)")
+    steps.run("design", agentload("prereg", "design", "--inputs", str(INPUTS), "--test", str(TEMPLATE), "--cost", str(COST), "--overhead", "75",
+                                  "--max-ci-minutes", "5", "--no-search", "--out", str(INPUTS / "design.yaml")))  # fmt: skip
+
+
 def fill(steps: Steps, args: argparse.Namespace) -> None:
     steps.run(
         "fill",
@@ -251,7 +310,15 @@ def score(steps: Steps, args: argparse.Namespace) -> None:
     )
 
 
-STEPS = {"calibrate": calibrate, "fill": fill, "register": register, "run": run, "score": score}
+STEPS = {
+    "calibrate": calibrate,
+    "costs": costs,
+    "design": design,
+    "fill": fill,
+    "register": register,
+    "run": run,
+    "score": score,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,12 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default="results/cpu-trap", help="run records, step log and verdict (default results/cpu-trap)"
     )
+    p.add_argument(
+        "--cell", default=CELL, help=f"{CELL} (the first registered CPU test) or {PINNED['cell']} (speed-pinned)"
+    )
     p.add_argument("--resume", action="store_true", help="calibrate: keep completed calibration runs")
     p.add_argument("--commit", action="store_true", help="register: git-commit the inputs and the registration first")
     p.add_argument("--arms", help="run: only these arms (comma-separated)")
     p.add_argument("--rates", help="run: only these registered multiples (comma-separated)")
     p.add_argument("--seeds", help="run: only these seeds (comma-separated)")
     args = p.parse_args(argv)
+    use_cell(args.cell)
     steps = Steps(Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out)
     t0 = time.time()
     for name in STEPS if args.step == "all" else [args.step]:

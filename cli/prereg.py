@@ -1,12 +1,15 @@
-"""Commands: `agentload prereg fill` and `agentload prereg check` (docs/registration.md)."""
+"""Commands: `agentload prereg fill`, `prereg check` and `prereg design` (docs/registration.md)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from cli.design import add_design_command
 from prereg.check import check_registration, format_check
+from prereg.decidable import undecidable_reasons
 from prereg.fill import fill_to_file
+from prereg.registration import RegistrationError, load_registration
 
 
 def _cmd_fill(args: Any) -> int:
@@ -44,6 +47,13 @@ def _cmd_fill(args: Any) -> int:
         print(f"  warning {w_['id']}{v}: {w_['text']}")
     for r in s["status_reasons"]:
         print(f"  INCOMPLETE: {r}")
+    for r in undecidable_reasons(res.registration):
+        print(f"  UNDECIDABLE: {r}")
+    design = res.registration.fill.get("design")
+    if design:
+        print(
+            f"  design  {design['path']} (sha256 {design['sha256'][:12]}): {'decisive' if design['decisive'] else 'NOT decisive'}"
+        )
     return 0
 
 
@@ -60,11 +70,17 @@ def _cmd_check(args: Any) -> int:
         print(json.dumps(res.to_json(), indent=2, default=str))
     else:
         print(format_check(res))
+        try:
+            reasons = undecidable_reasons(load_registration(args.registration))
+        except RegistrationError:
+            reasons = []
+        for r in reasons:  # not a refusal of the check: `agentload submit` refuses it unless told --accept-undecidable
+            print(f"UNDECIDABLE: {r}")
     return 0 if res.ok else 1
 
 
 def register(cli: Any) -> None:
-    """Add `agentload prereg fill|check`."""
+    """Add `agentload prereg fill|check|design`."""
     p = cli.command(
         "prereg",
         group="calibrate",
@@ -96,3 +112,4 @@ def register(cli: Any) -> None:
     c.add_argument("--exploratory", action="store_true", help="accept an EXPLORATORY registration (exploratory runs)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_check)
+    add_design_command(sub)

@@ -7,12 +7,16 @@ import json
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 from cli.commands import CLI
-from harness.config import CellConfig, config_ref, load_config
-from harness.servers.base import free_port
+from harness.config import CellConfig, SpeedPin, config_ref, load_config
+from harness.errors import UsageError
+from harness.servers import cpuquota
+from harness.servers.base import EngineAdapter, free_port
 from harness.servers.registry import get_adapter
 from harness.servers.smoke import WORKLOAD_MAX_PROMPT, run_smoke_blocking
+from harness.servers.speedpin import measure_blocking
 from harness.servers.vllm import private_cache_env
 
 
@@ -57,6 +61,14 @@ def register(cli: CLI) -> None:
     p.add_argument(
         "--cache-dir", type=Path, default=None, help="private folder for the engine's compile caches and temp files"
     )
+    p.add_argument(
+        "--probe-quotas",
+        default=None,
+        metavar="Q1,Q2,...",
+        help="after the checks, the speed pin's probe (the cell's engine_speed_pin shape, else the default) at each CPU "
+        "quota: what a cell's engine_speed_pin.token_rate is measured with (needs a cell with engine_cpu_quota)",
+    )
+    p.add_argument("--probe-repeats", type=int, default=3, help="probes per quota (default 3)")
     p.set_defaults(func=_cmd_smoke)
 
 
@@ -97,6 +109,9 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
             decode_tokens=args.decode_tokens,
             launched_argv=argv,
         )
+        if args.probe_quotas:
+            quotas = [float(x) for x in args.probe_quotas.split(",")]
+            _probe_quotas(adapter, handle, cell, base_url.rstrip("/"), quotas, args.probe_repeats, run_dir)
     finally:
         if handle is not None:
             adapter.stop(handle)
@@ -104,3 +119,31 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     print(report.summary())
     print(f"report: {run_dir / 'smoke.json'}")
     return 0 if report.passed else 1
+
+
+def _probe_quotas(
+    adapter: EngineAdapter,
+    handle: Any,
+    cell: CellConfig,
+    base_url: str,
+    quotas: list[float],
+    repeats: int,
+    run_dir: Path,
+) -> None:
+    """The speed pin's probe at each quota (harness/servers/speedpin.py), printed and kept in probe.json."""
+    group = getattr(handle, "cpu_group", None)
+    if group is None:
+        raise UsageError(
+            "smoke --probe-quotas: the server must be launched here under a CPU quota (a cell with engine_cpu_quota)"
+        )
+    pin = cell.engine_speed_pin or SpeedPin(token_rate=1.0, max_cpu_quota=max(quotas), source="measurement")
+    steps = measure_blocking(
+        adapter, base_url, pin, adapter.served_model_name(cell), quotas, repeats, lambda q: cpuquota.apply(group, q)
+    )
+    print(f"speed probe ({pin.requests} prompts x {pin.prompt_tokens} tokens, {pin.max_tokens} out, at once):")
+    for q in quotas:
+        rates = [s.token_rate for s in steps if abs(s.quota - q) < 1e-6]
+        print(
+            f"  quota {q:g} CPU: {sum(rates) / len(rates):.0f} uncached tokens/s (runs {', '.join(f'{r:.0f}' for r in rates)})"
+        )
+    (run_dir / "probe.json").write_text(json.dumps([s.__dict__ for s in steps], indent=2) + "\n")

@@ -44,6 +44,7 @@ def _cmd_submit(args: Any) -> int:
         remote=args.remote,
         branch=args.branch,
         job=job_options_from_args(args),
+        accept_undecidable=args.accept_undecidable,
     )
     doc = submit_registration(args.registration, opts, echo=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
@@ -103,6 +104,12 @@ def register(cli: Any) -> None:
         "--exploratory",
         action="store_true",
         help="accept an EXPLORATORY or uncommitted registration (runs are exploratory)",
+    )
+    p.add_argument(
+        "--accept-undecidable",
+        action="store_true",
+        help="submit a registration whose rule can only FAIL by design, or that its bound design record finds not decisive "
+        "(refused otherwise, with the reason and what design would be decisive); the manifest records it",
     )
     p.add_argument("--out", help="test directory (default: results/submissions/<registration>-<time>)")
     p.add_argument("--remote", help="git remote to ask (default: the branch's upstream, else origin)")

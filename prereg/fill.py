@@ -40,6 +40,7 @@ from harness.config import (
 )
 from prereg import formula as F
 from prereg.derive import derive_exploratory, fill_based_on
+from prereg.design_record import bound_design
 from prereg.filling import FillResult, arm_configs, cell_dump, plan_hashes, rel_path, repo_root_of
 from prereg.registration import (
     FORMAT,
@@ -478,8 +479,15 @@ def _fill(tmpl: Template, tpath: Path, inputs: CalibrationInputs, root: Path | N
         "all_miss_token_rate_se": ev.all_miss_token_rate_se,
     }
     inputs_list = [{"path": rel_path(p, root), "sha256": h, "role": stage} for stage, (p, h) in inputs.files.items()]
+    design = bound_design(
+        inputs.folder, tpath, inputs.files, root
+    )  # a design record beside the inputs is bound by its hash
+    if design is not None:
+        inputs_list.append({"path": design["path"], "sha256": design["sha256"], "role": "design"})
     predictions = _predictions(arms, rule, multiples, drains.per_rate, gated) if multiples else []
     trace = _fill_trace(tpath, root, inputs, P, refs, shape, rates, drains, predictions)
+    if design is not None:
+        trace["design"] = design
     data = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

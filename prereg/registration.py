@@ -81,7 +81,7 @@ class Rate(_Strict):
 class InputFile(_Strict):
     path: str = Field(..., min_length=1, description="repository-relative path of the committed input copy")
     sha256: str = Field(..., pattern=_HEX64)
-    role: Literal["stage-c", "e0a", "e0b", "parent", "other"] = "other"
+    role: Literal["stage-c", "e0a", "e0b", "parent", "design", "other"] = "other"
 
 
 class PlanHash(_Strict):
@@ -366,10 +366,10 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
 
 
 # Cell fields added after registrations were first written, that only CPU cells set (SGLang's CPU
-# launch settings, the engine's CPU quota, a host kind's launch extras): left out of the file while unset, so a
+# launch settings, the engine's CPU quota, a host kind's launch extras, its speed pin): left out of the file while unset, so a
 # registration written before they existed keeps its bytes, its SHA-256 and every run bound to it. Reading the
 # file back gives the same object (the fields default to None).
-_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "launch_extras")
+_CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "launch_extras", "engine_speed_pin")
 
 
 def cell_dict(cell: CellConfig) -> dict[str, Any]:

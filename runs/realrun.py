@@ -35,7 +35,8 @@ from harness.drivers.wall import DriveResult, drive
 from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus
-from harness.servers import EngineStartError, free_port, get_adapter, smoke
+from harness.servers import EngineStartError, cpuquota, free_port, get_adapter, smoke
+from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 
 log = logging.getLogger("agentload.realrun")
@@ -250,6 +251,9 @@ def run_real(
                     }
                 },
             )
+            pin = _pin_speed(adapter, handle, cell, base_url, model_name)
+            if pin is not None:
+                _meta(recorder, {"engine_speed_pin": pin})
             checks = asyncio.run(_preflight(adapter, base_url, cell, model_name, options))
             _meta(recorder, {"preflight": checks})
             alive = _liveness(handle)
@@ -272,6 +276,14 @@ def run_real(
             )
             _install_interrupt()
             load.mark("drive_end", group)
+            if pin is not None and pin.get("pinned"):
+                _meta(
+                    recorder,
+                    {"engine_speed_pin": {**pin, "after": _recheck_speed(adapter, cell, base_url, model_name, pin)}},
+                )
+        except SpeedPinError as exc:
+            _meta(recorder, {"engine_speed_pin": {"applied": True, **exc.record}})
+            result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
         except EngineStartError as exc:
             result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
@@ -287,6 +299,55 @@ def run_real(
     _meta(recorder, {"host_load": load.as_meta()})
     _finish(recorder, result)
     return result
+
+
+def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model_name: str) -> dict[str, Any] | None:
+    """Pin the engine's speed to the cell's (harness/servers/speedpin.py) once it is healthy, before
+    the smoke checks and the canary; None for a cell without a pin. A server this run did not launch
+    under a CPU quota (the emulator, an attached server) cannot be pinned: that is recorded. Raises
+    SpeedPinError when the host cannot give the cell's speed, PreflightError when the probe fails."""
+    pin = cell.engine_speed_pin
+    if pin is None:
+        return None
+    group = getattr(handle, "cpu_group", None)
+    if group is None or cell.engine_cpu_quota is None:
+        return {
+            "applied": False,
+            "reason": "the server was not launched by this run under a CPU quota (emulator or attached server)",
+        }
+    try:
+        res = pin_blocking(
+            adapter, base_url, pin, cell.engine_cpu_quota, model_name, lambda q: cpuquota.apply(group, q)
+        )
+    except SpeedPinError:
+        raise
+    except Exception as exc:  # a failed probe request or flush is a failed pre-run check, not a crash
+        raise PreflightError(f"engine speed pin: {type(exc).__name__}: {exc}") from None
+    if handle.log_path is not None:
+        with Path(handle.log_path).open("ab") as log:
+            log.write(f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
+                      f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode())  # fmt: skip
+    return {"applied": True, **res.to_json()}
+
+
+def _recheck_speed(
+    adapter: Any, cell: CellConfig, base_url: str, model_name: str, pin: dict[str, Any]
+) -> dict[str, Any]:
+    """One more probe once the drive is over, at the pinned quota: whether the host gave the engine the
+    same speed to the end (on a shared host the speed a quota gives drifts with the others' load).
+    Recorded beside the pin, never judged; a failed probe is recorded as such."""
+    try:
+        step = asyncio.run(recheck(adapter, base_url, cell.engine_speed_pin, model_name, float(pin["quota"])))
+    except Exception as exc:  # the run is over: a recheck that fails must not change its status
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if isinstance(step, str):
+        return {"skipped": step}
+    return {
+        "token_rate": step.token_rate,
+        "tokens": step.tokens,
+        "seconds": step.seconds,
+        "ratio": step.token_rate / float(pin["target"]),
+    }
 
 
 class HostLoad:

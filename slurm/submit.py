@@ -7,6 +7,9 @@ What the submission does, and why each step (paper App. E.5, E.11, E.12; rules d
    stops the submission, naming every problem. `--exploratory` accepts an EXPLORATORY registration
    and an uncommitted one or a dirty tree (its runs are exploratory, never decisive); a changed
    input or plan is refused all the same.
+   A registration whose rule can only FAIL by design (prereg/decidable.py: e.g. CAPPED required
+   RECOVERED where its drain cannot fit the budget) is refused, with the reason and what design
+   would be decisive, unless `--accept-undecidable` (recorded in the manifest's check block).
 2. Asks the remote itself whether its branch holds the registration's commit, and records the
    answer with the remote head and the time it was asked: "pre-registered" needs that answer
    before the scheduler's first submit time.
@@ -34,6 +37,7 @@ from typing import Any
 
 from harness.errors import AgentloadError
 from prereg.check import check_registration
+from prereg.decidable import decisive_hints, undecidable_reasons
 from prereg.registration import load_registration
 from provenance.git import GitError, Repo
 from provenance.portable import remote_label
@@ -70,6 +74,7 @@ class SubmitOptions:
     remote: str | None = None
     branch: str | None = None
     job: JobOptions = field(default_factory=JobOptions)
+    accept_undecidable: bool = False  # submit a registration that can only FAIL by design (prereg/decidable.py)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +107,40 @@ def _check(reg_path: Path, opts: SubmitOptions) -> tuple[Any, list[str]]:
     return res, waived
 
 
+def _decidable(path: Path, reg: Any, opts: SubmitOptions, say: Callable[[str], None]) -> list[str]:
+    """Refuse a registration whose rule can only FAIL by design (prereg/decidable.py), saying why and
+    what design would be decisive, unless --accept-undecidable; returns the reasons accepted."""
+    reasons = undecidable_reasons(reg)
+    if not reasons:
+        return []
+    if opts.accept_undecidable:
+        for r in reasons:
+            say(f"accepted undecidable: {r}")
+        return reasons
+    hints = decisive_hints(reg)
+    design = reg.fill.get("design") or {}
+    prop = (design.get("proposal") or {}).get("design")
+    tmpl = (reg.fill.get("template") or {}).get("path", "TEMPLATE")
+    inputs = sorted({str(Path(i.path).parent) for i in reg.inputs if i.role in ("stage-c", "e0a", "e0b")})
+    lines = [
+        f"submission refused: {path} ({reg.name}) is undecidable by design: its jobs would spend the engine on a test that cannot pass:"
+    ]
+    lines += [f"  - {r}" for r in reasons]
+    if hints:
+        lines.append(
+            "what would make the drain fit, by the registration's own formulas (whether its burst still traps is for the design step to say):"
+        )
+        lines += [f"  - {h}" for h in hints]
+    if prop:
+        lines.append(
+            f"  - the bound design record {design.get('path')} proposes {prop} ({(design.get('proposal') or {}).get('engine_hours')} engine-hours)"
+        )
+    lines.append(f"  - `agentload prereg design --inputs {inputs[0] if inputs else 'INPUTS'} --test {tmpl} --cost COSTFILE` searches the protocol's "
+                 "knobs for the cheapest decisive design before anything is run")  # fmt: skip
+    lines.append("(--accept-undecidable submits it anyway; the manifest records the reasons)")
+    raise SubmitRefused("\n".join(lines))
+
+
 def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
     """The code checkout the jobs run in (the registration's repository) and the registration's
     path inside it."""
@@ -128,6 +167,9 @@ def plan_submission(
     say = echo or (lambda m: None)
     p = Path(reg_path).resolve()
     reg = load_registration(p)
+    undecidable = _decidable(
+        p, reg, opts, say
+    )  # first: no git state makes a test that cannot pass worth its engine time
     res, waived = _check(p, opts)
     for w in waived:
         say(f"exploratory: {w}")
@@ -195,6 +237,7 @@ def plan_submission(
             "inputs": [i.__dict__ for i in res.inputs],
             "plans": res.plans,
             "label_if_submitted_now": res.label,
+            **({"undecidable_accepted": undecidable} if undecidable else {}),
         },
         "remote": {
             "remote": g.get("remote"),

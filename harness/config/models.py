@@ -85,6 +85,45 @@ class CostConfig(_Strict):
         return CostModel(**self.model_dump())
 
 
+class SpeedPin(_Strict):
+    """The engine's speed, pinned: at server start a short all-miss probe measures the uncached
+    prompt token rate and the CPU quota is searched until the probe reads `token_rate` within
+    `tolerance` (harness/servers/speedpin.py). Why: a quota pins the engine's share of a CPU, not its
+    speed, and CPUs of one kind differ (a quota'd cell served 1.2x its registered all-miss rate on
+    another host of this kind); the registered references hold only where the speed is the cell's."""
+
+    token_rate: float = Field(
+        ...,
+        gt=0,
+        description="uncached prompt tokens/s the probe must read (measured with this probe on the calibrating host)",
+    )
+    tolerance: float = Field(
+        0.04, gt=0, lt=0.5, description="relative: the probe's rate must be within it of token_rate"
+    )
+    max_cpu_quota: float = Field(
+        ...,
+        gt=0,
+        description="the largest quota (cores) the search may set; a host slower than the target at it is refused",
+    )
+    min_cpu_quota: float = Field(0.05, gt=0, description="the smallest quota (cores) the search may set")
+    max_steps: int = Field(6, ge=1, le=20, description="probes before the search gives up")
+    requests: int = Field(24, ge=1, le=4096, description="unique prompts per probe")
+    concurrency: int | None = Field(
+        None, ge=1, description="probe requests in flight at once (a closed loop); absent = all at once"
+    )
+    prompt_tokens: int = Field(640, ge=1, description="tokens of each probe prompt (no prefix shared with anything)")
+    max_tokens: int = Field(4, ge=1, description="output tokens of each probe request")
+    source: str = Field(
+        ..., min_length=1, description="where token_rate comes from (the probe runs it was measured on)"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SpeedPin:
+        if self.min_cpu_quota > self.max_cpu_quota:
+            raise ValueError(f"min_cpu_quota <= max_cpu_quota, got {self.min_cpu_quota} > {self.max_cpu_quota}")
+        return self
+
+
 class EngineId(_Strict):
     name: Literal["sglang", "vllm"]
     version: str
@@ -128,6 +167,11 @@ class CellConfig(_Strict):
         "the adapter appends them to the cell's flags, before any --engine-arg of a command, and meta.json records "
         "them in engine_launch.argv. Never a flag another field sets (the adapter refuses it); the emulator, which "
         "is not the engine, ignores them. Absent = none (a GPU cell)",
+    )
+    engine_speed_pin: SpeedPin | None = Field(
+        None,
+        description="pin the engine's speed, not its share: the quota is searched at server start until a probe reads the "
+        "cell's token rate (needs engine_cpu_quota, the search's first quota). Absent = the quota alone",
     )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
@@ -189,6 +233,16 @@ class CellConfig(_Strict):
             raise ValueError(
                 f"launch_extras to start with a flag (--name), got {self.launch_extras[0]!r}: a value needs its flag"
             )
+        pin = self.engine_speed_pin
+        if pin is not None:
+            q = self.engine_cpu_quota
+            if q is None:
+                raise ValueError(
+                    "engine_cpu_quota with engine_speed_pin (the search starts there, inside the quota's cgroup)"
+                )
+            if not pin.min_cpu_quota <= q <= pin.max_cpu_quota:
+                raise ValueError(f"engine_cpu_quota within engine_speed_pin's [min_cpu_quota, max_cpu_quota] = "
+                                 f"[{pin.min_cpu_quota:g}, {pin.max_cpu_quota:g}], got {q:g}")  # fmt: skip
         return self
 
 

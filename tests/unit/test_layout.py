@@ -89,3 +89,12 @@ def test_every_package_of_the_table_is_installed() -> None:
     tops = {u.split(".")[0] for u in read_table(DOC).units}
     missing = sorted(t for t in tops if not any(fnmatch(t, pat) for pat in include))
     assert not missing, f"pyproject.toml [tool.setuptools.packages.find] include lacks {missing}"
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """pytest imports test modules by basename (rootdir-relative, no packages under tests/), so two
+    files of one name in different folders stop the whole collection with 'import file mismatch'."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}

@@ -132,6 +132,28 @@ def test_cell_values() -> None:
         "0.5.22",
     )
     assert sg.lambda_ref is None and sg.all_miss_token_rate is None
+    pinned = c.pop(
+        "vllm-cpu-tiny-65k"
+    )  # the speed-pinned CPU cell: its speed, not its share (harness/servers/speedpin.py)
+    assert (pinned.kv_pool_tokens, pinned.page_size, pinned.max_running, pinned.context_length) == (65536, 32, 32, 8192)
+    pin = pinned.engine_speed_pin
+    assert (
+        pin is not None
+        and pinned.engine_cpu_quota is not None
+        and pin.min_cpu_quota <= pinned.engine_cpu_quota <= pin.max_cpu_quota
+    )
+    assert (
+        pin.max_cpu_quota < 2 and pin.tolerance < 0.15
+    )  # leaves the client a core's share; well inside the rule's token tolerance
+    e0a = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / pinned.name).e0a, pinned.name)
+    assert (pinned.lambda_ref, pinned.all_miss_token_rate) == (
+        e0a.lambda_ref,
+        e0a.all_miss_token_rate,
+    )  # calibrated under the pin
+    pfit = c.pop("vllm-cpu-tiny-65k-fitted")
+    assert pfit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == pinned.model_dump(
+        exclude={"name", "description", "cost", "cost_file"}
+    )
     fitted = c.pop("vllm-cpu-tiny-131k-fitted")  # the same cell with its fitted cost model (the simulator's prediction)
     same = {"name", "description", "cost", "cost_file"}
     assert (
@@ -369,6 +391,20 @@ def test_the_cpu_rule_is_e2_with_its_time_and_population_parameters_scaled() -> 
     assert (proto.min_window, proto.backlog_bin, proto.recovered_span) == tuple(
         cpu["params"][k] for k in ("min_window", "backlog_bin", "recovered_span")
     )
+
+
+def test_the_pinned_cpu_rule_is_e2_cpu_with_the_population_threshold_of_its_running_cap() -> None:
+    from analysis.rules import load_rule
+
+    cpu, pinned = load_rule(CONFIG_ROOT / "rules" / "e2-cpu.yaml"), load_rule(CONFIG_ROOT / "rules" / "e2-cpu-65k.yaml")
+    for k in ("states", "flags", "roles", "seed", "group", "test", "version"):
+        assert pinned[k] == cpu[k], k
+    assert {k: v for k, v in pinned["params"].items() if k != "recovered_outstanding"} == {
+        k: v for k, v in cpu["params"].items() if k != "recovered_outstanding"
+    }
+    cell = load_config("cells/vllm-cpu-tiny-65k", CellConfig)
+    paper_outstanding, paper_cap = 20, 20  # E2: RECOVERED needs fewer than 20 outstanding, with the paper's cap of 20
+    assert pinned["params"]["recovered_outstanding"] == pytest.approx(paper_outstanding * cell.max_running / paper_cap)
 
 
 def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from support.paths import REPO
 
-from harness.config import CellConfig, ConfigError, load_config
+from harness.config import CellConfig, load_config
+from harness.errors import ConfigError
 from harness.servers import get_adapter
 from harness.servers.vllm import ENGINE_CACHE_ENV
 from prereg.registration import load_registration, registration_dict

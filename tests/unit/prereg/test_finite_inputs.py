@@ -18,15 +18,8 @@ from analysis.calibration_summaries import InputError, load_inputs
 from analysis.expr import RuleError
 from analysis.predictions import Predictions
 from analysis.rules import load_rule
-from harness.config import (
-    CellConfig,
-    ConfigError,
-    WorkloadConfig,
-    load_config,
-    load_cost_file,
-    load_test,
-    nonfinite_fields,
-)
+from harness.config import CellConfig, WorkloadConfig, load_config, load_cost_file, load_test, nonfinite_fields
+from harness.errors import ConfigError
 from prereg.fill import fill_registration
 from prereg.predictions import PredictionError, load_predictions
 from prereg.registration import RegistrationError, load_registration
