@@ -44,6 +44,12 @@ from harness.drivers.sinks import DriveProgress, DriveRecorder, write_gauge
 from harness.recording.schema import RunStatus
 from harness.servers.base import ParsedTurn, ResponseError
 
+# The engines' HTTP servers (uvicorn under vLLM and SGLang) close a connection idle for 5 s
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLANG_TIMEOUT_KEEP_ALIVE); aiohttp keeps one for 15 s by default.
+KEEPALIVE_S = 2.0
+HEALTH_TRIES = 3  # after a dropped connection, /health is asked this many times before the server counts as gone
+HEALTH_GAP_S = 1.0
+
 log = logging.getLogger("agentload.driver")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -326,16 +332,30 @@ class _Driver:
             self._check_finished()
 
     async def _health_reason(self) -> str | None:
-        try:
-            async with self.http.get(self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                await resp.read()
-                if resp.status >= 500:
-                    return f"/health answered {resp.status}"
-                return None
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
-            return f"connection refused ({exc})"
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            return f"/health unreachable: {type(exc).__name__}"
+        """Why the server counts as gone, or None. A refused connection is proof; a reset, a
+        timeout or a 5xx is not on its own (a loaded server on a quarter of a CPU can drop one
+        connection and be slow to answer), so those are asked again on fresh connections,
+        HEALTH_TRIES times HEALTH_GAP_S apart, and only a server failing every try is gone."""
+        reason: str | None = None
+        for i in range(HEALTH_TRIES):
+            if i:
+                await asyncio.sleep(HEALTH_GAP_S)
+            try:
+                # Its own connection, closed after the answer: never one the drive's pool may hold
+                # half-closed by the server's keep-alive timer.
+                async with (
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+                    http.get(self.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as resp,
+                ):
+                    await resp.read()
+                    if resp.status < 500:
+                        return None
+                    reason = f"/health answered {resp.status}"
+            except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+                return f"connection refused ({exc})"
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                reason = f"/health unreachable: {type(exc).__name__}"
+        return f"{reason} ({HEALTH_TRIES} tries, {HEALTH_GAP_S:g} s apart)"
 
     async def watchdog(self) -> None:
         """Notice a dead server process even while no request is failing (e.g. all in tool calls)."""
@@ -567,8 +587,12 @@ async def drive(
 def _open_session() -> aiohttp.ClientSession:
     """The drive's own HTTP session. No connection cap: an open-loop client must never queue a turn
     behind another on its own side. Timeouts are per request (asyncio.timeout) so that they cover
-    the whole reply."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+    the whole reply. Idle connections are closed by us before the server's keep-alive timer
+    (KEEPALIVE_S): a connection the server is closing, picked up for the next turn, would fail that
+    turn with a reset."""
+    connector = aiohttp.TCPConnector(
+        limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=KEEPALIVE_S
+    )
     return aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
     )
