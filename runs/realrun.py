@@ -51,7 +51,7 @@ class EngineOptions:
 
     engine: str = "emulator"  # emulator | vllm | sglang (or emulator:sglang / emulator:vllm)
     flavor: str | None = None  # emulator dialect; default: the cell's engine
-    time_scale: float = 1.0  # emulator only: engine (and plan) seconds per wall second
+    time_scale: float = 1.0  # plan seconds per wall second (emulator clock; a real engine: runs/host_scale.py)
     server_cmd: tuple[str, ...] | None = None  # program prefix replacing the default launcher
     base_url: str | None = None  # an already running server: no launch, no stop
     model: str | None = None  # weights for the engine's --model (default: the cell's model)

