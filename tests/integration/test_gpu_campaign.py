@@ -52,8 +52,17 @@ def campaign_script(python: str) -> str:
 def test_the_campaign_page_runs_as_written_without_a_gpu(tmp_path: Path) -> None:
     commands = "\n".join(c for _, c in tutorial_blocks(DOC.read_text(encoding="utf-8")))
     assert INSTALL_LINE in commands
-    for needed in ("agentload smoke --engine emulator", "agentload prereg fill", "git push", "agentload prereg check",
-                   "agentload predict freeze", "agentload submit", "--dry-run"):  # fmt: skip
+    needed_commands = (
+        "agentload smoke --engine emulator",
+        "agentload prereg design",
+        "agentload prereg fill",
+        "git push",
+        "agentload prereg check",
+        "agentload predict freeze",
+        "agentload submit",
+        "--dry-run",
+    )
+    for needed in needed_commands:
         assert needed in commands, f"{DOC}: no `{needed}` among the page's commands"
     home, folder = tmp_path / "home", tmp_path / "user"
     home.mkdir()
@@ -74,6 +83,9 @@ def test_the_campaign_page_runs_as_written_without_a_gpu(tmp_path: Path) -> None
     work = folder / "agentload"
     smoke = json.loads((work / "results/preflight/emulator-sglang-a100-300k/smoke.json").read_text())
     assert smoke["passed"] and smoke["cell"] == "sglang-a100-300k", smoke["reason"]
+    design = work / "results/design-e2-sglang-a100-300k.yaml"  # the design step's record, for reading (not bound)
+    assert design.exists() and "design of e2-sglang-a100-300k" in proc.stdout
+    assert not (work / "prereg/inputs/mysite/sglang-a100-300k/design.yaml").exists()
     reg = load_registration(work / REG)
     assert reg.status == "FILLED" and len(reg.plans) == 18 and reg.name == "e2-sglang-a100-300k-mysite"
     pushed = subprocess.run(
