@@ -120,7 +120,7 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
     ids = [j["job_id"] for j in manifest["jobs"]]
     assert [(j["arm"], j["rate"], j["seed"]) for j in manifest["jobs"]] == [(p.arm, p.rate, p.seed) for p in reg.plans]
     assert manifest["label_at_submission"]["label"] == "pre-registered" and manifest["remote"]["contains"]
-    assert all(j["submit_utc"] for j in manifest["jobs"]) and len(set(j["array_job_id"] for j in manifest["jobs"])) == 1
+    assert all(j["submit_utc"] for j in manifest["jobs"]) and len({j["array_job_id"] for j in manifest["jobs"]}) == 1
     rc = _cli("jobs", "collect", t_slurm / "submission.json", "--wait", "600")
     out = capsys.readouterr().out
     print(out)
@@ -217,15 +217,15 @@ def test_jobs_refuse_and_say_why(project: dict[str, Any], capsys: pytest.Capture
     work, tmp = project["work"], project["tmp"] / "refusals"
     one = load_registration(project["regs"]["one"])
     bad = load_registration(project["regs"]["bad"])
-    base = dict(
-        arm="noburst",
-        rate=1.75,
-        seed=3,
-        engine="emulator",
-        time_scale=60.0,
-        commit=project["commit"],
-        warning_lead_s=30.0,
-    )
+    base = {
+        "arm": "noburst",
+        "rate": 1.75,
+        "seed": 3,
+        "engine": "emulator",
+        "time_scale": 60.0,
+        "commit": project["commit"],
+        "warning_lead_s": 30.0,
+    }
     specs = [
         JobSpec(
             registration="prereg/registrations/not-there.yaml",

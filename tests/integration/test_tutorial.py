@@ -25,6 +25,7 @@ needed for the page's last step; without it, AGENTLOAD_SKIP_BROWSER=1 drops that
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -113,7 +114,7 @@ def tutorial_script(blocks: list[tuple[str, str]], *, pip: bool, browser: bool, 
 
 def stage_times(stdout: str) -> list[tuple[str, float]]:
     marks = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^@@stage (\S+) (.*)$", stdout, re.M)]
-    return [(name, t1 - t0) for (t0, name), (t1, _) in zip(marks, marks[1:])]
+    return [(name, t1 - t0) for (t0, name), (t1, _) in itertools.pairwise(marks)]
 
 
 def snapshot(dest: Path) -> Path:

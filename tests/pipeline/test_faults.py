@@ -61,17 +61,17 @@ def options(cell_path: Path, *faults: str, **kw: Any) -> EngineOptions:
     extra: tuple[str, ...] = ()
     for f in faults:
         extra += ("--fault", f)
-    base = dict(
-        engine="emulator",
-        time_scale=SCALE,
-        server_cmd=(sys.executable, "-m", "harness.emulator"),
-        cell_ref=str(cell_path),
-        extra_args=extra + ("--log-level", "WARNING"),
-        health_timeout=30.0,
-        request_timeout=30.0,
-        smoke=False,
-        canary=True,
-    )
+    base = {
+        "engine": "emulator",
+        "time_scale": SCALE,
+        "server_cmd": (sys.executable, "-m", "harness.emulator"),
+        "cell_ref": str(cell_path),
+        "extra_args": (*extra, "--log-level", "WARNING"),
+        "health_timeout": 30.0,
+        "request_timeout": 30.0,
+        "smoke": False,
+        "canary": True,
+    }
     base.update(kw)
     return EngineOptions(**base)  # type: ignore[arg-type]
 
@@ -190,7 +190,7 @@ _CHILD = textwrap.dedent(
 
 
 def test_sigterm_to_the_client_interrupts_and_keeps_records(tmp_path: Path) -> None:
-    cell, path = cell_file(tmp_path)
+    _cell, path = cell_file(tmp_path)
     run_dir = tmp_path / "run"
     code = _CHILD.format(tests=str(Path(__file__).parent), cell=str(path), run_dir=str(run_dir))
     child = subprocess.Popen(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -251,17 +252,13 @@ async def _check(url: str, chromium: str, screenshot: Path | None, zoom: bool, t
                     ev["method"] == "Network.responseReceived" and int(p.get("response", {}).get("status") or 0) >= 400
                 ):
                     res.failed.append(f"{p['response'].get('status')} {p['response'].get('url')}")
-            try:
+            with contextlib.suppress(Exception):
                 await cdp.send("Browser.close", timeout=5)
-            except Exception:
-                pass
             cdp.reader.cancel()
     finally:
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:

@@ -36,17 +36,17 @@ from harness.servers.vllm import ENGINE_CACHE_ENV, VLLMAdapter, private_cache_en
 
 
 def _cell(**over: object) -> CellConfig:
-    data: dict[str, object] = dict(
-        name="t",
-        engine={"name": "vllm", "version": "0.32.0"},
-        model="tiny",
-        gpu="cpu",
-        kv_pool_tokens=32768,
-        page_size=32,
-        context_length=8192,
-        max_running=16,
-        chunked_prefill=4096,
-    )
+    data: dict[str, object] = {
+        "name": "t",
+        "engine": {"name": "vllm", "version": "0.32.0"},
+        "model": "tiny",
+        "gpu": "cpu",
+        "kv_pool_tokens": 32768,
+        "page_size": 32,
+        "context_length": 8192,
+        "max_running": 16,
+        "chunked_prefill": 4096,
+    }
     data.update(over)
     return CellConfig.model_validate(data)
 
@@ -595,14 +595,14 @@ def test_cell_checks_mem_fraction_and_vllm_refuses_it() -> None:
     from harness.config import parse_config
     from harness.errors import ConfigError
 
-    data = dict(
-        name="t",
-        engine={"name": "sglang", "version": "0.5.22"},
-        model="m",
-        gpu="cpu",
-        kv_pool_tokens=10,
-        mem_fraction_static=1.5,
-    )
+    data = {
+        "name": "t",
+        "engine": {"name": "sglang", "version": "0.5.22"},
+        "model": "m",
+        "gpu": "cpu",
+        "kv_pool_tokens": 10,
+        "mem_fraction_static": 1.5,
+    }
     with pytest.raises(ConfigError, match="mem_fraction_static"):
         parse_config(data, CellConfig)
     with pytest.raises(ValueError, match="mem_fraction_static is SGLang's"):

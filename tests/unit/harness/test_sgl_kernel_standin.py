@@ -43,7 +43,7 @@ IMPORTED_NAMES = (
     "rotate_input_ids_cpu",
     "verify_tree_greedy_cpu",
 )
-SPECULATIVE = IMPORTED_NAMES[2:] + ("build_draft_decode_metadata_cpu",)
+SPECULATIVE = (*IMPORTED_NAMES[2:], "build_draft_decode_metadata_cpu")
 
 
 def _standin():
