@@ -146,7 +146,8 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
     here = _json(t_local / "collection.json")["analysis"]
     there = col["analysis"]
     print(
-        f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\nlocal (simulator): {here['verdict']} {here['rates']}"
+        f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\n"
+        f"local (simulator): {here['verdict']} {here['rates']}"
     )
     assert there["runs_counted"] == here["runs_counted"] == 3 and there["decisive"] and here["decisive"]
     lateness = {j["arm"]: (_meta(t_slurm / j["run_dir"]).get("open_loop") or {}) for j in manifest["jobs"]}
@@ -156,7 +157,8 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
         for a, o in lateness.items()
     )
     assert there["rates"] == here["rates"] and there["verdict"] == here["verdict"], (
-        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE"
+        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); "
+        "on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE"
     )
 
 
@@ -166,7 +168,8 @@ def vllm_submission(project: dict[str, Any]) -> Iterator[Path]:
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")
     if not python:
         pytest.skip(
-            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv (scripts/ci-engine-tests.sh sets it up)"
+            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv "
+            "(scripts/ci-engine-tests.sh sets it up)"
         )
     from harness.servers.vllm import private_cache_env
 

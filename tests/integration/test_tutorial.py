@@ -88,7 +88,8 @@ def fast_install(python: str) -> str:
             "SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
             'echo "$PWD" > "$SP/00-agentload-editable.pth"',
             f'echo "{deps}" > "$SP/zz-test-dependencies.pth"',
-            "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
+            "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' "
+            '"$PWD/.venv/bin/python" > .venv/bin/agentload',
             "chmod +x .venv/bin/agentload",
         ]
     )
@@ -162,7 +163,9 @@ from runs.arms import execute_run, run_name
 from prereg.registration import load_registration
 
 reg = load_registration("{reg}")
-commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", "{reg}"], capture_output=True, text=True, check=True).stdout.strip()
+commit = subprocess.run(
+    ["git", "log", "-1", "--format=%H", "--", "{reg}"], capture_output=True, text=True, check=True
+).stdout.strip()
 binding = reg.binding("{reg}", commit)
 bundle = reg.bundle()
 for p in reg.plans:

@@ -182,7 +182,9 @@ _CHILD = textwrap.dedent(
     run_dir = Path({run_dir!r})
     rec = RunRecorder(run_dir, {{"test": "sigterm"}})
     client = PlanClient(plan(40, gap=5.0, turns=6), WL, sink=rec)
-    res = run_real(client, cell=cell, options=options(Path({cell!r}), canary=False), run_dir=run_dir, recorder=rec, duration=5000.0)
+    res = run_real(
+        client, cell=cell, options=options(Path({cell!r}), canary=False), run_dir=run_dir, recorder=rec, duration=5000.0
+    )
     rec.close(res.status, res.reason)
     print("STATUS", res.status, flush=True)
     """

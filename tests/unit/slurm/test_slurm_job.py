@@ -264,9 +264,18 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
         SubmitOptions(engine="emulator", time_scale=60.0, job=job, dry_run=True, out=str(tmp_path / "t")),
     )
     script = dry["sbatch_script"]
-    for line in ("#SBATCH --gres=gpu:1", "#SBATCH --account=acct", "#SBATCH --qos=high", "#SBATCH --mem=64G", "#SBATCH --partition=gpu",
-                 f"#SBATCH --time={dry['time_limit']['minutes']}", f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
-                 "export HF_HOME=/scratch/hf", f"#SBATCH --chdir={work}", "submitit.core._submit"):  # fmt: skip
+    for line in (
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --account=acct",
+        "#SBATCH --qos=high",
+        "#SBATCH --mem=64G",
+        "#SBATCH --partition=gpu",
+        f"#SBATCH --time={dry['time_limit']['minutes']}",
+        f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
+        "export HF_HOME=/scratch/hf",
+        f"#SBATCH --chdir={work}",
+        "submitit.core._submit",
+    ):
         assert line in script, (line, script)
     assert script.rstrip() in format_plan(dry) and "--array" not in script  # one job: no array
     # never committed: refused, or exploratory with --exploratory
