@@ -118,7 +118,8 @@ def case_cached_counter_before_first_hit(live: Live) -> None:
     names, before, after = run(with_http(go))
     tag(
         live,
-        f"before the first hit: cached_tokens_total {before.get('cached_tokens_total')}, after: {after.get('cached_tokens_total')}",
+        f"before the first hit: cached_tokens_total {before.get('cached_tokens_total')}, "
+        f"after: {after.get('cached_tokens_total')}",
     )
     if live.flavor == "sglang":
         assert "sglang:cached_tokens_total" not in names and "sglang:prompt_tokens_total" in names
@@ -160,7 +161,8 @@ LENGTH_LIMITS: dict[str, list[tuple[int, int, int, str, int | None]]] = {
             16,
             400,
             f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
-            f"You requested a total of {CONTEXT + 15} tokens: {CONTEXT - 1} tokens from the input messages and 16 tokens",
+            f"You requested a total of {CONTEXT + 15} tokens: {CONTEXT - 1} tokens from the input messages "
+            "and 16 tokens",
             None,
         ),
         (
@@ -176,7 +178,8 @@ LENGTH_LIMITS: dict[str, list[tuple[int, int, int, str, int | None]]] = {
             CONTEXT + 1,
             1,
             400,
-            f"This model's maximum context length is {CONTEXT} tokens. However, your prompt contains at least {CONTEXT + 1} input tokens",
+            f"This model's maximum context length is {CONTEXT} tokens. "
+            f"However, your prompt contains at least {CONTEXT + 1} input tokens",
             None,
         ),
         (CONTEXT, 1, 400, "max_tokens must be at least 1, got 0.", None),

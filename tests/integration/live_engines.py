@@ -25,6 +25,7 @@ The SGLang cell carries its CPU launch settings as data (device cpu, mem_fractio
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -204,7 +205,7 @@ def port_holders(port: int) -> list[int]:
             args = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a == b"--port" and b == str(port).encode() for a, b in zip(args, args[1:])):
+        if any(a == b"--port" and b == str(port).encode() for a, b in itertools.pairwise(args)):
             out.append(int(d.name))
     return out
 

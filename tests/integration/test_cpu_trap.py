@@ -60,7 +60,8 @@ def _calibration_load(reg: Any) -> str:
     import yaml
 
     return "; ".join(
-        f"{i.role}: {str(yaml.safe_load((ROOT / i.path).read_text()).get('source', '')).rpartition('; host load')[2] or '?'}"
+        f"{i.role}: "
+        f"{str(yaml.safe_load((ROOT / i.path).read_text()).get('source', '')).rpartition('; host load')[2] or '?'}"
         for i in reg.inputs
     )
 
@@ -70,10 +71,13 @@ def _row(arm: str, av: dict[str, Any], meta: dict[str, Any]) -> str:
     hl = meta.get("host_load") or {}
     ol = meta.get("open_loop") or {}
     return (
-        f"{arm:8} {av['state']:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  slope {s.get('slope', float('nan')):+.2f} "
+        f"{arm:8} {av['state']:13} token_ratio {s.get('token_ratio', float('nan')):.2f}  "
+        f"slope {s.get('slope', float('nan')):+.2f} "
         f"(threshold {s.get('slope_threshold', float('nan')):.2f})  hit_last {s.get('hit_last', float('nan')):.2f}  "
-        f"outstanding_last {s.get('outstanding_last', float('nan')):.0f}  start p99 {1e3 * (ol.get('p99_s') or float('nan')):.0f} ms  "
-        f"load {hl.get('loadavg_drive_start')}->{hl.get('loadavg_drive_end')}  engine CPU share {hl.get('engine_cpu_share')}"
+        f"outstanding_last {s.get('outstanding_last', float('nan')):.0f}  "
+        f"start p99 {1e3 * (ol.get('p99_s') or float('nan')):.0f} ms  "
+        f"load {hl.get('loadavg_drive_start')}->{hl.get('loadavg_drive_end')}  "
+        f"engine CPU share {hl.get('engine_cpu_share')}"
     )
 
 
@@ -89,7 +93,8 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")
     if not python:
         pytest.skip(
-            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM tests need the engine venv (scripts/ci-engine-tests.sh sets it up)"
+            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM tests need the engine venv "
+            "(scripts/ci-engine-tests.sh sets it up)"
         )
     model = _model(python, tmp_path)
     reg = load_registration(REG)
@@ -146,5 +151,6 @@ def test_burst_is_trapped_and_noburst_recovers_by_the_registered_rule(tmp_path: 
         f"BURST did not end TRAPPED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
     )
     assert results["noburst"]["state"] == "RECOVERED", (
-        f"NOBURST did not end RECOVERED by the registered rule:\n{report}\ncalibration host load{_calibration_load(reg)}"
+        f"NOBURST did not end RECOVERED by the registered rule:\n{report}\n"
+        f"calibration host load{_calibration_load(reg)}"
     )

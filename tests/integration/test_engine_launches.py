@@ -64,8 +64,12 @@ def test_every_cell_launch_is_accepted_by_the_engine_and_a_planted_fault_is_not(
         ),
     ]
     rep = check_engine(engine, [*cases, *planted], python=python)
-    print(f"\n{engine} {rep.version}: {len(cases)} cells parsed; series: " + ", ".join(
-        f"{n} ({d[0]['file']}:{d[0]['line']})" if d else f"{n} (absent)" for n, d in sorted(rep.series.items())))  # fmt: skip
+    print(
+        f"\n{engine} {rep.version}: {len(cases)} cells parsed; series: "
+        + ", ".join(
+            f"{n} ({d[0]['file']}:{d[0]['line']})" if d else f"{n} (absent)" for n, d in sorted(rep.series.items())
+        )
+    )
     real = [p for p in rep.problems if not p.startswith("planted-")]
     assert real == [], "\n".join(real)
     assert version_problems(engine, cells, rep.version) == []

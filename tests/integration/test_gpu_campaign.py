@@ -99,8 +99,17 @@ def test_the_campaign_page_runs_as_written_without_a_gpu(tmp_path: Path) -> None
     assert list((work / "results/e2-mysite/provenance/freezes").glob("*"))
     # the dry run: every job, the cost, the script; nothing submitted
     out = proc.stdout
-    for text in ("jobs     18 via slurm (dry run: nothing submitted)", "cost     18 job(s) x 9,780 s x 1 GPU = 48.9 GPU-hours",
-                 "#SBATCH --array=0-17%18", "#SBATCH --gres=gpu:1", "#SBATCH --time=182", "#SBATCH --partition=gpu",
-                 "#SBATCH --account=myaccount", "#SBATCH --mem=64G", "export HF_HUB_OFFLINE=1", "label    pre-registered"):  # fmt: skip
+    for text in (
+        "jobs     18 via slurm (dry run: nothing submitted)",
+        "cost     18 job(s) x 9,780 s x 1 GPU = 48.9 GPU-hours",
+        "#SBATCH --array=0-17%18",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --time=182",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=myaccount",
+        "#SBATCH --mem=64G",
+        "export HF_HUB_OFFLINE=1",
+        "label    pre-registered",
+    ):
         assert text in out, (text, out[-4000:])
     assert not (work / "results/e2-mysite/submission.json").exists()

@@ -43,7 +43,8 @@ def test_engine_model_agrees_with_the_engines_code(engine: str, tmp_path) -> Non
             continue
         floor = FLOORS[engine].get(kind, 1.0)
         assert t["rate"] >= floor, (
-            f"{engine} {kind}: agreement {t['rate']:.4f} < {floor}; examples: {[x for r in summary['traces'] for x in r['examples']][:5]}"
+            f"{engine} {kind}: agreement {t['rate']:.4f} < {floor}; "
+            f"examples: {[x for r in summary['traces'] for x in r['examples']][:5]}"
         )
     # the suite must exercise what it claims to
     ev = {

@@ -82,8 +82,23 @@ def timeout_submission(project: dict[str, Any]) -> Path:
     out = project["tmp"] / "timeout"
     wrapper = f'sleep {SLOW_START_S}; exec "$@"'
     slow = shlex.join(["bash", "-c", wrapper, "slow-start", sys.executable, "-m", "harness.emulator"])
-    assert _cli("submit", project["regs"]["slow"], "--engine", "emulator", "--time-scale", TIME_SCALE, "--time", LIMIT_MIN,
-                "--server-cmd", slow, "--out", out) == 0  # fmt: skip
+    assert (
+        _cli(
+            "submit",
+            project["regs"]["slow"],
+            "--engine",
+            "emulator",
+            "--time-scale",
+            TIME_SCALE,
+            "--time",
+            LIMIT_MIN,
+            "--server-cmd",
+            slow,
+            "--out",
+            out,
+        )
+        == 0
+    )
     doc = _json(out / "submission.json")
     assert (
         doc["time_limit"]["fits"]
@@ -169,8 +184,9 @@ def test_calibrate_through_slurm_takes_the_job_options(
 
 
 @pytest.mark.timeout(600)
-def test_a_job_past_its_limit_is_interrupted_kept_and_collected_as_timeout(timeout_submission: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_job_past_its_limit_is_interrupted_kept_and_collected_as_timeout(
+    timeout_submission: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = _cli("jobs", "collect", timeout_submission, "--wait", "480", "--no-analysis")
     printed = capsys.readouterr().out
     print(printed)

@@ -120,7 +120,7 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
     ids = [j["job_id"] for j in manifest["jobs"]]
     assert [(j["arm"], j["rate"], j["seed"]) for j in manifest["jobs"]] == [(p.arm, p.rate, p.seed) for p in reg.plans]
     assert manifest["label_at_submission"]["label"] == "pre-registered" and manifest["remote"]["contains"]
-    assert all(j["submit_utc"] for j in manifest["jobs"]) and len(set(j["array_job_id"] for j in manifest["jobs"])) == 1
+    assert all(j["submit_utc"] for j in manifest["jobs"]) and len({j["array_job_id"] for j in manifest["jobs"]}) == 1
     rc = _cli("jobs", "collect", t_slurm / "submission.json", "--wait", "600")
     out = capsys.readouterr().out
     print(out)
@@ -146,7 +146,8 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
     here = _json(t_local / "collection.json")["analysis"]
     there = col["analysis"]
     print(
-        f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\nlocal (simulator): {here['verdict']} {here['rates']}"
+        f"cluster ({cluster_s:.0f} s, emulator x{E2_SCALE:g}): {there['verdict']} {there['rates']}\n"
+        f"local (simulator): {here['verdict']} {here['rates']}"
     )
     assert there["runs_counted"] == here["runs_counted"] == 3 and there["decisive"] and here["decisive"]
     lateness = {j["arm"]: (_meta(t_slurm / j["run_dir"]).get("open_loop") or {}) for j in manifest["jobs"]}
@@ -156,7 +157,8 @@ def test_registered_e2_on_the_cluster_equals_the_local_run(
         for a, o in lateness.items()
     )
     assert there["rates"] == here["rates"] and there["verdict"] == here["verdict"], (
-        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE"
+        f"the emulator at x{E2_SCALE:g} did not reproduce the simulator ({why}); "
+        "on a loaded machine lower AGENTLOAD_SLURM_E2_SCALE"
     )
 
 
@@ -166,7 +168,8 @@ def vllm_submission(project: dict[str, Any]) -> Iterator[Path]:
     python = os.environ.get("AGENTLOAD_VLLM_PYTHON")
     if not python:
         pytest.skip(
-            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv (scripts/ci-engine-tests.sh sets it up)"
+            "AGENTLOAD_VLLM_PYTHON is unset: the real-vLLM job needs the engine venv "
+            "(scripts/ci-engine-tests.sh sets it up)"
         )
     from harness.servers.vllm import private_cache_env
 
@@ -217,15 +220,15 @@ def test_jobs_refuse_and_say_why(project: dict[str, Any], capsys: pytest.Capture
     work, tmp = project["work"], project["tmp"] / "refusals"
     one = load_registration(project["regs"]["one"])
     bad = load_registration(project["regs"]["bad"])
-    base = dict(
-        arm="noburst",
-        rate=1.75,
-        seed=3,
-        engine="emulator",
-        time_scale=60.0,
-        commit=project["commit"],
-        warning_lead_s=30.0,
-    )
+    base = {
+        "arm": "noburst",
+        "rate": 1.75,
+        "seed": 3,
+        "engine": "emulator",
+        "time_scale": 60.0,
+        "commit": project["commit"],
+        "warning_lead_s": 30.0,
+    }
     specs = [
         JobSpec(
             registration="prereg/registrations/not-there.yaml",

@@ -53,8 +53,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     argv, env = adapter.launch_command(cell, model=model, host="127.0.0.1", port=port)
     handle = adapter.start(argv, env, tmp_path_factory.mktemp("pin"), host="127.0.0.1", port=port, health_timeout=600)
     try:
-        yield {"adapter": adapter, "handle": handle, "cell": cell, "url": handle.base_url, "name": adapter.served_model_name(cell),
-               "set": lambda q: cpuquota.apply(handle.cpu_group, q)}  # fmt: skip
+        yield {
+            "adapter": adapter,
+            "handle": handle,
+            "cell": cell,
+            "url": handle.base_url,
+            "name": adapter.served_model_name(cell),
+            "set": lambda q: cpuquota.apply(handle.cpu_group, q),
+        }
     finally:
         adapter.stop(handle)
 
@@ -72,9 +78,12 @@ def test_the_pin_reaches_a_target_25_percent_off_the_hosts_speed(server: dict[st
         token_rate=base * factor, tolerance=0.05, max_cpu_quota=1.5, min_cpu_quota=0.1, source="test", **SHAPE
     )
     res = asyncio.run(pin_speed(server["adapter"], server["url"], pin, START_QUOTA, server["name"], server["set"]))
-    print(f"\nhost at {START_QUOTA} CPU: {base:.0f} tokens/s; target {pin.token_rate:.0f}: pinned at {res.quota:.3f} CPU, "
-          f"{res.token_rate:.0f} tokens/s in {len(res.steps)} probe(s), {res.seconds:.1f} s; steps "
-          + ", ".join(f"{s.quota:.3f}: {s.token_rate:.0f}" for s in res.steps))  # fmt: skip
+    print(
+        f"\nhost at {START_QUOTA} CPU: {base:.0f} tokens/s; "
+        f"target {pin.token_rate:.0f}: pinned at {res.quota:.3f} CPU, "
+        f"{res.token_rate:.0f} tokens/s in {len(res.steps)} probe(s), {res.seconds:.1f} s; steps "
+        + ", ".join(f"{s.quota:.3f}: {s.token_rate:.0f}" for s in res.steps)
+    )
     assert res.pinned and res.flushed and abs(res.token_rate / pin.token_rate - 1) <= pin.tolerance
     assert (res.quota > START_QUOTA) == (factor > 1)  # a faster target needs more CPU, a slower one less
     assert cpuquota.quota_of(_group(server)) == pytest.approx(

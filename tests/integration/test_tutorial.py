@@ -25,6 +25,7 @@ needed for the page's last step; without it, AGENTLOAD_SKIP_BROWSER=1 drops that
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -87,7 +88,8 @@ def fast_install(python: str) -> str:
             "SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
             'echo "$PWD" > "$SP/00-agentload-editable.pth"',
             f'echo "{deps}" > "$SP/zz-test-dependencies.pth"',
-            "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' \"$PWD/.venv/bin/python\" > .venv/bin/agentload",
+            "printf '#!%s\\nimport sys\\nfrom cli.main import main\\nsys.exit(main())\\n' "
+            '"$PWD/.venv/bin/python" > .venv/bin/agentload',
             "chmod +x .venv/bin/agentload",
         ]
     )
@@ -113,7 +115,7 @@ def tutorial_script(blocks: list[tuple[str, str]], *, pip: bool, browser: bool, 
 
 def stage_times(stdout: str) -> list[tuple[str, float]]:
     marks = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^@@stage (\S+) (.*)$", stdout, re.M)]
-    return [(name, t1 - t0) for (t0, name), (t1, _) in zip(marks, marks[1:])]
+    return [(name, t1 - t0) for (t0, name), (t1, _) in itertools.pairwise(marks)]
 
 
 def snapshot(dest: Path) -> Path:
@@ -161,7 +163,9 @@ from runs.arms import execute_run, run_name
 from prereg.registration import load_registration
 
 reg = load_registration("{reg}")
-commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", "{reg}"], capture_output=True, text=True, check=True).stdout.strip()
+commit = subprocess.run(
+    ["git", "log", "-1", "--format=%H", "--", "{reg}"], capture_output=True, text=True, check=True
+).stdout.strip()
 binding = reg.binding("{reg}", commit)
 bundle = reg.bundle()
 for p in reg.plans:

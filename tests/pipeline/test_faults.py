@@ -61,17 +61,17 @@ def options(cell_path: Path, *faults: str, **kw: Any) -> EngineOptions:
     extra: tuple[str, ...] = ()
     for f in faults:
         extra += ("--fault", f)
-    base = dict(
-        engine="emulator",
-        time_scale=SCALE,
-        server_cmd=(sys.executable, "-m", "harness.emulator"),
-        cell_ref=str(cell_path),
-        extra_args=extra + ("--log-level", "WARNING"),
-        health_timeout=30.0,
-        request_timeout=30.0,
-        smoke=False,
-        canary=True,
-    )
+    base = {
+        "engine": "emulator",
+        "time_scale": SCALE,
+        "server_cmd": (sys.executable, "-m", "harness.emulator"),
+        "cell_ref": str(cell_path),
+        "extra_args": (*extra, "--log-level", "WARNING"),
+        "health_timeout": 30.0,
+        "request_timeout": 30.0,
+        "smoke": False,
+        "canary": True,
+    }
     base.update(kw)
     return EngineOptions(**base)  # type: ignore[arg-type]
 
@@ -182,7 +182,9 @@ _CHILD = textwrap.dedent(
     run_dir = Path({run_dir!r})
     rec = RunRecorder(run_dir, {{"test": "sigterm"}})
     client = PlanClient(plan(40, gap=5.0, turns=6), WL, sink=rec)
-    res = run_real(client, cell=cell, options=options(Path({cell!r}), canary=False), run_dir=run_dir, recorder=rec, duration=5000.0)
+    res = run_real(
+        client, cell=cell, options=options(Path({cell!r}), canary=False), run_dir=run_dir, recorder=rec, duration=5000.0
+    )
     rec.close(res.status, res.reason)
     print("STATUS", res.status, flush=True)
     """
@@ -190,7 +192,7 @@ _CHILD = textwrap.dedent(
 
 
 def test_sigterm_to_the_client_interrupts_and_keeps_records(tmp_path: Path) -> None:
-    cell, path = cell_file(tmp_path)
+    _cell, path = cell_file(tmp_path)
     run_dir = tmp_path / "run"
     code = _CHILD.format(tests=str(Path(__file__).parent), cell=str(path), run_dir=str(run_dir))
     child = subprocess.Popen(

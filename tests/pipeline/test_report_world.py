@@ -304,7 +304,8 @@ def _chromium() -> str:
         if os.environ.get("AGENTLOAD_SKIP_BROWSER") == "1":
             pytest.skip("AGENTLOAD_SKIP_BROWSER=1 and no Chromium installed")
         pytest.fail(
-            "no Chromium: run scripts/setup-chromium.sh (Debian package chromium), or set AGENTLOAD_SKIP_BROWSER=1 to skip"
+            "no Chromium: run scripts/setup-chromium.sh (Debian package chromium), "
+            "or set AGENTLOAD_SKIP_BROWSER=1 to skip"
         )
     return bin_
 

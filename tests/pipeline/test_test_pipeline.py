@@ -4,6 +4,7 @@ so every arm ends good; what is checked is the plumbing, not the trap (tests/pip
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
@@ -239,10 +240,8 @@ def test_a_report_over_failed_runs_only_is_written_not_crashed(tiny_test: Path, 
     bundle = load_test(tiny_test)
     dirs = []
     for arm in ("burst", "noburst", "capped"):
-        try:
+        with contextlib.suppress(RuntimeError):
             execute_run(bundle, arm, 1.35, 0, "boom", tmp_path / arm)
-        except RuntimeError:
-            pass
         dirs.append(tmp_path / arm)
     verdict, analyzed = analyze_staged(
         dirs, load_rule("e2"), arms=["burst", "noburst", "capped"], rates=[1.35], seeds=[0, 1, 2]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -33,18 +34,22 @@ LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:", "chrome-error:")
 # Run in the page after load: everything the checks need, as JSON.
 PROBE = r"""
 (() => {
-  const imgs = [...document.images].map(i => ({src: i.src.slice(0, 40), complete: i.complete, w: i.naturalWidth, h: i.naturalHeight, alt: i.alt}));
+  const imgs = [...document.images].map(i => ({src: i.src.slice(0, 40), complete: i.complete,
+                                               w: i.naturalWidth, h: i.naturalHeight, alt: i.alt}));
   const charts = [...document.querySelectorAll('[data-chart]')].map(c => {
     const svg = c.querySelector('svg');
     const r = svg ? svg.getBoundingClientRect() : null;
-    return {id: c.id, live: c.classList.contains('live'), svg: !!svg, paths: svg ? svg.querySelectorAll('path.line').length : 0,
-            w: r ? r.width : 0, h: r ? r.height : 0};
+    return {id: c.id, live: c.classList.contains('live'), svg: !!svg,
+            paths: svg ? svg.querySelectorAll('path.line').length : 0, w: r ? r.width : 0, h: r ? r.height : 0};
   });
-  const svgs = [...document.querySelectorAll('svg.timeline-strip')].map(s => ({marks: s.querySelectorAll('circle').length, w: s.getBoundingClientRect().width}));
-  const tables = [...document.querySelectorAll('table')].map(t => ({section: (t.closest('section') || {}).id || null, cls: t.className,
-            head: t.tHead ? t.tHead.rows.length : 0, rows: t.tBodies.length ? [...t.tBodies].reduce((n, b) => n + b.rows.length, 0) : 0}));
+  const svgs = [...document.querySelectorAll('svg.timeline-strip')].map(s => ({
+            marks: s.querySelectorAll('circle').length, w: s.getBoundingClientRect().width}));
+  const tables = [...document.querySelectorAll('table')].map(t => ({section: (t.closest('section') || {}).id || null,
+            cls: t.className, head: t.tHead ? t.tHead.rows.length : 0,
+            rows: t.tBodies.length ? [...t.tBodies].reduce((n, b) => n + b.rows.length, 0) : 0}));
   const links = [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
-  const sections = [...document.querySelectorAll('section')].map(s => ({id: s.id, text: s.innerText.length, absent: [...s.querySelectorAll('.absent')].map(x => x.innerText)}));
+  const sections = [...document.querySelectorAll('section')].map(s => ({id: s.id, text: s.innerText.length,
+            absent: [...s.querySelectorAll('.absent')].map(x => x.innerText)}));
   return JSON.stringify({title: document.title, imgs, charts, svgs, tables, links, sections,
                          height: document.documentElement.scrollHeight, width: document.documentElement.scrollWidth});
 })()
@@ -179,7 +184,10 @@ def _describe(ev: dict[str, Any]) -> str | None:
         )
     if m == "Runtime.exceptionThrown":
         d = p.get("exceptionDetails", {})
-        return f"uncaught {d.get('exception', {}).get('description') or d.get('text')} at {d.get('url')}:{d.get('lineNumber')}"
+        return (
+            f"uncaught {d.get('exception', {}).get('description') or d.get('text')} "
+            f"at {d.get('url')}:{d.get('lineNumber')}"
+        )
     if m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
         e = p["entry"]
         return f"{e.get('source')}: {e.get('text')} {e.get('url') or ''}".strip()
@@ -251,17 +259,13 @@ async def _check(url: str, chromium: str, screenshot: Path | None, zoom: bool, t
                     ev["method"] == "Network.responseReceived" and int(p.get("response", {}).get("status") or 0) >= 400
                 ):
                     res.failed.append(f"{p['response'].get('status')} {p['response'].get('url')}")
-            try:
+            with contextlib.suppress(Exception):
                 await cdp.send("Browser.close", timeout=5)
-            except Exception:
-                pass
             cdp.reader.cancel()
     finally:
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -309,7 +313,8 @@ async def _drag_zoom(cdp: _CDP, sid: str) -> dict[str, Any]:
         {
             "expression": """(() => { const c = document.querySelector('[data-chart]');
         const p = c.querySelector('path.line'); const s = c.querySelector('svg').getBoundingClientRect();
-        const q = p.getPointAtLength(p.getTotalLength() / 2); return JSON.stringify({x: s.left + q.x, y: s.top + q.y}); })()""",
+        const q = p.getPointAtLength(p.getTotalLength() / 2);
+        return JSON.stringify({x: s.left + q.x, y: s.top + q.y}); })()""",
             "returnByValue": True,
         },
         session=sid,
@@ -320,7 +325,9 @@ async def _drag_zoom(cdp: _CDP, sid: str) -> dict[str, Any]:
         "Runtime.evaluate",
         {
             "expression": """(() => { const c = document.querySelector('[data-chart]');
-        const t = c.querySelector('.tip'); return JSON.stringify({x0: c.chart.x0, x1: c.chart.x1, tip: t.style.display === 'block' ? t.textContent : null}); })()""",
+        const t = c.querySelector('.tip');
+        return JSON.stringify({x0: c.chart.x0, x1: c.chart.x1,
+                               tip: t.style.display === 'block' ? t.textContent : null}); })()""",
             "returnByValue": True,
         },
         session=sid,

@@ -91,9 +91,9 @@ def test_mean_prompt_and_gap_trend() -> None:
     tt = turns([(0, k + 1, d, 2000 + 650 * k, 0) for k, d in enumerate(done)])
     d, g = M.turn_gaps(tt)
     assert np.allclose(g, d / 3.0)
-    slope, c, y = M.gap_trend(tt, 0.0, 20000.0, width=1e9)
+    slope, c, _y = M.gap_trend(tt, 0.0, 20000.0, width=1e9)
     assert math.isnan(slope) and len(c) == 1  # one bin: no trend
-    slope, c, y = M.gap_trend(tt, 0.0, 20000.0, width=300.0)
+    slope, c, _y = M.gap_trend(tt, 0.0, 20000.0, width=300.0)
     assert slope > 0
     assert M.mean_prompt(tt, 0.0, 200.0) == pytest.approx((2000 + 2650) / 2)
 

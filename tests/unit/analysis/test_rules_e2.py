@@ -66,7 +66,7 @@ def synth(
         for i, t in enumerate(leave[: int(backlog0)]):
             rows[i]["end"] = t
             rows[i]["outcome"] = "completed"
-    for g in range(gated):
+    for _g in range(gated):
         rows.append(
             {
                 "session": sid,
@@ -84,7 +84,6 @@ def synth(
     prompt = np.full(n, 10000.0)
     k = np.arange(n)
     is_hit = (k % 1000) < round(hit * 1000)
-    uncached_miss = token_rate  # per second, one turn per second
     cached = np.where(is_hit, prompt - 551.0, 0.0)
     # scale misses so the total uncached rate matches token_rate
     n_miss = max(1, int((~is_hit).sum()))

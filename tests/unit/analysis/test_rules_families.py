@@ -161,7 +161,7 @@ def test_trap_scores_refutation_needs_two_runs() -> None:
     b2 = [row("burst", s, _scored(0.02, 9000.0, 0.02, 0.086, 0.105), 1.35) for s in range(3)]
     assert judge("trap-scores", b2, (1.35,))["groups"][0]["outcome"] == "NOT-REFUTED"
     assert (
-        judge("trap-scores", b2[:1] + [row("burst", 1, good(), 1.35), row("burst", 2, good(), 1.35)], (1.35,))[
+        judge("trap-scores", [*b2[:1], row("burst", 1, good(), 1.35), row("burst", 2, good(), 1.35)], (1.35,))[
             "groups"
         ][0]["outcome"]
         == "NOT-APPLICABLE"

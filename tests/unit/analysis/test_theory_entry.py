@@ -164,7 +164,7 @@ def test_gate_drain_and_stop(curve: MuCurve) -> None:
     assert d["crude"] == pytest.approx(200 / 0.08)
     # constant tail: time from 100 to 40 at mu = 0.07
     assert curve.stop_drain_time(100, 40) == pytest.approx(60 / 0.07)
-    t, n = curve.integrate(100.0, lambda _t: 0.0, 60 / 0.07, dt=0.5)
+    _t, n = curve.integrate(100.0, lambda _t: 0.0, 60 / 0.07, dt=0.5)
     assert n[-1] == pytest.approx(40.0, abs=1e-6)
 
 

@@ -49,7 +49,8 @@ def test_help_imports_no_command_module() -> None:
     """`agentload --help` is the table: no command's module (nor numpy, pandas, pydantic) is imported."""
     code = (
         "import sys; from cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout

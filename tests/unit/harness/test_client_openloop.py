@@ -88,7 +88,7 @@ def test_prompt_is_previous_prompt_plus_returned_ids_plus_tool_ids() -> None:
     d.run()
     sends = [s for _, s in d.sends]
     assert [len(s.prompt) for s in sends] == [WL.prompt_len(k) for k in range(1, 5)]
-    for a, b in zip(sends, sends[1:]):
+    for a, b in itertools.pairwise(sends):
         n = len(a.prompt)
         assert np.array_equal(b.prompt[:n], a.prompt)
         assert np.array_equal(b.prompt[n : n + WL.decode_tokens], np.arange(WL.decode_tokens) + 7)

@@ -355,17 +355,20 @@ K_TIME, K_POP = 50.0, 64 / 20  # times divided by k; the burst and population th
 
 def test_the_cpu_protocol_is_e2_with_every_time_scaled_by_one_factor() -> None:
     e2, cpu = load_config("protocols/e2", ProtocolConfig), load_config("protocols/e2-cpu", ProtocolConfig)
-    times = lambda p: [
-        p.duration,
-        p.burst.time,
-        p.burst.width,
-        p.window.start,
-        p.window.end,
-        p.min_window,
-        p.backlog_bin,
-        p.hit_bin,
-        p.recovered_span,
-    ]
+
+    def times(p: ProtocolConfig) -> list[float]:
+        return [
+            p.duration,
+            p.burst.time,
+            p.burst.width,
+            p.window.start,
+            p.window.end,
+            p.min_window,
+            p.backlog_bin,
+            p.hit_bin,
+            p.recovered_span,
+        ]
+
     assert times(cpu) == pytest.approx([t / K_TIME for t in times(e2)], rel=1e-12)
     assert cpu.burst.size == round(e2.burst.size * K_POP)
 

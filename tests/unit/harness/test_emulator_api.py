@@ -140,7 +140,8 @@ def test_vllm_refuses_only_what_cannot_fit_and_cuts_max_tokens() -> None:
             st, body = await complete(http, url, ids(4097))
             assert st == 400 and body["error"]["param"] == "input_tokens"
             assert body["error"]["message"].startswith(
-                "This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens"
+                "This model's maximum context length is 4096 tokens. "
+                "However, your prompt contains at least 4097 input tokens"
             )
             st, body = await complete(http, url, ids(4100))
             assert (
@@ -192,13 +193,15 @@ def test_sglang_refuses_at_its_three_limits() -> None:
                     4095,
                     16,
                     400,
-                    "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 4111 tokens: 4095 tokens from the input messages and 16 tokens",
+                    "Requested token count exceeds the model's maximum context length of 4096 tokens. "
+                    "You requested a total of 4111 tokens: 4095 tokens from the input messages and 16 tokens",
                 ),
                 (
                     4095,
                     1,
                     400,
-                    "Input length (4095 tokens) exceeds the maximum allowed length (4090 tokens). Use a shorter input or enable --allow-auto-truncate.",
+                    "Input length (4095 tokens) exceeds the maximum allowed length (4090 tokens). "
+                    "Use a shorter input or enable --allow-auto-truncate.",
                 ),
                 (4090, 1, 400, "Input length (4090 tokens) exceeds the maximum allowed length (4090 tokens)."),
                 (4089, 1, 200, ""),

@@ -149,7 +149,7 @@ def test_empty_run_and_verify_detects_changes(tmp_path: Path) -> None:
         f.write(b"x")
     with pytest.raises(RunFormatError, match="SHA-256 differs"):
         load_run(d, verify=True)
-    with pytest.raises(RunFormatError, match="no meta.json"):
+    with pytest.raises(RunFormatError, match=r"no meta\.json"):
         load_run(tmp_path / "nothing")
 
 

@@ -104,7 +104,7 @@ def test_decode_left_is_the_sum_over_decoders(mixed: bool) -> None:
     e = EngineModel(c)
     rng = np.random.default_rng(11)
     t, rid, checks, big = 0.0, 0, 0, 0
-    for wave in range(8):
+    for _wave in range(8):
         for _ in range(6):
             rid += 1
             d = int(rng.choice([1, 3, 40, 300, CLIP_MAX_NEW + 500, 9000]))
@@ -179,9 +179,12 @@ def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, histo
 
     wl = WorkloadConfig(name="small", first_prompt=700, tool_tokens=120, decode_tokens=37)
     specs = [draw_session(wl, 4, STREAM_BASE, i, arrival=float(1.5 * i)) for i in range(70)]
-    kw: dict[str, object] = dict(
-        engine={"name": "vllm", "version": "t"}, batching="mixed", page_size=16, kv_pool_tokens=40_000
-    )
+    kw: dict[str, object] = {
+        "engine": {"name": "vllm", "version": "t"},
+        "batching": "mixed",
+        "page_size": 16,
+        "kv_pool_tokens": 40_000,
+    }
     kw.update(cell_kw)
     with monkeypatch.context() as mp:
         if not fuse:
@@ -441,9 +444,8 @@ def test_token_kv_lookups_from_the_history_are_root_walks(seed: int) -> None:
 
     fast.tree.match_from = counting  # type: ignore[method-assign]
     last: list[tuple[np.ndarray, np.ndarray]] = []  # per session: (prompt, outputs) of its last turn
-    rid = 0
     for step in range(600):
-        rid += 1
+        rid = step + 1
         r = rng.random()
         if r < 0.2 or not last:
             prompt = toks(int(rng.integers(20, 300)), 100_000 * seed + rid)

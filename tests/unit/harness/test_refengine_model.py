@@ -244,7 +244,7 @@ def test_vllm_preempts_the_latest_request_and_recomputes_it_from_the_queue_head(
     e = EngineModel(cell("vllm", kv_pool_tokens=64 * 16, chunked_prefill=4096))
     e.submit(EngineRequest(1, toks(400, 1), 300), 0.0)  # grows to 44 blocks
     e.submit(EngineRequest(2, toks(400, 2), 300), 0.0)  # both fit at admission (26 blocks), not at the end
-    t, out = drain(e)
+    _t, out = drain(e)
     assert sorted(c.req_id for c in out) == [1, 2]
     by = {c.req_id: c for c in out}
     assert by[1].preemptions == 0 and by[2].preemptions >= 1

@@ -36,17 +36,17 @@ from harness.servers.vllm import ENGINE_CACHE_ENV, VLLMAdapter, private_cache_en
 
 
 def _cell(**over: object) -> CellConfig:
-    data: dict[str, object] = dict(
-        name="t",
-        engine={"name": "vllm", "version": "0.32.0"},
-        model="tiny",
-        gpu="cpu",
-        kv_pool_tokens=32768,
-        page_size=32,
-        context_length=8192,
-        max_running=16,
-        chunked_prefill=4096,
-    )
+    data: dict[str, object] = {
+        "name": "t",
+        "engine": {"name": "vllm", "version": "0.32.0"},
+        "model": "tiny",
+        "gpu": "cpu",
+        "kv_pool_tokens": 32768,
+        "page_size": 32,
+        "context_length": 8192,
+        "max_running": 16,
+        "chunked_prefill": 4096,
+    }
     data.update(over)
     return CellConfig.model_validate(data)
 
@@ -355,8 +355,9 @@ VLLM_METRICS = textwrap.dedent(
     # TYPE vllm:num_preemptions counter
     vllm:num_preemptions_total{engine="0",model_name="tiny"} 2.0
     # TYPE vllm:cache_config_info gauge
-    vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0",kv_cache_dtype_skip_layers="[]",num_gpu_blocks="1024",prefix_caching_hash_algo="sha256, v2"} 1.0
     """
+    'vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0",kv_cache_dtype_skip_layers="[]",'
+    'num_gpu_blocks="1024",prefix_caching_hash_algo="sha256, v2"} 1.0\n'
 )
 
 SGLANG_METRICS = textwrap.dedent(
@@ -595,14 +596,14 @@ def test_cell_checks_mem_fraction_and_vllm_refuses_it() -> None:
     from harness.config import parse_config
     from harness.errors import ConfigError
 
-    data = dict(
-        name="t",
-        engine={"name": "sglang", "version": "0.5.22"},
-        model="m",
-        gpu="cpu",
-        kv_pool_tokens=10,
-        mem_fraction_static=1.5,
-    )
+    data = {
+        "name": "t",
+        "engine": {"name": "sglang", "version": "0.5.22"},
+        "model": "m",
+        "gpu": "cpu",
+        "kv_pool_tokens": 10,
+        "mem_fraction_static": 1.5,
+    }
     with pytest.raises(ConfigError, match="mem_fraction_static"):
         parse_config(data, CellConfig)
     with pytest.raises(ValueError, match="mem_fraction_static is SGLang's"):
@@ -640,7 +641,10 @@ SGLANG_0522_METRICS = textwrap.dedent(
     # TYPE sglang:max_total_num_tokens gauge
     sglang:max_total_num_tokens{engine_type="unified",model_name="tiny",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 32768.0
     # TYPE sglang:num_retracted_reqs gauge
-    sglang:num_retracted_reqs{engine_type="unified",model_name="tiny",moe_ep_rank="0",pid="13878",pp_rank="0",tp_rank="0"} 0.0
+    """
+    'sglang:num_retracted_reqs{engine_type="unified",model_name="tiny",moe_ep_rank="0",pid="13878",'
+    'pp_rank="0",tp_rank="0"} 0.0\n'
+    """\
     # TYPE sglang:prompt_tokens counter
     sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="tiny"} 16247.0
     sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="tiny"} 30.0

@@ -26,9 +26,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from support.paths import REPO
-
-REPO = REPO
+# Not support.paths: run as a script under an engine venv's python (the subprocess mode), this file
+# has only its own folder on sys.path, so it finds the repository from where it sits.
+REPO = Path(__file__).resolve().parents[3]
 STANDIN_DIR = REPO / "scripts" / "sglang_cpu"
 
 # Every name SGLang 0.5.22 imports from sgl_kernel on its CPU engine path (module level).
@@ -43,7 +43,7 @@ IMPORTED_NAMES = (
     "rotate_input_ids_cpu",
     "verify_tree_greedy_cpu",
 )
-SPECULATIVE = IMPORTED_NAMES[2:] + ("build_draft_decode_metadata_cpu",)
+SPECULATIVE = (*IMPORTED_NAMES[2:], "build_draft_decode_metadata_cpu")
 
 
 def _standin():

@@ -110,10 +110,17 @@ def _record(ctx_template: Path, inputs: Path, decisive: bool = True) -> dict:
     import hashlib
 
     files = {s: hashlib.sha256((inputs / f"{s}.yaml").read_bytes()).hexdigest() for s in ("stage-c", "e0a", "e0b")}
-    return {"format": "agentload-design", "format_version": 1, "name": "t",
-            "template": {"path": "t.yaml", "sha256": hashlib.sha256(ctx_template.read_bytes()).hexdigest()},
-            "inputs": [{"role": s, "path": f"{s}.yaml", "sha256": h} for s, h in files.items()], "decisive": decisive,
-            "undecidable": [], "baseline": {"why_not": None if decisive else "BURST at 1.35: TRAPPED in 1 of 5"}, "proposal": None}  # fmt: skip
+    return {
+        "format": "agentload-design",
+        "format_version": 1,
+        "name": "t",
+        "template": {"path": "t.yaml", "sha256": hashlib.sha256(ctx_template.read_bytes()).hexdigest()},
+        "inputs": [{"role": s, "path": f"{s}.yaml", "sha256": h} for s, h in files.items()],
+        "decisive": decisive,
+        "undecidable": [],
+        "baseline": {"why_not": None if decisive else "BURST at 1.35: TRAPPED in 1 of 5"},
+        "proposal": None,
+    }
 
 
 def test_the_fill_binds_a_design_record_beside_the_inputs_and_refuses_one_for_another_template(tmp_path: Path) -> None:
@@ -176,8 +183,27 @@ def test_the_design_command_prints_the_table_and_the_undecidable_reason(
     from cli.main import main
 
     out = tmp_path / "design.yaml"
-    rc = main(["prereg", "design", "--inputs", str(OLD_INPUTS), "--test", str(OLD_TEMPLATE), "--cost", str(COST), "--seeds", "2",
-               "--need", "2", "--margin", "0", "--no-search", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "prereg",
+            "design",
+            "--inputs",
+            str(OLD_INPUTS),
+            "--test",
+            str(OLD_TEMPLATE),
+            "--cost",
+            str(COST),
+            "--seeds",
+            "2",
+            "--need",
+            "2",
+            "--margin",
+            "0",
+            "--no-search",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "UNDECIDABLE: CAPPED cannot recover at either rate" in text and "1,595 s NO" in text and "3,157 s NO" in text
@@ -214,8 +240,14 @@ def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: 
     monkeypatch.setattr(D, "_state", fake_state)
     monkeypatch.setattr(D, "_STATES", {})
     ctx = load_context(OLD_INPUTS, OLD_TEMPLATE, COST)
-    grid = D.Grid(time_factors=(1.0,), post_factors=(1.0, 8.0, 16.0), burst_factors=(1.0, 0.375, 0.25, 0.125), width_factors=(1.0,),
-                  cap_fractions=(0.95,), fractions=(((1, 5), (2, 5)),))  # fmt: skip
+    grid = D.Grid(
+        time_factors=(1.0,),
+        post_factors=(1.0, 8.0, 16.0),
+        burst_factors=(1.0, 0.375, 0.25, 0.125),
+        width_factors=(1.0,),
+        cap_fractions=(0.95,),
+        fractions=(((1, 5), (2, 5)),),
+    )
     res = D.search(ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20)
     assert not res.baseline.decisive and any("CAPPED cannot recover" in r for r in res.baseline.formula.reasons)
     assert res.proposal is not None and res.proposal.decisive

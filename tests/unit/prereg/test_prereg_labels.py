@@ -15,14 +15,14 @@ T_SUBMIT = "2026-10-24T20:13:39+00:00"
 
 
 def _lab(**kw: object) -> str:
-    base = dict(
-        status="FILLED",
-        committed=True,
-        clean=True,
-        commit_time=T_COMMIT,
-        remote_confirmed_at=T_PUSH,
-        first_submit=T_SUBMIT,
-    )
+    base = {
+        "status": "FILLED",
+        "committed": True,
+        "clean": True,
+        "commit_time": T_COMMIT,
+        "remote_confirmed_at": T_PUSH,
+        "first_submit": T_SUBMIT,
+    }
     base.update(kw)
     return label_for(**base).label  # type: ignore[arg-type]
 

@@ -16,23 +16,23 @@ from prereg.registration import FORMAT, RegistrationError, load_registration, re
 def _minimal(status: str = "INCOMPLETE") -> dict[str, Any]:
     cell = load_config(config_ref("sglang-a100-300k", "cells"), CellConfig).model_dump(mode="json")
     cell["cost_file"] = None
-    return dict(
-        format=FORMAT,
-        format_version=1,
-        name="x",
-        status=status,
-        status_reasons=["window too narrow"],
-        test="t",
-        cell=cell,
-        workload=load_config(config_ref("standard", "workloads"), WorkloadConfig).model_dump(mode="json"),
-        protocol=load_config(config_ref("e2", "protocols"), ProtocolConfig).model_dump(mode="json"),
-        arms=["burst"],
-        rates=[{"multiple": 1.35, "sessions_per_s": 1.35 * 0.07153}],
-        seeds=[0],
-        cap=20,
-        references=dict(lambda_ref=0.07153, lambda_miss=0.07153, all_miss_token_rate=11243.0),
-        rule=load_rule(),
-    )
+    return {
+        "format": FORMAT,
+        "format_version": 1,
+        "name": "x",
+        "status": status,
+        "status_reasons": ["window too narrow"],
+        "test": "t",
+        "cell": cell,
+        "workload": load_config(config_ref("standard", "workloads"), WorkloadConfig).model_dump(mode="json"),
+        "protocol": load_config(config_ref("e2", "protocols"), ProtocolConfig).model_dump(mode="json"),
+        "arms": ["burst"],
+        "rates": [{"multiple": 1.35, "sessions_per_s": 1.35 * 0.07153}],
+        "seeds": [0],
+        "cap": 20,
+        "references": {"lambda_ref": 0.07153, "lambda_miss": 0.07153, "all_miss_token_rate": 11243.0},
+        "rule": load_rule(),
+    }
 
 
 def test_round_trip_and_hash(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_round_trip_and_hash(tmp_path: Path) -> None:
 def test_expected_hash_refused(tmp_path: Path) -> None:
     p = tmp_path / "r.yaml"
     write_registration(_minimal(), p)
-    with pytest.raises(RegistrationError, match="SHA-256 is .*; expected 0{64}"):
+    with pytest.raises(RegistrationError, match=r"SHA-256 is .*; expected 0{64}"):
         load_registration(p, expect_sha256="0" * 64)
 
 

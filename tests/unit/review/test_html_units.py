@@ -20,7 +20,11 @@ from review.testdir import find_verdicts, open_testdir
 
 
 def test_markdown_tables_lists_and_inline_marks() -> None:
-    md = "### T: **PASS**\n\nsome `a|b` text\n\n| x | y |\n| --- | --- |\n| 1 | **2** |\n| 3 |\n\n- one\n  - sub `c`\n  - sub2\n- two\n  continued\n"
+    md = (
+        "### T: **PASS**\n\nsome `a|b` text\n\n"
+        "| x | y |\n| --- | --- |\n| 1 | **2** |\n| 3 |\n\n"
+        "- one\n  - sub `c`\n  - sub2\n- two\n  continued\n"
+    )
     out = render(md)
     assert "<h3>T: <strong>PASS</strong></h3>" in out and "<code>a|b</code>" in out
     assert out.count("<tr>") == 3 and "<td><strong>2</strong></td>" in out and "<td>3</td><td></td>" in out
@@ -143,7 +147,8 @@ def test_a_staged_family_verdict_renders_its_groups_and_its_own_figure(tmp_path:
     (tmp_path / "analysis").mkdir()
     (tmp_path / "analysis" / "verdict.json").write_bytes(orjson.dumps(STAGED))
     (tmp_path / "analysis" / "report.md").write_text(
-        "### cut-a: THEORY-FAVOURED\n\n| λ/λref | seed | S |\n| --- | --- | --- |\n| 1.5 | 0 | +0.01 |\n| 1.5 | 1 | +0.02 |\n"
+        "### cut-a: THEORY-FAVOURED\n\n"
+        "| λ/λref | seed | S |\n| --- | --- | --- |\n| 1.5 | 0 | +0.01 |\n| 1.5 | 1 | +0.02 |\n"
     )
     _png(tmp_path / "analysis" / "figure.png")
     td = open_testdir(tmp_path)

@@ -161,5 +161,5 @@ def test_family_rule_with_predictions_needs_the_frozen_file(family, tmp_path: Pa
     data["rule"]["predictions"] = {"arms": ["basin-n100"]}
     p = tmp_path / "with-predictions.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(RegisteredAnalysisError, match="compares with frozen predictions.*--predictions FILE"):
+    with pytest.raises(RegisteredAnalysisError, match=r"compares with frozen predictions.*--predictions FILE"):
         registered_analysis(p, [f["runs"]], tmp_path / "out")

@@ -55,17 +55,20 @@ def fast_cell() -> CellConfig:
 # -------------------------------------------------------------------------------------------------
 def test_the_cpu_e0b_protocol_is_e0b_with_every_time_scaled_by_the_e2_factor() -> None:
     e0b_cfg, cpu = load_config("protocols/e0b", ProtocolConfig), load_config("protocols/e0b-cpu", ProtocolConfig)
-    times = lambda p: [
-        p.duration,
-        p.burst.time,
-        p.burst.width,
-        p.window.start,
-        p.window.end,
-        p.min_window,
-        p.backlog_bin,
-        p.hit_bin,
-        p.recovered_span,
-    ]
+
+    def times(p: ProtocolConfig) -> list[float]:
+        return [
+            p.duration,
+            p.burst.time,
+            p.burst.width,
+            p.window.start,
+            p.window.end,
+            p.min_window,
+            p.backlog_bin,
+            p.hit_bin,
+            p.recovered_span,
+        ]
+
     assert times(cpu) == pytest.approx([t / K_TIME for t in times(e0b_cfg)], rel=1e-12)
     assert cpu.burst.size == 0
     # the protocol e0b_protocol builds from it keeps its duration, window and bins
@@ -173,6 +176,14 @@ def test_resume_does_not_take_a_run_of_other_settings(tmp_path: Path) -> None:
 def _fast_case(tmp_path: Path, top_rate: float | None) -> tuple[Path, Path]:
     """The paper's SGLang 300k inputs with lambda_ref scaled x 100 (a cell a hundred times faster)."""
     inputs, tmpl = write_case(tmp_path)
+
+    def scale(d: object, keys: tuple[str, ...]) -> object:
+        if isinstance(d, dict):
+            return {k: (v * 100 if k in keys and isinstance(v, float) else scale(v, keys)) for k, v in d.items()}
+        if isinstance(d, list):
+            return [scale(x, keys) for x in d]
+        return d
+
     for name, keys in (
         (
             "e0a.yaml",
@@ -182,15 +193,7 @@ def _fast_case(tmp_path: Path, top_rate: float | None) -> tuple[Path, Path]:
         ("e0b.yaml", ("lambda_ref",)),
     ):
         data = yaml.safe_load((inputs / name).read_text())
-
-        def scale(d: object) -> object:
-            if isinstance(d, dict):
-                return {k: (v * 100 if k in keys and isinstance(v, float) else scale(v)) for k, v in d.items()}
-            if isinstance(d, list):
-                return [scale(x) for x in d]
-            return d
-
-        (inputs / name).write_text(yaml.safe_dump(scale(data), sort_keys=False))
+        (inputs / name).write_text(yaml.safe_dump(scale(data, keys), sort_keys=False))
     extra = "" if top_rate is None else f"top_rate: {top_rate}\nstart_lateness_p99: 0.05\n"
     tmpl.write_text(template_text(extra=extra))
     (tmpl.parent / "short.yaml").write_text(SHORT_PROTOCOL)

@@ -20,21 +20,21 @@ TRUE = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-
 
 
 def _cell(**kw: object) -> CellConfig:
-    base = dict(
-        name="t",
-        engine={"name": "vllm", "version": "0.32.0"},
-        model="m",
-        gpu="g",
-        kv_pool_tokens=131072,
-        page_size=32,
-        chunked_prefill=8192,
-        max_running=64,
-        prefix_cache=False,
-        waiting_prefix_refresh=False,
-        batching="mixed",
-        context_length=8192,
-        cost=TRUE,
-    )
+    base = {
+        "name": "t",
+        "engine": {"name": "vllm", "version": "0.32.0"},
+        "model": "m",
+        "gpu": "g",
+        "kv_pool_tokens": 131072,
+        "page_size": 32,
+        "chunked_prefill": 8192,
+        "max_running": 64,
+        "prefix_cache": False,
+        "waiting_prefix_refresh": False,
+        "batching": "mixed",
+        "context_length": 8192,
+        "cost": TRUE,
+    }
     base.update(kw)
     return CellConfig(**base)
 

@@ -33,8 +33,11 @@ def test_the_e2_example_and_the_calibration_limit_are_the_code_s() -> None:
     e2 = template_cost(TEMPLATES / "e2-sglang-a100-300k.yaml")
     assert e2 is not None
     a = Allowances()
-    sentence = (f"E2: {e2.jobs} jobs x ({e2.run_s:,.0f} s + {a.start_s:.0f} s start + {a.smoke_s:.0f} s smoke + {a.teardown_s:.0f} s teardown) "
-                f"= {e2.gpu_hours:.1f} GPU-hours, each job asking for {e2.limit_min} min")  # fmt: skip
+    sentence = (
+        f"E2: {e2.jobs} jobs x ({e2.run_s:,.0f} s + {a.start_s:.0f} s start + {a.smoke_s:.0f} s smoke "
+        f"+ {a.teardown_s:.0f} s teardown) "
+        f"= {e2.gpu_hours:.1f} GPU-hours, each job asking for {e2.limit_min} min"
+    )
     assert sentence in text, sentence
     cal = calibration_cost("sglang-a100-300k")
     assert f"--time {cal.limit_min} " in text and f"`--time {cal.limit_min}` is the longest" in text

@@ -54,8 +54,12 @@ def _runner(answers: Mapping[str, str]) -> Any:
 def test_gpu_facts_in_a_slurm_job_read_the_allocation(tmp_path: Path) -> None:
     facts = {"in_slurm": True, "job_label": "7", "node": "n1"}
     node = "NodeName=n1 Arch=x86_64 CoresPerSocket=2 Gres=gpu:2 NodeAddr=127.0.0.1 State=IDLE"
-    given = gpu_facts(facts, env={"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "", "SLURM_GPUS_ON_NODE": "1"},
-                      runner=_runner({"squeue": "gres:gpu:1\n", "scontrol": node}), nvidia_root=tmp_path)  # fmt: skip
+    given = gpu_facts(
+        facts,
+        env={"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "", "SLURM_GPUS_ON_NODE": "1"},
+        runner=_runner({"squeue": "gres:gpu:1\n", "scontrol": node}),
+        nvidia_root=tmp_path,
+    )
     assert (
         given["given"] == 1
         and given["node_gpus"] == 2
@@ -96,12 +100,21 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _spec(p: dict[str, Any], run_dir: Path, engine: str) -> J.JobSpec:
     reg = load_registration(p["reg"])
-    return J.JobSpec(registration="prereg/registrations/gpu-one.yaml", sha256=reg.sha256, arm="noburst", rate=1.75, seed=3,
-                     run_dir=str(run_dir), engine=engine, commit=p["commit"])  # fmt: skip
+    return J.JobSpec(
+        registration="prereg/registrations/gpu-one.yaml",
+        sha256=reg.sha256,
+        arm="noburst",
+        rate=1.75,
+        seed=3,
+        run_dir=str(run_dir),
+        engine=engine,
+        commit=p["commit"],
+    )
 
 
-def test_a_gpu_cell_without_a_gpu_is_refused_before_any_engine_starts(project: dict[str, Any], tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_gpu_cell_without_a_gpu_is_refused_before_any_engine_starts(
+    project: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("slurm.gpus.host_gpus", lambda *_a: 0)  # whatever GPUs this host has
     out = J.run_job(_spec(project, tmp_path / "run", "sglang"), code_root=project["work"])
     assert out.status == "REFUSED" and out.check == "gpu" and out.exit_code == J.JobExit.REFUSED, out

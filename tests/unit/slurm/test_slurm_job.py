@@ -44,16 +44,16 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _spec(p: dict[str, Any], run_dir: Path, **kw: Any) -> J.JobSpec:
     reg = load_registration(p["reg"])
-    base = dict(
-        registration="prereg/registrations/mini-one.yaml",
-        sha256=reg.sha256,
-        arm="noburst",
-        rate=1.75,
-        seed=3,
-        run_dir=str(run_dir),
-        engine="sim",
-        commit=p["commit"],
-    )
+    base = {
+        "registration": "prereg/registrations/mini-one.yaml",
+        "sha256": reg.sha256,
+        "arm": "noburst",
+        "rate": 1.75,
+        "seed": 3,
+        "run_dir": str(run_dir),
+        "engine": "sim",
+        "commit": p["commit"],
+    }
     base.update(kw)
     return J.JobSpec(**base)
 
@@ -264,9 +264,18 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
         SubmitOptions(engine="emulator", time_scale=60.0, job=job, dry_run=True, out=str(tmp_path / "t")),
     )
     script = dry["sbatch_script"]
-    for line in ("#SBATCH --gres=gpu:1", "#SBATCH --account=acct", "#SBATCH --qos=high", "#SBATCH --mem=64G", "#SBATCH --partition=gpu",
-                 f"#SBATCH --time={dry['time_limit']['minutes']}", f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
-                 "export HF_HOME=/scratch/hf", f"#SBATCH --chdir={work}", "submitit.core._submit"):  # fmt: skip
+    for line in (
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --account=acct",
+        "#SBATCH --qos=high",
+        "#SBATCH --mem=64G",
+        "#SBATCH --partition=gpu",
+        f"#SBATCH --time={dry['time_limit']['minutes']}",
+        f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
+        "export HF_HOME=/scratch/hf",
+        f"#SBATCH --chdir={work}",
+        "submitit.core._submit",
+    ):
         assert line in script, (line, script)
     assert script.rstrip() in format_plan(dry) and "--array" not in script  # one job: no array
     # never committed: refused, or exploratory with --exploratory
@@ -284,7 +293,7 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
     finally:
         new.unlink()
         (work / "prereg" / "templates" / "mini-new.yaml").unlink()
-    with pytest.raises(SubmitRefused, match="plan noburst x 1.75 seed 3: registered SHA-256 0{64}"):
+    with pytest.raises(SubmitRefused, match=r"plan noburst x 1\.75 seed 3: registered SHA-256 0{64}"):
         plan_submission(project["bad"], SubmitOptions(engine="sim", dry_run=True, exploratory=True))  # never waived
 
 
@@ -342,23 +351,23 @@ def test_the_export_is_checked_against_the_manifest() -> None:
     }
 
     def row(jid: str, **kw: Any) -> AccountingRow:
-        base = dict(
-            job_id=jid,
-            job_name="agentload-x",
-            submit=t,
-            start=t,
-            end=t,
-            state="COMPLETED",
-            state_raw="COMPLETED",
-            exit_code=0,
-            exit_signal=0,
-            node_list="vm",
-            timelimit="00:04:00",
-            timelimit_s=240.0,
-            elapsed="00:00:01",
-            elapsed_s=1.0,
-            comment="agentload registration x sha256=ab",
-        )
+        base = {
+            "job_id": jid,
+            "job_name": "agentload-x",
+            "submit": t,
+            "start": t,
+            "end": t,
+            "state": "COMPLETED",
+            "state_raw": "COMPLETED",
+            "exit_code": 0,
+            "exit_signal": 0,
+            "node_list": "vm",
+            "timelimit": "00:04:00",
+            "timelimit_s": 240.0,
+            "elapsed": "00:00:01",
+            "elapsed_s": 1.0,
+            "comment": "agentload registration x sha256=ab",
+        }
         base.update(kw)
         return AccountingRow(**base)
 

@@ -187,7 +187,10 @@ def test_parse_sacct_rows() -> None:
 
 
 def test_parse_sacct_multiline_comment_and_empty() -> None:
-    out = "5|j|1796110587|1796110588|1796110590|COMPLETED|0:0|vm|00:05:00|00:00:02|line one\nline|two\n6|k|1796110587|Unknown|Unknown|PENDING|0:0|None assigned|UNLIMITED|00:00:00|\n"
+    out = (
+        "5|j|1796110587|1796110588|1796110590|COMPLETED|0:0|vm|00:05:00|00:00:02|line one\nline|two\n"
+        "6|k|1796110587|Unknown|Unknown|PENDING|0:0|None assigned|UNLIMITED|00:00:00|\n"
+    )
     rows = P.parse_sacct(out)
     assert [r.job_id for r in rows] == ["5", "6"]
     assert rows[0].comment == "line one\nline|two"
