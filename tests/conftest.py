@@ -8,6 +8,8 @@ A test marked `wallclock` times real seconds (a wall-clock drive, a real engine,
 SLURM job): on a 2-core machine a scheduler stall can make one try late, so such a test gets one
 rerun after 5 s (pytest-rerunfailures' `flaky` marker; the summary says "rerun"). A real fault fails
 both tries. Every other test gets no rerun: a failure there is a finding.
+
+A test marked `quiet` runs before every other test (see pytest_collection_modifyitems).
 """
 
 import pytest
@@ -23,3 +25,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("wallclock") is not None and item.get_closest_marker("flaky") is None:
             item.add_marker(pytest.mark.flaky(**WALLCLOCK_RERUNS))
+    # Tests marked `quiet` measure an engine's speed (the host's scale, the speed pin): they run
+    # first, while nothing else runs; tests/integration/conftest.py boots the session's shared
+    # engine servers only once the first other test starts. Their order among themselves is kept.
+    items[:] = [i for i in items if is_quiet(i)] + [i for i in items if not is_quiet(i)]
+
+
+def is_quiet(item: pytest.Item) -> bool:
+    return item.get_closest_marker("quiet") is not None

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REG = ROOT / "prereg" / "registrations" / "e2-vllm-cpu-tiny-131k.yaml"
 SEED = 2
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.wallclock]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.wallclock, pytest.mark.quiet]
 
 
 def _model(python: str, tmp: Path) -> str:
