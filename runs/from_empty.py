@@ -82,16 +82,16 @@ def run_from_empty(
     prot = protocol or e0b_protocol(rise_span=rise_span)
     arm = load_config(config_ref("noburst", "arms"), ArmConfig)
     plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed, top_rate)
-    stat_args = dict(
-        multiple=multiple,
-        seed=seed,
-        lambda_ref=lambda_ref,
-        duration=prot.duration,
-        rise_span=rise_span,
-        bin_s=prot.backlog_bin,
-        final_max=final_max,
-        rise_max=rise_max,
-    )
+    stat_args = {
+        "multiple": multiple,
+        "seed": seed,
+        "lambda_ref": lambda_ref,
+        "duration": prot.duration,
+        "rise_span": rise_span,
+        "bin_s": prot.backlog_bin,
+        "final_max": final_max,
+        "rise_max": rise_max,
+    }
     if resume and from_empty_resumable(run_dir, cell, workload, multiple, lambda_ref, seed, prot, engine, plan):
         data = load_run(run_dir)  # type: ignore[arg-type]
         return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]

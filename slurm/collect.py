@@ -170,7 +170,8 @@ def agreement(doc: dict[str, Any], rows: list[Any]) -> list[str]:
             problems.append(f"job {jid}: job name {r.job_name!r}, the manifest's {doc['job_name']!r}")
         if r.timelimit_s != limit_s:
             problems.append(
-                f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's {doc['time_limit']['slurm']} ({limit_s:.0f} s)"
+                f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's "
+                f"{doc['time_limit']['slurm']} ({limit_s:.0f} s)"
             )
         sub = j.get("submit_utc")
         if sub and r.submit is not None and r.submit.isoformat() != sub:
@@ -314,14 +315,16 @@ def format_collection(res: dict[str, Any]) -> str:
         for t in res["not_completed"]:
             lines.append(
                 f"    {t['job_id']} {t['arm']} x {t['rate']:g} seed {t['seed']}: {t['state']}"
-                f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run {t['run_status'] or '-'}: {t['reason']}"
+                f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run "
+                f"{t['run_status'] or '-'}: {t['reason']}"
             )
     an = res.get("analysis")
     if an:
         lines.append(
             f"  verdict     {an.get('verdict')}"
             + (
-                f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, {an['judged_by']['mode']})"
+                f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, "
+                f"{an['judged_by']['mode']})"
                 if an.get("ran")
                 else f": not analysed ({an.get('reason')})"
             )

@@ -63,7 +63,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ManifestError(f"{p}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(
-            f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected {FORMAT!r}"
+            f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected "
+            f"{FORMAT!r}"
         )
     if doc.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{p}: format_version: got {doc.get('format_version')!r}; expected {FORMAT_VERSION}")

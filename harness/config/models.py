@@ -170,8 +170,8 @@ class CellConfig(_Strict):
     )
     engine_speed_pin: SpeedPin | None = Field(
         None,
-        description="pin the engine's speed, not its share: the quota is searched at server start until a probe reads the "
-        "cell's token rate (needs engine_cpu_quota, the search's first quota). Absent = the quota alone",
+        description="pin the engine's speed, not its share: the quota is searched at server start until a probe "
+        "reads the cell's token rate (needs engine_cpu_quota, the search's first quota). Absent = the quota alone",
     )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")

@@ -9,6 +9,7 @@ waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEA
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -37,7 +38,10 @@ WARMUP = {"sglang": 0.5, "vllm": 0.0}  # wall seconds of 503 after the engine st
 SGLANG_DECODE_LOG_INTERVAL = 40  # decode steps between two gauge reports (--decode-log-interval)
 SGLANG_IDLE_REPORT = 30.0  # wall seconds between two gauge reports of an idle scheduler
 SGLANG_SCHEDULER_GAUGES = ("running", "waiting", "kv_used_tokens", "kv_evictable_tokens")
-FLUSH_OK = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 FLUSH_REFUSED = "Flush cache failed.\n"  # busy and no ?timeout (or ?timeout=0)
 FLUSH_TIMED_OUT = "Timed out waiting for idle state."  # busy for all of ?timeout=S
 FLUSH_IN_PROGRESS = "Another flush_cache is already in progress."
@@ -229,10 +233,8 @@ class Emulator:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         for w in self._waiters.values():
             if not w.future.done():
                 w.future.cancel()

@@ -13,6 +13,7 @@ Keep the public names stable: the driver, the runner and the emulator adapter co
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import errno
 import os
@@ -364,7 +365,8 @@ class EngineAdapter(abc.ABC):
                 handle = dataclasses.replace(handle, cpu_group=self.cpu_quota[0])
                 with log_path.open("ab") as log:
                     log.write(
-                        f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
+                        f"\n=== agentload: engine CPU quota {got:g} CPU "
+                        f"from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
                     )
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
@@ -383,29 +385,21 @@ class EngineAdapter(abc.ABC):
             pgid = os.getpgid(proc.pid)
         except ProcessLookupError:
             pgid = proc.pid  # leader gone; its session id equals its pid (start_new_session)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + grace
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         # The leader may exit before its workers finish their own shutdown: give the group the
         # rest of the grace period, then SIGKILL what is left. An orphaned engine worker holding
         # the port or gigabytes of memory is the worst failure on a shared node.
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _group_alive(pgid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
         if handle.cpu_group is not None:
             remove(handle.cpu_group)  # empty now; a leftover process keeps it (and says so by failing)
 
