@@ -175,7 +175,7 @@ def ensure_tokenizer(vllm_py: Path, cache: Path) -> Path:
     out = cache / "bench-tiny-model"
     if not (out / "tokenizer.json").exists():
         subprocess.run(
-            [str(vllm_py), str(ROOT / "harness" / "engines" / "tiny_model.py"), str(out)],
+            [str(vllm_py), str(ROOT / "harness" / "servers" / "tiny_model.py"), str(out)],
             cwd=ROOT,
             check=True,
             capture_output=True,

@@ -339,8 +339,11 @@ def _recheck_speed(
     """One more probe once the drive is over, at the pinned quota: whether the host gave the engine the
     same speed to the end (on a shared host the speed a quota gives drifts with the others' load).
     Recorded beside the pin, never judged; a failed probe is recorded as such."""
+    speed_pin = cell.engine_speed_pin
+    if speed_pin is None:  # only a cell with a pin is pinned; nothing to recheck otherwise
+        return {"skipped": f"cell {cell.name} has no engine_speed_pin"}
     try:
-        step = asyncio.run(recheck(adapter, base_url, cell.engine_speed_pin, model_name, float(pin["quota"])))
+        step = asyncio.run(recheck(adapter, base_url, speed_pin, model_name, float(pin["quota"])))
     except Exception as exc:  # the run is over: a recheck that fails must not change its status
         return {"error": f"{type(exc).__name__}: {exc}"}
     if isinstance(step, str):

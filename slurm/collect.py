@@ -49,10 +49,12 @@ from slurm.scheduler import SchedulerError, accounting, job_states, wait_for_acc
 
 
 def _run_meta(path: Path) -> dict[str, Any] | None:
+    """The run's meta.json, or None where it is missing, unreadable or not a JSON object."""
     try:
-        return orjson.loads((path / "meta.json").read_bytes())
+        meta = orjson.loads((path / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _log_tail(job: dict[str, Any], lines: int = 3) -> str | None:

@@ -86,8 +86,8 @@ def job_ids(doc: dict[str, Any]) -> list[str]:
 
 def first_submit(times: Iterable[datetime | str | None]) -> str | None:
     """The earliest of the given submit times (ISO 8601 UTC), or None."""
-    ts = [to_utc(t) for t in times if t is not None]
-    ts = [t for t in ts if t is not None]
+    parsed = [to_utc(t) for t in times if t is not None]
+    ts = [t for t in parsed if t is not None]
     return min(ts).isoformat() if ts else None
 
 

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.config import CellConfig
 from harness.emulator import flavors
-from harness.refengine.model import EngineModel, EngineRequest
+from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
 
 log = logging.getLogger("agentload.emulator")
 
@@ -99,7 +99,7 @@ class Reply(Exception):
 
 @dataclass
 class _Waiter:
-    future: asyncio.Future
+    future: asyncio.Future[EngineCompletion]
     submit_wall: float
 
 
@@ -158,7 +158,7 @@ class Emulator:
         self._t0 = time.monotonic()
         self._floor = 0.0  # latest engine time handed to the model; the model's clock never goes back
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._dead: str | None = None
         self.health_poll = HEALTH_POLL[flavor] if health_poll is None else float(health_poll)
         self.warmup = WARMUP[flavor] if warmup is None else float(warmup)
@@ -281,13 +281,13 @@ class Emulator:
                 w.future.set_result(c)
                 self.stats.completed += 1
 
-    async def submit(self, prompt: np.ndarray, max_tokens: int) -> Any:
+    async def submit(self, prompt: np.ndarray, max_tokens: int) -> EngineCompletion:
         """Queue one request on the engine and wait for its completion."""
         if self._dead:
             raise RuntimeError(self._dead)
         req_id = self._next_id
         self._next_id += 1
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[EngineCompletion] = asyncio.get_running_loop().create_future()
         self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self.engine_now())
         self._waiters[req_id] = _Waiter(fut, time.monotonic())
         assert self._wake is not None

@@ -420,7 +420,8 @@ def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
 
 
 def _to_frame(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+    frame: pd.DataFrame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)  # pyarrow has no type stubs
+    return frame
 
 
 @dataclass

@@ -95,7 +95,7 @@ class ServerHandle:
     """A server this process started (process set) or one it was pointed at (process None)."""
 
     base_url: str
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     pid: int | None = None
     cpu_group: str | None = None  # the engine CPU quota's cgroup (harness/servers/cpuquota.py), removed at stop
@@ -232,7 +232,7 @@ def wait_healthy(
     base_url: str,
     *,
     timeout: float,
-    process: subprocess.Popen | None = None,
+    process: subprocess.Popen[bytes] | None = None,
     interval: float = 0.5,
     health_path: str = HEALTH_PATH,
 ) -> float:

@@ -85,10 +85,10 @@ def apply(name: str, cores: float) -> float:
 def quota_of(group: Path) -> float:
     """The quota the cgroup enforces, in cores (what a run records)."""
     if (group / "cpu.max").exists():
-        q, p = (group / "cpu.max").read_text().split()
-        return float("inf") if q == "max" else int(q) / int(p)
-    q = int((group / "cpu.cfs_quota_us").read_text())
-    return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
+        quota, period = (group / "cpu.max").read_text().split()
+        return float("inf") if quota == "max" else int(quota) / int(period)
+    quota_us = int((group / "cpu.cfs_quota_us").read_text())
+    return float("inf") if quota_us < 0 else quota_us / int((group / "cpu.cfs_period_us").read_text())
 
 
 def remove(name: str) -> bool:

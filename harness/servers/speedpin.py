@@ -152,6 +152,7 @@ def search_quota(measure: Callable[[float], Step | float], pin: SpeedPin, start:
         d = next_quota(steps, pin, start)
         if d.action != "measure":
             break
+        assert d.quota is not None  # next_quota gives every "measure" its quota
         got = measure(float(d.quota))
         steps.append(got if isinstance(got, Step) else Step(float(d.quota), float(got)))
     last = steps[-1]
@@ -209,6 +210,7 @@ async def pin_speed(adapter: EngineAdapter, base_url: str, cell_pin: SpeedPin, s
             d = next_quota(steps, cell_pin, start)
             if d.action != "measure":
                 break
+            assert d.quota is not None  # next_quota gives every "measure" its quota
             q = set_quota(float(d.quota))
             steps.append(await probe_once(adapter, http, base_url, model_name, cell_pin, len(steps), q))
         if d.action == "pinned":
