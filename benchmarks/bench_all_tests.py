@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         suite_proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         suite_wall, suite_cpu = time.monotonic() - t0, _child_cpu() - c0
         print(
-            f"one command, {len(tests)} tests: {suite_wall:.1f} s wall ({suite_cpu:.1f} s CPU), exit {suite_proc.returncode}",
+            f"one command, {len(tests)} tests: {suite_wall:.1f} s wall ({suite_cpu:.1f} s CPU), exit "
+            f"{suite_proc.returncode}",
             flush=True,
         )
     for t in tests:
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(
-            f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({'-' if cpu is None else f'{cpu:.1f}'} s CPU)  {row['simulated']}  | paper: {row['paper']}"
+            f"{t.stem:<22} {row['runs']!s:>4} runs {wall:7.1f} s ({'-' if cpu is None else f'{cpu:.1f}'} s CPU)  "
+            f"{row['simulated']}  | paper: {row['paper']}"
             f"{'' if same else '  [analyze DIFFERS]'}",
             flush=True,
         )
@@ -261,13 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     if "extrapolation" in result:
         x = result["extrapolation"]
         print(
-            f"every config ({x['runs']} runs), extrapolated from this subset: {x['test_run_wall_s']:.0f} s of test runs "
+            f"every config ({x['runs']} runs), extrapolated from this subset: {x['test_run_wall_s']:.0f} s of test "
+            "runs "
             f"({x['method']})",
             flush=True,
         )
     print(
-        f"\n{len(rows)} tests, {result['runs']} runs, {result['mode']}: test runs {result['test_run_wall_s']:.0f} s wall "
-        f"({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} (budget {BUDGET_S:.0f} s: {'within' if result['within_budget'] else 'OVER'}); "
+        f"\n{len(rows)} tests, {result['runs']} runs, {result['mode']}: test runs {result['test_run_wall_s']:.0f} s "
+        "wall "
+        f"({result['cpu_s']:.0f} s CPU) with --jobs {args.jobs} (budget {BUDGET_S:.0f} s: "
+        f"{'within' if result['within_budget'] else 'OVER'}); "
         f"with the rescoring {total:.0f} s; wrote {args.out}"
     )
     if tmp:

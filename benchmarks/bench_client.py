@@ -98,7 +98,7 @@ def start_emulator(cell_path: Path, port: int, time_scale: float, log: Path) -> 
                 return proc
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"emulator exited: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"emulator exited: {log.read_text()[-2000:]}") from None
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError("emulator never became healthy")
@@ -175,7 +175,7 @@ def ensure_tokenizer(vllm_py: Path, cache: Path) -> Path:
     out = cache / "bench-tiny-model"
     if not (out / "tokenizer.json").exists():
         subprocess.run(
-            [str(vllm_py), str(ROOT / "harness" / "engines" / "tiny_model.py"), str(out)],
+            [str(vllm_py), str(ROOT / "harness" / "servers" / "tiny_model.py"), str(out)],
             cwd=ROOT,
             check=True,
             capture_output=True,
@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== client overhead ==")
     s = a["sustained"]
     print(
-        f"agentload: sustained {s['rate']:g} turns/s (p99 start lateness {s['p99_start_lateness_ms']} ms), {s['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn"
+        f"agentload: sustained {s['rate']:g} turns/s (p99 start lateness {s['p99_start_lateness_ms']} ms), "
+        f"{s['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn"
         if s
         else "agentload: no rate sustained"
     )
@@ -388,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_per_turn": round(ta["cpu_s_per_turn"] / tv["cpu_s_per_turn"], 3) if tv["cpu_s_per_turn"] else None,
             }
             print(
-                f"shared measure (>= {THROUGHPUT_SHARE:.0%} of offered): agentload {ta['rate']:g}/s at {ta['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; vllm bench serve {tv['rate']:g}/s at {tv['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; ratios {report['ratio']}"
+                f"shared measure (>= {THROUGHPUT_SHARE:.0%} of offered): agentload {ta['rate']:g}/s at "
+                f"{ta['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; vllm bench serve {tv['rate']:g}/s at "
+                f"{tv['cpu_s_per_turn'] * 1e3:.2f} ms CPU/turn; ratios {report['ratio']}"
             )
         else:
             print(f"shared measure: agentload {ta and ta['rate']}, vllm bench serve {tv and tv['rate']}")

@@ -9,9 +9,10 @@ in-place output ids replaced stepping one at a time, full lookups and direct sum
 tree's touches and locks per path segment (tests/radix_reference.py keeps the direct form), SGLang
 lookups from a session's last turn, checkpoints without copies and a session's turn keys derived
 from what they share replaced node-by-node walks, root walks, copies and a key per turn (the direct
-forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of runs of the registered tests twice:
-once with the reference code swapped in (tests/blockpool_reference.py's pool, the former BlockKV
-methods and token generator, kept below), once as the code is, alternating, and checks that every
+forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of
+runs of the registered tests twice: once with the reference code swapped in
+(tests/blockpool_reference.py's pool, the former BlockKV methods and token generator, kept below),
+once as the code is, alternating, and checks that every
 record (turns, sessions, gauges, gate events) is byte-identical. It prints CPU seconds per run
 (the least of --repeat alternating plays per side: the machine is shared) and the ratio, and
 writes benchmarks/refengine.json.
@@ -225,12 +226,26 @@ def main(argv: list[str] | None = None) -> int:
             t_ref, t_new = min(refs), min(news)  # the least disturbed of the repeats
             same = all((d_ref / f).read_bytes() == (d_new / f).read_bytes() for f in RECORDS)
             turns = pq.read_metadata(d_new / "turns.parquet").num_rows
-            row = {"test": Path(test).stem, "arm": arm, "rate": rate, "seed": seed, "turns": turns, "reference_cpu_s": round(t_ref, 2),
-                   "cpu_s": round(t_new, 2), "ratio": round(t_ref / t_new, 2), "records_identical": same,
-                   "reference_cpu_all_s": [round(x, 2) for x in refs], "cpu_all_s": [round(x, 2) for x in news]}  # fmt: skip
+            row = {
+                "test": Path(test).stem,
+                "arm": arm,
+                "rate": rate,
+                "seed": seed,
+                "turns": turns,
+                "reference_cpu_s": round(t_ref, 2),
+                "cpu_s": round(t_new, 2),
+                "ratio": round(t_ref / t_new, 2),
+                "records_identical": same,
+                "reference_cpu_all_s": [round(x, 2) for x in refs],
+                "cpu_all_s": [round(x, 2) for x in news],
+            }
             rows.append(row)
-            print(f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now {t_new:6.1f} s CPU  "
-                  f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}", flush=True)  # fmt: skip
+            print(
+                f"{row['test']:<16} {arm:<8} {rate:4} s{seed}  {turns:6} turns  reference {t_ref:6.1f} s CPU  now "
+                f"{t_new:6.1f} s CPU  "
+                f"x{row['ratio']:.2f}  records {'identical' if same else 'DIFFER'}",
+                flush=True,
+            )
     tot_ref = sum(r["reference_cpu_s"] for r in rows)
     tot_new = sum(r["cpu_s"] for r in rows)
     result = {
@@ -244,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         "all_identical": all(r["records_identical"] for r in rows),
     }
     print(
-        f"total: reference {tot_ref:.1f} s CPU, now {tot_new:.1f} s CPU: x{result['ratio']:.2f}; records identical: {result['all_identical']}"
+        f"total: reference {tot_ref:.1f} s CPU, now {tot_new:.1f} s CPU: x{result['ratio']:.2f}; records identical: "
+        f"{result['all_identical']}"
     )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["all_identical"] else 1

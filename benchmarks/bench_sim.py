@@ -81,10 +81,16 @@ def compare(
                 same.add((r["sim_s"], r["turns"]))
         best = {t: min(v) for t, v in cpu.items()}
         now = best[trees[0]]
-        print(f"{label:>8} n={n:<4} " + "  ".join(
-            f"{t.name}: {duration / best[t]:7.0f} sim-s/CPU-s ({best[t]:.2f} s)" + ("" if t == trees[0] else f" -> x{best[t] / now:.2f}")
-            for t in trees
-        ) + ("" if len(same) == 1 else "  (runs DIFFER in end time or turns)"), flush=True)  # fmt: skip
+        print(
+            f"{label:>8} n={n:<4} "
+            + "  ".join(
+                f"{t.name}: {duration / best[t]:7.0f} sim-s/CPU-s ({best[t]:.2f} s)"
+                + ("" if t == trees[0] else f" -> x{best[t] / now:.2f}")
+                for t in trees
+            )
+            + ("" if len(same) == 1 else "  (runs DIFFER in end time or turns)"),
+            flush=True,
+        )
 
 
 def bench(
@@ -135,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         trees = [ROOT, *(Path(a).resolve() for a in args.against)]
         print(
-            f"cell {args.cell}, {args.duration:.0f} simulated seconds per run, least CPU time of {args.repeat} alternating plays"
+            f"cell {args.cell}, {args.duration:.0f} simulated seconds per run, least CPU time of {args.repeat} "
+            "alternating plays"
         )
         compare(
             trees,

@@ -137,8 +137,22 @@ def engine_overhead(n: int, folder: Path, vllm: bool = False) -> dict[str, Any]:
             subprocess.run([py, str(ROOT / "harness/servers/tiny_model.py"), model], check=True, capture_output=True)
         cache = os.environ.get("AGENTLOAD_ENGINE_CACHE") or str(folder / "engine-cache")
         # no extra_args: the registered cell carries the CPU vLLM's launch extras
-        cases.append(("vllm", vreg, SubmitOptions(engine="vllm", out=str(folder / "vllm"), job=JobOptions(job_env=private_cache_env(cache)), engine_options={
-            "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"], "model": model, "health_timeout": 900.0})))  # fmt: skip
+        cases.append(
+            (
+                "vllm",
+                vreg,
+                SubmitOptions(
+                    engine="vllm",
+                    out=str(folder / "vllm"),
+                    job=JobOptions(job_env=private_cache_env(cache)),
+                    engine_options={
+                        "server_cmd": [py, "-m", "vllm.entrypoints.openai.api_server"],
+                        "model": model,
+                        "health_timeout": 900.0,
+                    },
+                ),
+            )
+        )
     jobs = []
     for engine, path, opts in cases:
         doc = submit_registration(path, opts)

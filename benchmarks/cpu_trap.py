@@ -212,16 +212,54 @@ def costs(steps: Steps, args: argparse.Namespace) -> None:
     runs = [steps.out / "calibration" / f"e0a-n{c['e0a_n']}-s{s}" for s in c["e0a_seeds"]] + [
         steps.out / "calibration" / "stage-c-n16-s0"
     ]
-    steps.run("costs", agentload("calibrate", "costs", "--cell", CELL, "--workload", WORKLOAD, "--engine", "vllm", "--from-runs", *map(str, runs),
-                                 "--name", COST.stem, "--out", str(COST)))  # fmt: skip
+    steps.run(
+        "costs",
+        agentload(
+            "calibrate",
+            "costs",
+            "--cell",
+            CELL,
+            "--workload",
+            WORKLOAD,
+            "--engine",
+            "vllm",
+            "--from-runs",
+            *map(str, runs),
+            "--name",
+            COST.stem,
+            "--out",
+            str(COST),
+        ),
+    )
 
 
 def design(steps: Steps, args: argparse.Namespace) -> None:
-    """`prereg design` on the calibration and the template; its record goes beside the inputs, where the fill binds it."""
+    """`prereg design` on the calibration and the template.
+
+    Its record goes beside the inputs, where the fill binds it.
+    """
     if COST is None:
         sys.exit(f"cpu_trap: {CELL} has no fitted cost file for the design step (agentload calibrate costs fits one)")
-    steps.run("design", agentload("prereg", "design", "--inputs", str(INPUTS), "--test", str(TEMPLATE), "--cost", str(COST), "--overhead", "75",
-                                  "--max-ci-minutes", "5", "--no-search", "--out", str(INPUTS / "design.yaml")))  # fmt: skip
+    steps.run(
+        "design",
+        agentload(
+            "prereg",
+            "design",
+            "--inputs",
+            str(INPUTS),
+            "--test",
+            str(TEMPLATE),
+            "--cost",
+            str(COST),
+            "--overhead",
+            "75",
+            "--max-ci-minutes",
+            "5",
+            "--no-search",
+            "--out",
+            str(INPUTS / "design.yaml"),
+        ),
+    )
 
 
 def fill(steps: Steps, args: argparse.Namespace) -> None:

@@ -80,8 +80,11 @@ def digest_variant(cell_name: str, changes: dict[str, object], n: int, duration:
         client, EngineModel(cell), until=duration, gauge_interval=5.0, on_gauge=lambda t, v: gauges.append((t, v))
     )
     turns = json.dumps(client.sink.turns, sort_keys=True, default=repr).encode()
-    return {"turns": hashlib.sha256(turns).hexdigest(), "gauges": hashlib.sha256(json.dumps(gauges, sort_keys=True).encode()).hexdigest(),
-            "end": repr((res.status, res.end_time, res.sent, res.ok, res.errors))}  # fmt: skip
+    return {
+        "turns": hashlib.sha256(turns).hexdigest(),
+        "gauges": hashlib.sha256(json.dumps(gauges, sort_keys=True).encode()).hexdigest(),
+        "end": repr((res.status, res.end_time, res.sent, res.ok, res.errors)),
+    }
 
 
 def _resolve(test: str, arm: str, rate: float) -> tuple[str, float]:

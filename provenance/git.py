@@ -205,7 +205,7 @@ class Repo:
     def tag_message(self, tag: str) -> str:
         """The annotated tag's message (git's own stored text, not a re-formatted one)."""
         _, content = self.object_bytes(self.rev(f"refs/tags/{tag}"))
-        head, _, msg = content.partition(b"\n\n")
+        _head, _, msg = content.partition(b"\n\n")
         return msg.decode("utf-8", "replace")
 
     def tag_time(self, tag: str) -> str:

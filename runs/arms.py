@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from analysis.openloop import open_loop_summary, warning_text
-from analysis.rules import RuleError, arm_expectation, arm_expectations, load_rule
+from analysis.rules import arm_expectation, arm_expectations, load_rule
 from harness.client.contract import Command, TurnResponse
 from harness.client.openloop import PlanClient, arm_client
 from harness.config import ArmConfig, TestBundle
 from harness.drivers.virtual import simulate
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RuleError
 from harness.recording.record import RunRecorder
 from harness.recording.schema import HIT_THRESHOLD, RunStatus, is_hit
 from harness.refengine.model import EngineModel

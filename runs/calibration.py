@@ -133,7 +133,8 @@ def calibrate_all(
     eprot = e0b_protocol(e0b_duration, rise_span, e0b_protocol_ref)
     e0b_duration, rise_span = eprot.duration, eprot.window.end - eprot.window.start
     src = (
-        f"agentload calibrate all --cell {cell.name} --engine {engine_name}: Stage C n={list(ns)} seeds {list(stage_c_seeds)} "
+        f"agentload calibrate all --cell {cell.name} --engine {engine_name}: Stage C n={list(ns)} seeds "
+        f"{list(stage_c_seeds)} "
         f"({warmup:g} s + {window:g} s); E0a n={e0a_n} seeds {list(e0a_seeds)} check n={check_n}; "
         f"E0b {e0b_protocol_ref} grid {list(grid)} seeds {list(e0b_seeds)}, {e0b_duration:g} s"
     )

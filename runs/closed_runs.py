@@ -63,7 +63,7 @@ class RunEndedError(EngineError):
 @dataclass(frozen=True)
 class ClosedRun:
     stats: WindowStats
-    sim: SimResult
+    sim: SimResult | None  # the simulator's result; None for a real engine's run or one read back from its record
 
 
 def run_closed(
@@ -88,11 +88,11 @@ def run_closed(
     """
     end = warmup + window
     want = closed_want(engine, n, seed, warmup, window)
-    if resume and completed_run(run_dir, cell, workload, want):
-        data = load_run(run_dir)  # type: ignore[arg-type]
+    if resume and run_dir is not None and completed_run(run_dir, cell, workload, want):
+        data = load_run(run_dir)
         return ClosedRun(
             window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed), None
-        )  # type: ignore[arg-type]
+        )
     if engine is not None:
         return _run_closed_real(
             cell,
@@ -190,7 +190,7 @@ def _run_closed_real(
         )
     data = load_run(run_dir)
     stats = window_stats(data.turns, data.sessions, warmup, end, expected_turns(workload), n=n, seed=seed)
-    return ClosedRun(stats, None)  # type: ignore[arg-type]
+    return ClosedRun(stats, None)
 
 
 def stage_c(

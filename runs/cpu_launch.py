@@ -32,7 +32,8 @@ def engine_env() -> tuple[str, str]:
     py, model = os.environ.get("AGENTLOAD_VLLM_PYTHON"), os.environ.get("AGENTLOAD_TINY_MODEL")
     if not py or not model:
         raise LaunchError(
-            'AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL must be set: eval "$(scripts/ci-engine-tests.sh --print-env)"'
+            'AGENTLOAD_VLLM_PYTHON and AGENTLOAD_TINY_MODEL must be set: eval "$(scripts/ci-engine-tests.sh '
+            '--print-env)"'
         )
     return py, model
 

@@ -22,7 +22,7 @@ from analysis.calibration import (
     E0bStats,
     e0b_stats,
 )
-from harness.client.openloop import PlanClient
+from harness.client.openloop import ListSink, PlanClient
 from harness.config import (
     DEFAULT_TOP_RATE,
     ArmConfig,
@@ -82,23 +82,33 @@ def run_from_empty(
     prot = protocol or e0b_protocol(rise_span=rise_span)
     arm = load_config(config_ref("noburst", "arms"), ArmConfig)
     plan = make_plan(workload, prot, arm, multiple, lambda_ref, seed, top_rate)
-    stat_args = dict(
-        multiple=multiple,
-        seed=seed,
-        lambda_ref=lambda_ref,
-        duration=prot.duration,
-        rise_span=rise_span,
-        bin_s=prot.backlog_bin,
-        final_max=final_max,
-        rise_max=rise_max,
-    )
-    if resume and from_empty_resumable(run_dir, cell, workload, multiple, lambda_ref, seed, prot, engine, plan):
-        data = load_run(run_dir)  # type: ignore[arg-type]
-        return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
+
+    def stats(turns: pd.DataFrame, sessions: pd.DataFrame) -> E0bStats:
+        return e0b_stats(
+            turns,
+            sessions,
+            multiple=multiple,
+            seed=seed,
+            lambda_ref=lambda_ref,
+            duration=prot.duration,
+            rise_span=rise_span,
+            bin_s=prot.backlog_bin,
+            final_max=final_max,
+            rise_max=rise_max,
+        )
+
+    if (
+        resume
+        and run_dir is not None
+        and from_empty_resumable(run_dir, cell, workload, multiple, lambda_ref, seed, prot, engine, plan)
+    ):
+        data = load_run(run_dir)
+        return stats(data.turns, data.sessions)
     if run_dir is None and engine is None:
-        client = PlanClient(plan.sessions, plan.workload)
+        sink = ListSink()
+        client = PlanClient(plan.sessions, plan.workload, sink=sink)
         simulate(client, EngineModel(cell, seed=seed), until=prot.duration, gauge_interval=None)
-        return e0b_stats(pd.DataFrame(client.sink.turns), pd.DataFrame(client.sink.sessions), **stat_args)  # type: ignore[arg-type]
+        return stats(pd.DataFrame(sink.turns), pd.DataFrame(sink.sessions))
     if run_dir is None:
         raise ValueError("a real-engine E0b run needs a run directory (--out)")
 
@@ -152,7 +162,7 @@ def run_from_empty(
             f"E0b run at {multiple} x lambda_ref seed {seed} ended {status}: {reason} (records in {rd})"
         )
     data = load_run(rd)
-    return e0b_stats(data.turns, data.sessions, **stat_args)  # type: ignore[arg-type]
+    return stats(data.turns, data.sessions)
 
 
 def e0b(

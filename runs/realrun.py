@@ -76,7 +76,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--server-cmd",
         default=None,
-        help="launcher prefix replacing the engine's default program, e.g. '.engine-venv/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
+        help="launcher prefix replacing the engine's default program, "
+        "e.g. '.engine-venv/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
     )
     g.add_argument("--base-url", default=None, help="drive an already running server at this URL (no launch, no stop)")
     g.add_argument(
@@ -325,8 +326,10 @@ def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model
         raise PreflightError(f"engine speed pin: {type(exc).__name__}: {exc}") from None
     if handle.log_path is not None:
         with Path(handle.log_path).open("ab") as log:
-            log.write(f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
-                      f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode())  # fmt: skip
+            log.write(
+                f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
+                f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode()
+            )
     return {"applied": True, **res.to_json()}
 
 
@@ -336,8 +339,11 @@ def _recheck_speed(
     """One more probe once the drive is over, at the pinned quota: whether the host gave the engine the
     same speed to the end (on a shared host the speed a quota gives drifts with the others' load).
     Recorded beside the pin, never judged; a failed probe is recorded as such."""
+    speed_pin = cell.engine_speed_pin
+    if speed_pin is None:  # only a cell with a pin is pinned; nothing to recheck otherwise
+        return {"skipped": f"cell {cell.name} has no engine_speed_pin"}
     try:
-        step = asyncio.run(recheck(adapter, base_url, cell.engine_speed_pin, model_name, float(pin["quota"])))
+        step = asyncio.run(recheck(adapter, base_url, speed_pin, model_name, float(pin["quota"])))
     except Exception as exc:  # the run is over: a recheck that fails must not change its status
         return {"error": f"{type(exc).__name__}: {exc}"}
     if isinstance(step, str):
@@ -368,10 +374,8 @@ class HostLoad:
 
     def mark(self, name: str, group: int | None = None) -> None:
         m: dict[str, Any] = {"wall": time.monotonic()}
-        try:
+        with contextlib.suppress(OSError):  # no load averages on this platform
             m["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
-        except OSError:  # pragma: no cover - no load averages on this platform
-            pass
         if group is not None:
             m["engine_cpu_s"] = group_cpu_seconds(group)
         self.marks[name] = m

@@ -11,6 +11,7 @@ test's records, verdict and report are those a `test run` of it alone writes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -145,10 +146,8 @@ def _init_worker(q: Any) -> None:
 
 def _post(msg: dict[str, Any]) -> None:
     if _QUEUE is not None:
-        try:
+        with contextlib.suppress(Exception):  # a full or closed queue must never kill a run
             _QUEUE.put_nowait(msg)
-        except Exception:  # a full or closed queue must never kill a run
-            pass
 
 
 def _worker(

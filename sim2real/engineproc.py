@@ -85,7 +85,8 @@ class EngineProc:
         if not line:
             self.proc.wait(timeout=10)
             raise EngineProcError(
-                f"{self.engine} driver exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr_tail()}"
+                f"{self.engine} driver exited with status {self.proc.returncode}; its stderr "
+                f"ends:\n{self.stderr_tail()}"
             )
         reply: dict[str, Any] = json.loads(line)
         if "error" in reply:

@@ -37,7 +37,7 @@ class Bands:
 
 
 def _edges(duration: float, width: float) -> np.ndarray:
-    n = max(1, int(math.floor(duration / width + 1e-9)))
+    n = max(1, math.floor(duration / width + 1e-9))
     return width * np.arange(n + 1)
 
 
@@ -155,17 +155,21 @@ def markdown(reports: list[dict[str, Any]]) -> str:
         "# Replay parity: the simulator against the real runs",
         "",
         f"Bands: a trajectory is within band when at least {b['frac']:.0%} of its bins differ by at most "
-        f"{b['hit_tol']:.2f} (hit fraction) or max({b['backlog_abs']:g} sessions, {b['backlog_rel']:.0%}) (sessions in the system).",
+        f"{b['hit_tol']:.2f} (hit fraction) or max({b['backlog_abs']:g} sessions, {b['backlog_rel']:.0%}) (sessions in "
+        "the system).",
         "",
-        "| run | turns real/sim | cached equal | hit equal | hit real/sim | hit bins in band | backlog end real/sim | backlog bins in band | completions real/sim | latency p50 real/sim (s) | preemptions real/sim |",
+        "| run | turns real/sim | cached equal | hit equal | hit real/sim | hit bins in band | backlog end real/sim | "
+        "backlog bins in band | completions real/sim | latency p50 real/sim (s) | preemptions real/sim |",
         "| --- | --- | ---: | ---: | --- | ---: | --- | ---: | --- | --- | --- |",
     ]
     for r in reports:
         t, h, bl, c = r["turns"], r["hit_fraction"], r["backlog"], r["completions"]
         name = f"{r['arm']} r{r['rate']} s{r['seed']}"
         lines.append(
-            f"| {name} | {t['real']}/{t['sim']} | {_f(t['cached_equal'])} | {_f(t['hit_equal'])} | {_f(h['real_mean'])}/{_f(h['sim_mean'])} "
-            f"| {_f(h['bins_within'], '.2f')}{' ✓' if h['within_band'] else ' ✗'} | {_f(bl['real_end'], '.1f')}/{_f(bl['sim_end'], '.1f')} "
+            f"| {name} | {t['real']}/{t['sim']} | {_f(t['cached_equal'])} | {_f(t['hit_equal'])} | "
+            f"{_f(h['real_mean'])}/{_f(h['sim_mean'])} "
+            f"| {_f(h['bins_within'], '.2f')}{' ✓' if h['within_band'] else ' ✗'} | "
+            f"{_f(bl['real_end'], '.1f')}/{_f(bl['sim_end'], '.1f')} "
             f"| {_f(bl['bins_within'], '.2f')}{' ✓' if bl['within_band'] else ' ✗'} | {c['real']}/{c['sim']} "
             f"| {_f(r['latency_s']['real'].get('p50'), '.3f')}/{_f(r['latency_s']['sim'].get('p50'), '.3f')} "
             f"| {_f(r['preemptions']['real'], '.0f')}/{_f(r['preemptions']['sim'], '.0f')} |"

@@ -73,7 +73,8 @@ def time_scale_for(engine: str, time_scale: float | None) -> float | None:
 def run_budget(duration_s: float, allowances: Any, engine: str, time_scale: float | None) -> Budget:
     """The need of one run of `duration_s` plan seconds under the registration's `allowances`
     (an object or mapping with start_s, smoke_s, teardown_s)."""
-    get = allowances.get if isinstance(allowances, dict) else lambda k: getattr(allowances, k)
+    # A mapping without one of the keys fails on its name (KeyError), not on float(None).
+    get = allowances.__getitem__ if isinstance(allowances, dict) else lambda k: getattr(allowances, k)
     scale = time_scale_for(engine, time_scale)
     run_s = 0.0 if scale is None else float(duration_s) / scale
     return Budget(

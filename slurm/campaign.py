@@ -61,8 +61,16 @@ def job_cost(name: str, cell: CellConfig, durations: list[float], allowances: Al
     budgets = [run_budget(d, allowances, cell.engine.name, None) for d in durations]
     need = sum(b.needed_s for b in budgets)
     limit = max(job_time_limit(b).minutes for b in budgets)
-    return Cost(name, cell.name, cell.gpu, len(durations), sum(b.run_s for b in budgets) / len(budgets), need / len(budgets), limit,
-                source=source)  # fmt: skip
+    return Cost(
+        name,
+        cell.name,
+        cell.gpu,
+        len(durations),
+        sum(b.run_s for b in budgets) / len(budgets),
+        need / len(budgets),
+        limit,
+        source=source,
+    )
 
 
 def is_gpu_cell(cell: CellConfig) -> bool:
@@ -82,7 +90,10 @@ def template_cost(path: Path) -> Cost | None:
         parent = load_registration(ROOT / t.based_on)
         cell, protocol = parent.cell, parent.protocol
         jobs = len(t.arms or []) * len(t.rates or []) * len(t.seeds or [])
-        how = f"{len(t.arms or [])} arms x {len(t.rates or [])} rates x {len(t.seeds or [])} seeds on {parent.name}'s calibration"
+        how = (
+            f"{len(t.arms or [])} arms x {len(t.rates or [])} rates x {len(t.seeds or [])} seeds "
+            f"on {parent.name}'s calibration"
+        )
     else:
         if t.cell is None or t.protocol is None:
             return None
@@ -135,14 +146,22 @@ def markdown_table(costs: list[Cost] | None = None, calibrations: list[str] | No
     costs = campaign_costs() if costs is None else costs
     cells = calibrations if calibrations is not None else sorted({c.cell for c in costs})
     rows = [calibration_cost(c) for c in cells] + costs
-    lines = ["| test | cell | GPU | jobs | run per job | need per job | limit per job | GPU-hours (need) | GPU-hours (at the limit) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        "| test | cell | GPU | jobs | run per job | need per job | limit per job | GPU-hours (need) | GPU-hours (at "
+        "the limit) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for c in rows:
-        lines.append(f"| {c.name} | {c.cell} | {c.gpu} | {c.jobs} | {c.run_s:,.0f} s | {c.need_s:,.0f} s | {c.limit_min} min | "
-                     f"{_h(c.gpu_hours)} | {_h(c.gpu_hours_limit)} |")  # fmt: skip
+        lines.append(
+            f"| {c.name} | {c.cell} | {c.gpu} | {c.jobs} | {c.run_s:,.0f} s | {c.need_s:,.0f} s | {c.limit_min} min | "
+            f"{_h(c.gpu_hours)} | {_h(c.gpu_hours_limit)} |"
+        )
     tests = [c for c in rows if c.name != "calibrate all"]
-    lines.append(f"| **all registered tests** | | | {sum(c.jobs for c in tests)} | | | | **{_h(sum(c.gpu_hours for c in tests))}** | "
-                 f"**{_h(sum(c.gpu_hours_limit for c in tests))}** |")  # fmt: skip
+    lines.append(
+        f"| **all registered tests** | | | {sum(c.jobs for c in tests)} | | | | "
+        f"**{_h(sum(c.gpu_hours for c in tests))}** | "
+        f"**{_h(sum(c.gpu_hours_limit for c in tests))}** |"
+    )
     return "\n".join(lines)
 
 

@@ -49,10 +49,12 @@ from slurm.scheduler import SchedulerError, accounting, job_states, wait_for_acc
 
 
 def _run_meta(path: Path) -> dict[str, Any] | None:
+    """The run's meta.json, or None where it is missing, unreadable or not a JSON object."""
     try:
-        return orjson.loads((path / "meta.json").read_bytes())
+        meta = orjson.loads((path / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _log_tail(job: dict[str, Any], lines: int = 3) -> str | None:
@@ -170,7 +172,8 @@ def agreement(doc: dict[str, Any], rows: list[Any]) -> list[str]:
             problems.append(f"job {jid}: job name {r.job_name!r}, the manifest's {doc['job_name']!r}")
         if r.timelimit_s != limit_s:
             problems.append(
-                f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's {doc['time_limit']['slurm']} ({limit_s:.0f} s)"
+                f"job {jid}: time limit {r.timelimit!r} ({r.timelimit_s} s), the manifest's "
+                f"{doc['time_limit']['slurm']} ({limit_s:.0f} s)"
             )
         sub = j.get("submit_utc")
         if sub and r.submit is not None and r.submit.isoformat() != sub:
@@ -314,14 +317,16 @@ def format_collection(res: dict[str, Any]) -> str:
         for t in res["not_completed"]:
             lines.append(
                 f"    {t['job_id']} {t['arm']} x {t['rate']:g} seed {t['seed']}: {t['state']}"
-                f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run {t['run_status'] or '-'}: {t['reason']}"
+                f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run "
+                f"{t['run_status'] or '-'}: {t['reason']}"
             )
     an = res.get("analysis")
     if an:
         lines.append(
             f"  verdict     {an.get('verdict')}"
             + (
-                f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, {an['judged_by']['mode']})"
+                f" ({an['runs_counted']} run(s) counted; judged by {an['judged_by']['commit']}, "
+                f"{an['judged_by']['mode']})"
                 if an.get("ran")
                 else f": not analysed ({an.get('reason')})"
             )

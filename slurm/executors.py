@@ -178,12 +178,12 @@ def run_local(
                 "exit_code": None,
             }
         )
-    running: dict[int, tuple[subprocess.Popen[bytes], Any, Any]] = {}
-    stop = {"signal": None}
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    stop: dict[str, int | None] = {"signal": None}
 
     def _forward(signum: int, _frame: Any) -> None:
         stop["signal"] = signum
-        for proc, _, _ in running.values():
+        for proc in running.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
@@ -200,18 +200,19 @@ def run_local(
             while todo and len(running) < max(1, parallel) and stop["signal"] is None:
                 k = todo.pop(0)
                 rec = records[k]
-                out, err = open(rec["stdout"], "wb"), open(rec["stderr"], "wb")
-                rec["submitted_at_client"] = rec["start_utc"] = _utc()
-                proc = subprocess.Popen(
-                    [python or sys.executable, "-m", "slurm.job", "--spec", rec["spec_file"]],
-                    cwd=checkout,
-                    env=run_env,
-                    stdout=out,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                )
+                # The job holds its own copies of the log descriptors: ours close once it has started.
+                with open(rec["stdout"], "wb") as out, open(rec["stderr"], "wb") as err:
+                    rec["submitted_at_client"] = rec["start_utc"] = _utc()
+                    proc = subprocess.Popen(
+                        [python or sys.executable, "-m", "slurm.job", "--spec", rec["spec_file"]],
+                        cwd=checkout,
+                        env=run_env,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                    )
                 rec["state"], rec["pid"] = JobState.RUNNING.value, proc.pid
-                running[k] = (proc, out, err)
+                running[k] = proc
                 say(f"{rec['job_id']}: started ({specs[k].arm} x {specs[k].rate:g} seed {specs[k].seed})")
                 if on_change:
                     on_change(records)
@@ -219,12 +220,10 @@ def run_local(
                 for k in todo:
                     records[k]["state"] = JobState.CANCELLED.value
                 todo = []
-            for k, (proc, out, err) in list(running.items()):
+            for k, proc in list(running.items()):
                 rc = proc.poll()
                 if rc is None:
                     continue
-                out.close()
-                err.close()
                 rec = records[k]
                 rec["end_utc"] = _utc()
                 rec["exit_code"] = rc

@@ -28,8 +28,15 @@ from typing import Any
 from harness.config import CellConfig
 from slurm.scheduler import Runner, SchedulerError, run_command
 
-GPU_ENV = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "CUDA_VISIBLE_DEVICES",
-           "GPU_DEVICE_ORDINAL")  # fmt: skip
+GPU_ENV = (
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+)
 NO_DEVICE = frozenset({"", "NoDevFiles", "-1", "none", "N/A"})
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 REAL_ENGINES = ("sglang", "vllm")
@@ -112,6 +119,9 @@ def gpu_refusal(cell: CellConfig, engine: str, gpus: Mapping[str, Any]) -> str |
     """The reason to refuse the run, or None: a GPU cell on a real engine with no GPU given."""
     if not needs_gpu(cell, engine) or gpus.get("given", 0) > 0:
         return None
-    where = ("this job was allocated no GPU (no gpu gres: submit with --gres gpu:1)" if "job_gres" in gpus
-             else "this host shows no GPU (no /proc/driver/nvidia/gpus device, or CUDA_VISIBLE_DEVICES hides them)")  # fmt: skip
+    where = (
+        "this job was allocated no GPU (no gpu gres: submit with --gres gpu:1)"
+        if "job_gres" in gpus
+        else "this host shows no GPU (no /proc/driver/nvidia/gpus device, or CUDA_VISIBLE_DEVICES hides them)"
+    )
     return f"cell {cell.name} runs {engine} on a GPU ({cell.gpu}) and {where}; the engine would fail at start"

@@ -61,8 +61,13 @@ def add_job_options(p: argparse.ArgumentParser, *, time_default: str, title: str
     """The job options, in their own group of `p`'s help; `time_default` says what an absent --time means."""
     g = p.add_argument_group(title)
     g.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
-    g.add_argument("--time", "--job-time", dest="time", metavar="LIMIT",
-                   help=f"time limit of each job as sbatch reads it (minutes, HH:MM:SS, D-HH:MM); default: {time_default}")  # fmt: skip
+    g.add_argument(
+        "--time",
+        "--job-time",
+        dest="time",
+        metavar="LIMIT",
+        help=f"time limit of each job as sbatch reads it (minutes, HH:MM:SS, D-HH:MM); default: {time_default}",
+    )
     g.add_argument(
         "--parallel",
         type=positive_int,
@@ -72,7 +77,8 @@ def add_job_options(p: argparse.ArgumentParser, *, time_default: str, title: str
     g.add_argument("--mem", help="memory per job, as sbatch --mem (e.g. 64G)")
     g.add_argument(
         "--gres",
-        help="generic resources per job, e.g. gpu:1 (a registered GPU cell's real-engine jobs refuse to run without one)",
+        help="generic resources per job, e.g. gpu:1 "
+        "(a registered GPU cell's real-engine jobs refuse to run without one)",
     )
     g.add_argument("--account", help="SLURM account to charge")
     g.add_argument("--qos", help="SLURM quality of service")
@@ -83,6 +89,15 @@ def add_job_options(p: argparse.ArgumentParser, *, time_default: str, title: str
 
 def job_options_from_args(args: argparse.Namespace) -> JobOptions:
     """The JobOptions of a parsed command line (add_job_options's flags)."""
-    return JobOptions(partition=args.partition, time=args.time, parallel=args.parallel, cpus_per_task=int(args.cpus_per_task),
-                      mem=args.mem, gres=args.gres, account=args.account, qos=args.qos, python=args.python,
-                      job_env=dict(args.job_env or []))  # fmt: skip
+    return JobOptions(
+        partition=args.partition,
+        time=args.time,
+        parallel=args.parallel,
+        cpus_per_task=int(args.cpus_per_task),
+        mem=args.mem,
+        gres=args.gres,
+        account=args.account,
+        qos=args.qos,
+        python=args.python,
+        job_env=dict(args.job_env or []),
+    )

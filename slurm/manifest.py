@@ -63,7 +63,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ManifestError(f"{p}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(
-            f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected {FORMAT!r}"
+            f"{p}: format: got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r}; expected "
+            f"{FORMAT!r}"
         )
     if doc.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{p}: format_version: got {doc.get('format_version')!r}; expected {FORMAT_VERSION}")
@@ -85,8 +86,8 @@ def job_ids(doc: dict[str, Any]) -> list[str]:
 
 def first_submit(times: Iterable[datetime | str | None]) -> str | None:
     """The earliest of the given submit times (ISO 8601 UTC), or None."""
-    ts = [to_utc(t) for t in times if t is not None]
-    ts = [t for t in ts if t is not None]
+    parsed = [to_utc(t) for t in times if t is not None]
+    ts = [t for t in parsed if t is not None]
     return min(ts).isoformat() if ts else None
 
 

@@ -18,6 +18,7 @@ Malformed text raises ValueError with the text.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -220,10 +221,8 @@ def local_timezone() -> tzinfo:
             candidates.append(target.split("zoneinfo/", 1)[1])
     except OSError:
         pass
-    try:
+    with contextlib.suppress(OSError):
         candidates.append(Path("/etc/timezone").read_text().strip())
-    except OSError:
-        pass
     for key in candidates:
         try:
             return ZoneInfo(key)

@@ -123,20 +123,26 @@ def _decidable(path: Path, reg: Any, opts: SubmitOptions, say: Callable[[str], N
     tmpl = (reg.fill.get("template") or {}).get("path", "TEMPLATE")
     inputs = sorted({str(Path(i.path).parent) for i in reg.inputs if i.role in ("stage-c", "e0a", "e0b")})
     lines = [
-        f"submission refused: {path} ({reg.name}) is undecidable by design: its jobs would spend the engine on a test that cannot pass:"
+        f"submission refused: {path} ({reg.name}) is undecidable by design: its jobs would spend the engine on a test "
+        "that cannot pass:"
     ]
     lines += [f"  - {r}" for r in reasons]
     if hints:
         lines.append(
-            "what would make the drain fit, by the registration's own formulas (whether its burst still traps is for the design step to say):"
+            "what would make the drain fit, by the registration's own formulas (whether its burst still traps is for "
+            "the design step to say):"
         )
         lines += [f"  - {h}" for h in hints]
     if prop:
         lines.append(
-            f"  - the bound design record {design.get('path')} proposes {prop} ({(design.get('proposal') or {}).get('engine_hours')} engine-hours)"
+            f"  - the bound design record {design.get('path')} proposes {prop} "
+            f"({(design.get('proposal') or {}).get('engine_hours')} engine-hours)"
         )
-    lines.append(f"  - `agentload prereg design --inputs {inputs[0] if inputs else 'INPUTS'} --test {tmpl} --cost COSTFILE` searches the protocol's "
-                 "knobs for the cheapest decisive design before anything is run")  # fmt: skip
+    lines.append(
+        f"  - `agentload prereg design --inputs {inputs[0] if inputs else 'INPUTS'} --test {tmpl} --cost COSTFILE` "
+        "searches the protocol's "
+        "knobs for the cheapest decisive design before anything is run"
+    )
     lines.append("(--accept-undecidable submits it anyway; the manifest records the reasons)")
     raise SubmitRefused("\n".join(lines))
 
@@ -183,8 +189,11 @@ def plan_submission(
     except ValueError as exc:
         raise SubmitRefused(f"submission refused: {exc}") from None
     if not limit.fits:
-        say(f"warning: --time {opts.job.time} ({limit.seconds:.0f} s) is shorter than a job needs ({limit.needed_s:.0f} s + "
-            f"{limit.warning_lead_s} s warning lead); every job will refuse to run")  # fmt: skip
+        say(
+            f"warning: --time {opts.job.time} ({limit.seconds:.0f} s) is shorter than a job needs "
+            f"({limit.needed_s:.0f} s + "
+            f"{limit.warning_lead_s} s warning lead); every job will refuse to run"
+        )
     out = Path(opts.out) if opts.out else Path("results") / "submissions" / f"{reg.name}-{_stamp()}"
     out = out.resolve()
     if (out / MANIFEST).exists() and not opts.dry_run:
@@ -210,8 +219,14 @@ def plan_submission(
         )
     comment = f"agentload registration {reg.name} sha256={reg.sha256}"
     gpus = gres_gpus(opts.job.gres) if opts.job.gres else (GPUS_PER_JOB if needs_gpu(reg.cell, engine) else 0)
-    cost = {"jobs": len(specs), "need_s": budget.needed_s, "limit_s": limit.seconds, "gpus_per_job": gpus,
-            "gpu_hours": len(specs) * budget.needed_s * gpus / 3600.0, "gpu_hours_limit": len(specs) * limit.seconds * gpus / 3600.0}  # fmt: skip
+    cost = {
+        "jobs": len(specs),
+        "need_s": budget.needed_s,
+        "limit_s": limit.seconds,
+        "gpus_per_job": gpus,
+        "gpu_hours": len(specs) * budget.needed_s * gpus / 3600.0,
+        "gpu_hours_limit": len(specs) * limit.seconds * gpus / 3600.0,
+    }
     doc: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -272,8 +287,16 @@ def plan_submission(
         "_path": str(out / MANIFEST),
     }
     if opts.executor == "slurm" and opts.dry_run:
-        doc["sbatch_script"] = sbatch_script(out / JOBS, len(specs), time_min=limit.minutes, warning_lead_s=limit.warning_lead_s,
-                                             checkout=root, comment=comment, job_name=doc["job_name"], job=opts.job)  # fmt: skip
+        doc["sbatch_script"] = sbatch_script(
+            out / JOBS,
+            len(specs),
+            time_min=limit.minutes,
+            warning_lead_s=limit.warning_lead_s,
+            checkout=root,
+            comment=comment,
+            job_name=doc["job_name"],
+            job=opts.job,
+        )
     return doc
 
 
@@ -320,8 +343,15 @@ def submit_registration(
 
     if opts.executor == "slurm":
         tl = doc["time_limit"]
-        ex = slurm_executor(folder, time_min=tl["minutes"], warning_lead_s=tl["warning_lead_s"], checkout=root, comment=doc["comment"],
-                            job_name=doc["job_name"], job=opts.job)  # fmt: skip
+        ex = slurm_executor(
+            folder,
+            time_min=tl["minutes"],
+            warning_lead_s=tl["warning_lead_s"],
+            checkout=root,
+            comment=doc["comment"],
+            job_name=doc["job_name"],
+            job=opts.job,
+        )
         records = submit_slurm(specs, ex)
         for job, rec in zip(doc["jobs"], records):
             job.update(rec)
@@ -332,7 +362,8 @@ def submit_registration(
             job["submit_utc"] = times.get(job["job_id"])
         doc["submit_time_source"] = "sacct (the scheduler's accounting, Submit)"
         say(
-            f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> {manifest_path}"
+            f"submitted {len(records)} job(s) as array {records[0]['array_job_id'] or records[0]['job_id']} -> "
+            f"{manifest_path}"
             if records
             else "nothing to submit"
         )
@@ -341,13 +372,21 @@ def submit_registration(
 
         def changed(recs: list[dict[str, Any]]) -> None:
             for job, rec in zip(doc["jobs"], recs):
-                job.update({k: v for k, v in rec.items()})
+                job.update(rec)
                 job["submit_utc"] = rec.get("submitted_at_client")
             save()
 
         save()
-        records = run_local(specs, folder, checkout=root, python=opts.job.python, env=opts.job.job_env, parallel=opts.job.parallel or 1,
-                            on_change=changed, echo=say)  # fmt: skip
+        records = run_local(
+            specs,
+            folder,
+            checkout=root,
+            python=opts.job.python,
+            env=opts.job.job_env,
+            parallel=opts.job.parallel or 1,
+            on_change=changed,
+            echo=say,
+        )
         changed(records)
     lab = label_from_record(doc, [j.get("submit_utc") for j in doc["jobs"]])
     doc["label_at_submission"] = lab.to_json()
@@ -362,24 +401,30 @@ def format_plan(doc: dict[str, Any]) -> str:
         f"registration {reg['name']} ({reg['status']}): {reg['path']}",
         f"  sha256   {reg['sha256']}",
         f"  commit   {reg['commit'] or 'not committed'}; tree {'clean' if reg['clean'] else 'DIRTY'}; "
-        f"{rem['remote'] or '?'}/{rem['branch'] or '?'} {'contains it' if rem['contains'] else 'does NOT contain it'} (asked {rem['checked_at']})",
+        f"{rem['remote'] or '?'}/{rem['branch'] or '?'} {'contains it' if rem['contains'] else 'does NOT contain it'} "
+        f"(asked {rem['checked_at']})",
         f"  engine   {doc['arguments']['engine']}"
         + (f" at time scale {doc['budget']['time_scale']:g}" if doc["budget"]["time_scale"] not in (None, 1.0) else ""),
-        f"  limit    {tl['slurm']} per job ({tl['source']}; needs {tl['needed_s']:.0f} s + {tl['warning_lead_s']} s warning lead"
-        + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
-        f"  jobs     {len(doc['jobs'])} via {doc['executor']}" + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
-    ]  # fmt: skip
+        f"  limit    {tl['slurm']} per job ({tl['source']}; needs {tl['needed_s']:.0f} s + {tl['warning_lead_s']} s "
+        "warning lead" + ("" if tl["fits"] else "; TOO SHORT: the jobs will refuse") + ")",
+        f"  jobs     {len(doc['jobs'])} via {doc['executor']}"
+        + (" (dry run: nothing submitted)" if doc.get("dry_run") else ""),
+    ]
     cost = doc.get("cost")
     if cost and cost["gpus_per_job"]:
-        lines.append(f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s x {cost['gpus_per_job']} GPU = {cost['gpu_hours']:,.1f} GPU-hours "
-                     f"(at most {cost['gpu_hours_limit']:,.1f} at the limit)")  # fmt: skip
+        lines.append(
+            f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s x {cost['gpus_per_job']} GPU = "
+            f"{cost['gpu_hours']:,.1f} GPU-hours "
+            f"(at most {cost['gpu_hours_limit']:,.1f} at the limit)"
+        )
     elif cost:
         lines.append(
             f"  cost     {cost['jobs']} job(s) x {cost['need_s']:,.0f} s, no GPU (engine {doc['arguments']['engine']})"
         )
     for j in doc["jobs"]:
         lines.append(
-            f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} -> {j['run_dir']}"
+            f"    {j['index']:>3} {j.get('job_id') or '-':>12}  {j['arm']:<10} x {j['rate']:<6g} seed {j['seed']:<3} "
+            f"-> {j['run_dir']}"
         )
     lab = doc.get("label_at_submission") or doc["check"]["label_if_submitted_now"]
     lines.append(f"  label    {lab['label']}: {lab['reason']}")

@@ -95,7 +95,8 @@ class SlurmSweep:
         self.job_ids += [str(j.job_id) for j in jobs]
         array_id = str(jobs[0].job_id).split("_")[0]
         self.echo(
-            f"submitted {len(jobs)} task(s) of {getattr(fn, '__name__', fn)} as SLURM array {array_id} (folder {self.folder})"
+            f"submitted {len(jobs)} task(s) of {getattr(fn, '__name__', fn)} as SLURM array {array_id} (folder "
+            f"{self.folder})"
         )
         done_before = -1
         while True:

@@ -55,10 +55,10 @@ class ClosedClient:
         return [self._new_session(now) for _ in range(self.n)]
 
     def on_timer(self, now: float, key: Hashable) -> Sequence[Command]:
-        tag, sid = key  # type: ignore[misc]
-        if tag != _TOOL:
+        # The only timer this client sets is (_TOOL, session id): a tool call's end.
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] == _TOOL and isinstance(key[1], int)):
             raise ValueError(f"unknown timer key {key!r}")
-        return [self._send(now, self._machines[sid])]
+        return [self._send(now, self._machines[key[1]])]
 
     def on_response(self, now: float, response: TurnResponse) -> Sequence[Command]:
         sid, turn, send_time = self._inflight.pop(response.request_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class TurnResponse:
     completion_tokens: int | None = None
     http_status: int | None = None
     error: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # engine-reported fields (ParsedTurn.extra)
 
 
 class Client(Protocol):

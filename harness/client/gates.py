@@ -18,6 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.config import Gate
+
 GateEventKind = Literal["engage", "queue", "admit", "pause", "resume", "release"]
 
 
@@ -251,13 +253,13 @@ class RescueGate(_CapGate):
         return False
 
 
-def make_gate(spec: object | None, cap_override: int | None = None) -> NoGate:
+def make_gate(spec: Gate | None, cap_override: int | None = None) -> NoGate:
     """Build the gate an arm asks for (`harness.config.Gate` or None); `cap_override` is the
     resolved cap (`ArmConfig.gate_cap(test.cap)`), which wins over the arm file's own."""
     if spec is None:
         return NoGate()
     kind = spec.kind
-    cap = cap_override if cap_override is not None else getattr(spec, "cap", None)
+    cap = cap_override if cap_override is not None else spec.cap
     if cap is None:
         raise ValueError(f"{kind} gate without a cap: give the arm a cap or the test a registered cap")
     cap = int(cap)

@@ -47,13 +47,63 @@ class ToolSlowRule:
 
 
 class RecordSink(Protocol):
-    """Where rows go: `harness.recording.record.RunRecorder`, or anything with the same keyword methods."""
+    """Where rows go: `harness.recording.record.RunRecorder`, or anything with the same keyword methods.
 
-    def turn(self, **row: Any) -> None: ...
+    The signatures are the recorder's (the run record's columns), so a client writing a field the
+    record has not got, or leaving out one it needs, fails the type check; ListSink takes any row.
+    """
 
-    def session(self, **row: Any) -> None: ...
+    def turn(
+        self,
+        *,
+        session: int,
+        kind: str,
+        turn: int,
+        send_time: float,
+        done_time: float | None,
+        status: str = ...,
+        first_token_time: float | None = ...,
+        prompt_tokens: int | None = ...,
+        cached_tokens: int | None = ...,
+        completion_tokens: int | None = ...,
+        n_output_ids: int | None = ...,
+        queue_time: float | None = ...,
+        engine_ttft: float | None = ...,
+        engine_decode: float | None = ...,
+        http_status: int | None = ...,
+        error: str | None = ...,
+        request_id: int | None = ...,
+    ) -> None: ...
 
-    def gate_event(self, **row: Any) -> None: ...
+    def session(
+        self,
+        *,
+        session: int,
+        kind: str,
+        arrival: float,
+        outcome: str,
+        stream: int | None = ...,
+        index: int | None = ...,
+        admission: float | None = ...,
+        end: float | None = ...,
+        n_turns: int | None = ...,
+        turns_done: int | None = ...,
+        start_lateness: float | None = ...,
+        gate_wait: float | None = ...,
+        paused_time: float | None = ...,
+    ) -> None: ...
+
+    def gate_event(
+        self,
+        *,
+        time: float,
+        event: str,
+        session: int | None = ...,
+        queue_new: int | None = ...,
+        queue_resume: int | None = ...,
+        admitted: int | None = ...,
+        cap: int | None = ...,
+    ) -> None: ...
 
 
 class ListSink:

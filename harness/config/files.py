@@ -47,7 +47,8 @@ def _format_errors(path: Path | str, err: ValidationError) -> str:
         loc = _fmt_loc(tuple(x for x in e["loc"] if x not in ("function-after", "function-before")))
         if e["type"] == "extra_forbidden":
             lines.append(
-                f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its spelling"
+                f"  {loc}: unknown key (value {_short(e['input'])}); expected no such key: remove it or check its "
+                "spelling"
             )
         elif e["type"] == "missing":
             lines.append(f"  {loc}: required field is missing; expected a value")

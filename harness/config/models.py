@@ -18,14 +18,15 @@ from harness.errors import ConfigError
 
 DEFAULT_TOP_RATE = 2.0  # sessions/s: the paper's base process; a test may register another (TestConfig.top_rate)
 
-
-_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
+# Every model's base is StrictModel (unknown keys refused, frozen, finite floats: harness/config/finite.py),
+# named as itself: the pydantic mypy plugin types a model's constructor only for a base it can see
+# as a class, and a variable alias of it hid every model's fields from the checker.
 
 
 # ---------------------------------------------------------------------------------------------
 # workload
 # ---------------------------------------------------------------------------------------------
-class TurnLaw(_Strict):
+class TurnLaw(StrictModel):
     """T = min(Geometric(p = 1/mean) on {1, 2, ...}, cap)."""
 
     law: Literal["capped_geometric"] = "capped_geometric"
@@ -34,12 +35,12 @@ class TurnLaw(_Strict):
     cap: int = Field(60, ge=1, le=64, description="maximum number of turns")
 
 
-class ToolTimeLaw(_Strict):
+class ToolTimeLaw(StrictModel):
     law: Literal["exponential"] = "exponential"
     mean: float = Field(5.0, gt=0.0, description="mean tool time, seconds")
 
 
-class TokenRange(_Strict):
+class TokenRange(StrictModel):
     """Client token ids are drawn uniformly from [low, high)."""
 
     low: int = Field(4, ge=0)
@@ -52,7 +53,7 @@ class TokenRange(_Strict):
         return self
 
 
-class WorkloadConfig(_Strict):
+class WorkloadConfig(StrictModel):
     kind: Literal["workload"] = "workload"
     name: str
     description: str = ""
@@ -71,7 +72,7 @@ class WorkloadConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # cell
 # ---------------------------------------------------------------------------------------------
-class CostConfig(_Strict):
+class CostConfig(StrictModel):
     a: float = Field(9.24e-3, ge=0)
     f0: float = Field(1.26e-3, ge=0)
     b: float = Field(62.6e-6, ge=0)
@@ -85,7 +86,7 @@ class CostConfig(_Strict):
         return CostModel(**self.model_dump())
 
 
-class SpeedPin(_Strict):
+class SpeedPin(StrictModel):
     """The engine's speed, pinned: at server start a short all-miss probe measures the uncached
     prompt token rate and the CPU quota is searched until the probe reads `token_rate` within
     `tolerance` (harness/servers/speedpin.py). Why: a quota pins the engine's share of a CPU, not its
@@ -124,12 +125,12 @@ class SpeedPin(_Strict):
         return self
 
 
-class EngineId(_Strict):
+class EngineId(StrictModel):
     name: Literal["sglang", "vllm"]
     version: str
 
 
-class CellConfig(_Strict):
+class CellConfig(StrictModel):
     """Engine + version + GPU + model + KV pool + scheduling settings (paper App. E.2, Table 4)."""
 
     kind: Literal["cell"] = "cell"
@@ -170,8 +171,8 @@ class CellConfig(_Strict):
     )
     engine_speed_pin: SpeedPin | None = Field(
         None,
-        description="pin the engine's speed, not its share: the quota is searched at server start until a probe reads the "
-        "cell's token rate (needs engine_cpu_quota, the search's first quota). Absent = the quota alone",
+        description="pin the engine's speed, not its share: the quota is searched at server start until a probe "
+        "reads the cell's token rate (needs engine_cpu_quota, the search's first quota). Absent = the quota alone",
     )
     kv_pool_tokens: int = Field(..., ge=1)
     page_size: int = Field(1, ge=1, description="1 = SGLang token pages; 16/32 = vLLM blocks")
@@ -249,13 +250,13 @@ class CellConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # protocol
 # ---------------------------------------------------------------------------------------------
-class BurstSpec(_Strict):
+class BurstSpec(StrictModel):
     time: float = Field(1200.0, ge=0, description="t_b, seconds after run start")
     size: int = Field(200, ge=0)
     width: float = Field(60.0, gt=0, description="burst arrivals are uniform in [time, time+width)")
 
 
-class WindowSpec(_Strict):
+class WindowSpec(StrictModel):
     start: float = Field(..., ge=0)
     end: float = Field(..., gt=0)
 
@@ -266,7 +267,7 @@ class WindowSpec(_Strict):
         return self
 
 
-class ProtocolConfig(_Strict):
+class ProtocolConfig(StrictModel):
     kind: Literal["protocol"] = "protocol"
     name: str
     description: str = ""
@@ -298,7 +299,7 @@ class ProtocolConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # arm
 # ---------------------------------------------------------------------------------------------
-class ToolSlow(_Strict):
+class ToolSlow(StrictModel):
     """Every tool call that starts in [start, end) lasts delta seconds longer.
 
     Whether a call starts in the window depends on how fast the engine served the turn before it,
@@ -316,21 +317,21 @@ class ToolSlow(_Strict):
         return self
 
 
-class Shed(_Strict):
+class Shed(StrictModel):
     """Arrivals in [start, start + duration) are refused (and counted)."""
 
     start: float = Field(..., ge=0)
     duration: float = Field(..., gt=0)
 
 
-class Cut(_Strict):
+class Cut(StrictModel):
     """From `start`, base arrivals are thinned to `rate` (a multiple of lambda_ref)."""
 
     start: float = Field(..., ge=0)
     rate: float = Field(..., gt=0)
 
 
-class Gate(_Strict):
+class Gate(StrictModel):
     """Client session gate. `fifo_cap`: CAPPED from t=0. `rescue`: engaged at t_on by attrition and pause.
 
     `cap` may be left out: the registered cap then comes from the test (TestConfig.cap), so one arm
@@ -345,7 +346,7 @@ class Gate(_Strict):
     release_tick: float = Field(10.0, gt=0)
 
 
-class ArmConfig(_Strict):
+class ArmConfig(StrictModel):
     kind: Literal["arm"] = "arm"
     name: str
     description: str = ""
@@ -378,7 +379,7 @@ class ArmConfig(_Strict):
 # ---------------------------------------------------------------------------------------------
 # test
 # ---------------------------------------------------------------------------------------------
-class TestReferences(_Strict):
+class TestReferences(StrictModel):
     """Reference values the test registers in place of the cell's (a cell whose E0a the paper does
     not print: the all-miss token rate is then measured, e.g. by a simulated E0a, and recorded
     here with its source)."""
@@ -391,7 +392,7 @@ class TestReferences(_Strict):
 DEFAULT_START_LATENESS_P99 = 0.1  # plan seconds: a test's default open-loop bound (TestConfig.start_lateness_p99)
 
 
-class TestConfig(_Strict):
+class TestConfig(StrictModel):
     """Which arms x rates x seeds of a cell, workload and protocol make one registered test."""
 
     __test__ = False  # not a pytest class

@@ -9,6 +9,7 @@ waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEA
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.config import CellConfig
 from harness.emulator import flavors
-from harness.refengine.model import EngineModel, EngineRequest
+from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
 
 log = logging.getLogger("agentload.emulator")
 
@@ -37,7 +38,10 @@ WARMUP = {"sglang": 0.5, "vllm": 0.0}  # wall seconds of 503 after the engine st
 SGLANG_DECODE_LOG_INTERVAL = 40  # decode steps between two gauge reports (--decode-log-interval)
 SGLANG_IDLE_REPORT = 30.0  # wall seconds between two gauge reports of an idle scheduler
 SGLANG_SCHEDULER_GAUGES = ("running", "waiting", "kv_used_tokens", "kv_evictable_tokens")
-FLUSH_OK = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 FLUSH_REFUSED = "Flush cache failed.\n"  # busy and no ?timeout (or ?timeout=0)
 FLUSH_TIMED_OUT = "Timed out waiting for idle state."  # busy for all of ?timeout=S
 FLUSH_IN_PROGRESS = "Another flush_cache is already in progress."
@@ -95,7 +99,7 @@ class Reply(Exception):
 
 @dataclass
 class _Waiter:
-    future: asyncio.Future
+    future: asyncio.Future[EngineCompletion]
     submit_wall: float
 
 
@@ -154,7 +158,7 @@ class Emulator:
         self._t0 = time.monotonic()
         self._floor = 0.0  # latest engine time handed to the model; the model's clock never goes back
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._dead: str | None = None
         self.health_poll = HEALTH_POLL[flavor] if health_poll is None else float(health_poll)
         self.warmup = WARMUP[flavor] if warmup is None else float(warmup)
@@ -229,10 +233,8 @@ class Emulator:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         for w in self._waiters.values():
             if not w.future.done():
                 w.future.cancel()
@@ -279,13 +281,13 @@ class Emulator:
                 w.future.set_result(c)
                 self.stats.completed += 1
 
-    async def submit(self, prompt: np.ndarray, max_tokens: int) -> Any:
+    async def submit(self, prompt: np.ndarray, max_tokens: int) -> EngineCompletion:
         """Queue one request on the engine and wait for its completion."""
         if self._dead:
             raise RuntimeError(self._dead)
         req_id = self._next_id
         self._next_id += 1
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[EngineCompletion] = asyncio.get_running_loop().create_future()
         self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self.engine_now())
         self._waiters[req_id] = _Waiter(fut, time.monotonic())
         assert self._wake is not None

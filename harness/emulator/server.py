@@ -76,7 +76,7 @@ async def _load_json(request: web.Request, emu: Emulator) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise emu.bad_request(f"invalid JSON body: {exc}")
+        raise emu.bad_request(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise emu.bad_request("the request body must be a JSON object")
     return body

@@ -170,6 +170,11 @@ class RunProgress:
         t.add_column("value", justify="right")
         pct = f"  ({100 * s['plan_time'] / self.duration:.0f}%)" if self.duration else ""
         t.add_row("plan time", f"{s['plan_time']:.0f} s{pct}")
+
+        def value_row(label: str, key: str, fmt: str) -> None:
+            v = s[key]
+            t.add_row(label, "-" if v is None else fmt.format(v))
+
         for label, key, fmt in (
             ("sessions in system", "in_system", "{}"),
             ("requests in flight", "in_flight", "{}"),
@@ -178,15 +183,11 @@ class RunProgress:
             ("hit fraction, last minute", "hit_fraction_1min", "{:.3f}"),
             ("turns done", "turns", "{}"),
             ("errors", "errors", "{}"),
-            ("engine running / waiting", None, None),
-            ("KV usage", "kv_usage_frac", "{:.2f}"),
         ):
-            if key is None:
-                r, w = s["running"], s["waiting"]
-                t.add_row(label, "-" if r is None else f"{r:.0f} / {w if w is None else int(w)}")
-                continue
-            v = s[key]
-            t.add_row(label, "-" if v is None else fmt.format(v))
+            value_row(label, key, fmt)
+        r, w = s["running"], s["waiting"]
+        t.add_row("engine running / waiting", "-" if r is None else f"{r:.0f} / {w if w is None else int(w)}")
+        value_row("KV usage", "kv_usage_frac", "{:.2f}")
         return t
 
     def _render_live(self, final: bool) -> None:

@@ -10,6 +10,7 @@ file's SHA-256 in meta.json and then removes the JSONL: the Parquet file is the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
@@ -120,7 +121,13 @@ class RunRecorder:
             "tables": None,
         }
         self._write_meta()
-        self._files: dict[str, BinaryIO] = {t: open(self.dir / f"{t}.jsonl", "ab") for t in TABLES}
+        # The tables stay open for the run's lifetime and close in close(); the stack hands them over
+        # only once all are open, so a failure opening one closes those opened before it.
+        with contextlib.ExitStack() as stack:
+            self._files: dict[str, BinaryIO] = {
+                t: stack.enter_context(open(self.dir / f"{t}.jsonl", "ab")) for t in TABLES
+            }
+            self._open_files = stack.pop_all()
         self._buf: dict[str, list[bytes]] = {t: [] for t in TABLES}
         self._pending = 0
         self._last_flush = time.monotonic()
@@ -319,8 +326,7 @@ class RunRecorder:
         if self.closed:
             return
         self.flush()
-        for f in self._files.values():
-            f.close()
+        self._open_files.close()
         self.closed = True
         tables: dict[str, Any] = {}
         for t in TABLES:
@@ -414,7 +420,8 @@ def _conform(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
 
 
 def _to_frame(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+    frame: pd.DataFrame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)  # pyarrow has no type stubs
+    return frame
 
 
 @dataclass

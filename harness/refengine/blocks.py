@@ -59,7 +59,8 @@ class PrefixHasher:
         return self._mult[:n]
 
     def keys(self, tokens: np.ndarray, nblocks: int) -> list[int]:
-        return self.key_array((tokens,), nblocks).tolist()
+        keys: list[int] = self.key_array((tokens,), nblocks).tolist()
+        return keys
 
     def key_array(self, parts: Sequence[np.ndarray], nblocks: int) -> np.ndarray:
         """The prefix keys (uint64) of the first nblocks blocks of the concatenated `parts` (a
@@ -137,7 +138,7 @@ class BlockPool:
         entry in hashing order becomes k's first entry, the valid ones after it its duplicates."""
         n = self.num_blocks
         stamp = self._stamp
-        entries = [e for e in [self._map.get(k, -1), *self._dups.pop(k, ())] if e >= 0 and stamp[e % n] == e]
+        entries: list[int] = [e for e in [self._map.get(k, -1), *self._dups.pop(k, ())] if e >= 0 and stamp[e % n] == e]
         if not entries:
             self._map.pop(k, None)
             return -1
@@ -173,7 +174,8 @@ class BlockPool:
     def lookup(self, keys: list[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached run of `keys`, at most max_blocks (no change to what is
         cached, free or referenced)."""
-        return (self.lookup_entries(keys, max_blocks) % self.num_blocks).tolist()
+        blocks: list[int] = (self.lookup_entries(keys, max_blocks) % self.num_blocks).tolist()
+        return blocks
 
     def lookup_entries(self, keys: list[int], max_blocks: int, known: np.ndarray | None = None) -> np.ndarray:
         """The hash entries of `lookup(keys, max_blocks)` (entry % num_blocks is the block).
@@ -255,7 +257,8 @@ class BlockPool:
     # -- the free queue ----------------------------------------------------------------------------
     def _live(self, lo: int, hi: int) -> np.ndarray:
         seg = self._buf[lo:hi]
-        return seg[self._pos[seg] == np.arange(lo, hi)]
+        live: np.ndarray = seg[self._pos[seg] == np.arange(lo, hi)]
+        return live
 
     def _compact(self) -> None:
         live = self._live(self._head, self._tail)
@@ -346,7 +349,8 @@ class BlockPool:
             self.free_cached -= had.size
             self.n_hashed -= had.size
         self._ref[out] = 1
-        return out.tolist()
+        blocks: list[int] = out.tolist()
+        return blocks
 
     def _allocate_few(self, n: int) -> list[int]:
         buf, pos, stamp, ref = self._buf, self._pos, self._stamp, self._ref
@@ -456,7 +460,8 @@ class BlockPool:
     @property
     def free(self) -> list[int]:
         """The free queue in order, head (next allocated) first."""
-        return self._live(self._head, self._tail).tolist()
+        queue: list[int] = self._live(self._head, self._tail).tolist()
+        return queue
 
     @property
     def ref(self) -> list[int]:

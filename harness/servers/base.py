@@ -13,6 +13,7 @@ Keep the public names stable: the driver, the runner and the emulator adapter co
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import errno
 import os
@@ -94,7 +95,7 @@ class ServerHandle:
     """A server this process started (process set) or one it was pointed at (process None)."""
 
     base_url: str
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     pid: int | None = None
     cpu_group: str | None = None  # the engine CPU quota's cgroup (harness/servers/cpuquota.py), removed at stop
@@ -231,7 +232,7 @@ def wait_healthy(
     base_url: str,
     *,
     timeout: float,
-    process: subprocess.Popen | None = None,
+    process: subprocess.Popen[bytes] | None = None,
     interval: float = 0.5,
     health_path: str = HEALTH_PATH,
 ) -> float:
@@ -364,7 +365,8 @@ class EngineAdapter(abc.ABC):
                 handle = dataclasses.replace(handle, cpu_group=self.cpu_quota[0])
                 with log_path.open("ab") as log:
                     log.write(
-                        f"\n=== agentload: engine CPU quota {got:g} CPU from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
+                        f"\n=== agentload: engine CPU quota {got:g} CPU "
+                        f"from {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode()
                     )
         except EngineStartError as exc:
             self.stop(handle, grace=5.0)
@@ -383,29 +385,21 @@ class EngineAdapter(abc.ABC):
             pgid = os.getpgid(proc.pid)
         except ProcessLookupError:
             pgid = proc.pid  # leader gone; its session id equals its pid (start_new_session)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + grace
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         # The leader may exit before its workers finish their own shutdown: give the group the
         # rest of the grace period, then SIGKILL what is left. An orphaned engine worker holding
         # the port or gigabytes of memory is the worst failure on a shared node.
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _group_alive(pgid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
         if handle.cpu_group is not None:
             remove(handle.cpu_group)  # empty now; a leftover process keeps it (and says so by failing)
 

@@ -36,16 +36,19 @@ class QuotaError(EngineError):
 def _controller_root() -> tuple[Path, int]:
     """(root of a writable cpu hierarchy, cgroup version)."""
     for root in ROOTS:
-        if (root / "cpu.cfs_quota_us").exists():
-            if os.access(root, os.W_OK):
-                return root, 1
-        if (root / "cgroup.controllers").exists() and "cpu" in (root / "cgroup.controllers").read_text().split():
-            if os.access(root, os.W_OK):
-                return root, 2
+        if (root / "cpu.cfs_quota_us").exists() and os.access(root, os.W_OK):
+            return root, 1
+        if (
+            (root / "cgroup.controllers").exists()
+            and "cpu" in (root / "cgroup.controllers").read_text().split()
+            and os.access(root, os.W_OK)
+        ):
+            return root, 2
     raise QuotaError(
         "engine_cpu_quota needs a writable cgroup cpu controller (cgroup v1 /sys/fs/cgroup/cpu or v2 "
         "/sys/fs/cgroup with 'cpu' in cgroup.controllers) and none was found: run as root, delegate a "
-        "cgroup subtree to this user, or remove engine_cpu_quota from the cell (its speed then depends on the host load)"
+        "cgroup subtree to this user, or remove engine_cpu_quota from the cell (its speed then depends on the host "
+        "load)"
     )
 
 
@@ -82,10 +85,10 @@ def apply(name: str, cores: float) -> float:
 def quota_of(group: Path) -> float:
     """The quota the cgroup enforces, in cores (what a run records)."""
     if (group / "cpu.max").exists():
-        q, p = (group / "cpu.max").read_text().split()
-        return float("inf") if q == "max" else int(q) / int(p)
-    q = int((group / "cpu.cfs_quota_us").read_text())
-    return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
+        quota, period = (group / "cpu.max").read_text().split()
+        return float("inf") if quota == "max" else int(quota) / int(period)
+    quota_us = int((group / "cpu.cfs_quota_us").read_text())
+    return float("inf") if quota_us < 0 else quota_us / int((group / "cpu.cfs_period_us").read_text())
 
 
 def remove(name: str) -> bool:

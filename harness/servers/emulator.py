@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -86,6 +86,7 @@ class EmulatorAdapter(EngineAdapter):
         self.time_scale = float(time_scale)
         self.cell_ref = cell_ref
         self._dialect: EngineAdapter = SGLangAdapter() if flavor == "sglang" else VLLMAdapter()
+        self.metric_map = self._dialect.metric_map  # the emulator exports its flavour's series
         super().__init__(
             server_cmd=server_cmd, block_size=block_size if block_size is not None else self._dialect.block_size
         )
@@ -131,10 +132,6 @@ class EmulatorAdapter(EngineAdapter):
 
     async def server_settings(self, http: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
         return await self._dialect.server_settings(http, base_url)
-
-    @property  # type: ignore[override]
-    def metric_map(self) -> Mapping[str, Any]:
-        return self._dialect.metric_map
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "flavor": self.flavor, "time_scale": self.time_scale}

@@ -94,13 +94,23 @@ def expected_values(cell: CellConfig, model: str) -> dict[str, Any]:
             "enable_per_request_metrics": True, "attention_backend": cell.attention_backend,
         }  # fmt: skip
     return {
-        "model_path": model, "revision": revision, "served_model_name": cell.model,
-        "max_total_tokens": cell.kv_pool_tokens, "context_length": cell.context_length, "page_size": cell.page_size,
-        "schedule_policy": cell.schedule_policy, "chunked_prefill_size": cell.chunked_prefill,
-        "max_running_requests": cell.max_running, "disable_radix_cache": not cell.prefix_cache,
-        "radix_eviction_policy": "lru", "enable_cache_report": True, "enable_metrics": True,
-        "attention_backend": cell.attention_backend, "device": cell.device, "mem_fraction_static": cell.mem_fraction_static,
-    }  # fmt: skip
+        "model_path": model,
+        "revision": revision,
+        "served_model_name": cell.model,
+        "max_total_tokens": cell.kv_pool_tokens,
+        "context_length": cell.context_length,
+        "page_size": cell.page_size,
+        "schedule_policy": cell.schedule_policy,
+        "chunked_prefill_size": cell.chunked_prefill,
+        "max_running_requests": cell.max_running,
+        "disable_radix_cache": not cell.prefix_cache,
+        "radix_eviction_policy": "lru",
+        "enable_cache_report": True,
+        "enable_metrics": True,
+        "attention_backend": cell.attention_backend,
+        "device": cell.device,
+        "mem_fraction_static": cell.mem_fraction_static,
+    }
 
 
 def build_case(cell_path: Path | str, *, extra_args: Sequence[str] = (), key: str | None = None,
@@ -171,8 +181,14 @@ def run_driver(engine: str, request: dict[str, Any], python: str | None = None) 
     """One driver process in the engine's venv: the request in, the reply out."""
     py = engine_python(engine, python)
     try:
-        proc = subprocess.run([py, str(DRIVERS / DRIVER_FILES[engine])], input=json.dumps(request), capture_output=True, text=True,
-                              timeout=DRIVER_TIMEOUT_S, cwd=DRIVERS)  # fmt: skip
+        proc = subprocess.run(
+            [py, str(DRIVERS / DRIVER_FILES[engine])],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=DRIVER_TIMEOUT_S,
+            cwd=DRIVERS,
+        )
     except subprocess.TimeoutExpired:
         raise LaunchCheckError(f"the {engine} launch driver did not answer within {DRIVER_TIMEOUT_S:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -182,8 +198,11 @@ def run_driver(engine: str, request: dict[str, Any], python: str | None = None) 
         reply = None
     if not isinstance(reply, dict) or "error" in reply:
         why = reply.get("error") if isinstance(reply, dict) else f"exit {proc.returncode}, no reply"
-        raise LaunchCheckError(f"the {engine} launch driver failed: {why}\n{(reply or {}).get('trace', '') if isinstance(reply, dict) else ''}"
-                               f"{proc.stderr[-3000:]}")  # fmt: skip
+        raise LaunchCheckError(
+            f"the {engine} launch driver failed: "
+            f"{why}\n{(reply or {}).get('trace', '') if isinstance(reply, dict) else ''}"
+            f"{proc.stderr[-3000:]}"
+        )
     return reply
 
 
@@ -192,16 +211,29 @@ def check_engine(engine: str, cases: Sequence[LaunchCase], *, python: str | None
     rules = get_adapter(engine).metric_map
     series = sorted({n for names in names_read(rules).values() for n in names})
     env = sorted({k for c in cases for k in c.env if k.startswith(ENV_PREFIX[engine])})
-    request = {"launches": [{"key": c.key, "argv": list(c.argv), "fields": list(c.expected)} for c in cases], "series": series,
-               "labels": list(VLLM_CACHE_INFO_LABELS) if engine == "vllm" else [], "env": env}  # fmt: skip
+    request = {
+        "launches": [{"key": c.key, "argv": list(c.argv), "fields": list(c.expected)} for c in cases],
+        "series": series,
+        "labels": list(VLLM_CACHE_INFO_LABELS) if engine == "vllm" else [],
+        "env": env,
+    }
     reply = run_driver(engine, request, python)
     rep = LaunchReport(engine, str(reply.get("version")), series=reply["series"], env=reply["env"])
     by_key = {c.key: c for c in cases}
     for res in reply["launches"]:
         case = by_key[res["key"]]
         bad = [] if not res["ok"] else mismatches(case.expected, res["values"])
-        rep.cases.append({"key": case.key, "cell": case.cell, "argv": list(case.argv), "ok": res["ok"] and not bad, "error": res["error"],
-                          "mismatches": bad, "values": res["values"]})  # fmt: skip
+        rep.cases.append(
+            {
+                "key": case.key,
+                "cell": case.cell,
+                "argv": list(case.argv),
+                "ok": res["ok"] and not bad,
+                "error": res["error"],
+                "mismatches": bad,
+                "values": res["values"],
+            }
+        )
         if not res["ok"]:
             rep.problems.append(f"{case.key}: refused by {engine}'s parser: {res['error']}")
         rep.problems += [f"{case.key}: {m}" for m in bad]

@@ -61,7 +61,10 @@ class CanaryResult:
     def reason(self) -> str:
         if self.error:
             return self.error
-        return f"cached {self.before} before the flush (need >= {self.min_before}), {self.after} after (need <= {self.max_after})"
+        return (
+            f"cached {self.before} before the flush (need >= {self.min_before}), "
+            f"{self.after} after (need <= {self.max_after})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed, "reason": self.reason}

@@ -87,15 +87,28 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
             f"{last.token_rate:.0f} tokens/s at {last.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%})",
         )
     if last.token_rate < T and last.quota >= hi * (1 - 1e-9):
-        return Decision("refused", None, f"host too slow: the probe read {last.token_rate:.0f} uncached tokens/s at the largest allowed quota "
-                                         f"{hi:g} CPU, below the cell's {T:.0f} - {pin.tolerance:.0%}")  # fmt: skip
+        return Decision(
+            "refused",
+            None,
+            f"host too slow: the probe read {last.token_rate:.0f} uncached tokens/s at the largest allowed quota "
+            f"{hi:g} CPU, below the cell's {T:.0f} - {pin.tolerance:.0%}",
+        )
     if last.token_rate > T and last.quota <= lo * (1 + 1e-9):
-        return Decision("refused", None, f"host too fast: the probe read {last.token_rate:.0f} uncached tokens/s at the smallest allowed "
-                                         f"quota {lo:g} CPU, above the cell's {T:.0f} + {pin.tolerance:.0%}")  # fmt: skip
+        return Decision(
+            "refused",
+            None,
+            f"host too fast: the probe read {last.token_rate:.0f} uncached tokens/s at the smallest allowed "
+            f"quota {lo:g} CPU, above the cell's {T:.0f} + {pin.tolerance:.0%}",
+        )
     if len(steps) >= pin.max_steps:
         best = min(steps, key=lambda s: abs(math.log(s.token_rate / T)) if s.token_rate > 0 else math.inf)
-        return Decision("refused", None, f"speed not settled in {pin.max_steps} probes: closest {best.token_rate:.0f} tokens/s at "
-                                         f"{best.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%}); rates {[round(s.token_rate) for s in steps]}")  # fmt: skip
+        return Decision(
+            "refused",
+            None,
+            f"speed not settled in {pin.max_steps} probes: closest {best.token_rate:.0f} tokens/s at "
+            f"{best.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%}); rates "
+            f"{[round(s.token_rate) for s in steps]}",
+        )
     # Move along rate ~ quota^alpha through the last probe, alpha from the last two probes (a secant in
     # log-log; 1 = proportional until there are two). Only the last two: on a shared host the speed a
     # quota gives drifts with the others' load, and an older probe no longer says what the quota gives.
@@ -139,6 +152,7 @@ def search_quota(measure: Callable[[float], Step | float], pin: SpeedPin, start:
         d = next_quota(steps, pin, start)
         if d.action != "measure":
             break
+        assert d.quota is not None  # next_quota gives every "measure" its quota
         got = measure(float(d.quota))
         steps.append(got if isinstance(got, Step) else Step(float(d.quota), float(got)))
     last = steps[-1]
@@ -196,6 +210,7 @@ async def pin_speed(adapter: EngineAdapter, base_url: str, cell_pin: SpeedPin, s
             d = next_quota(steps, cell_pin, start)
             if d.action != "measure":
                 break
+            assert d.quota is not None  # next_quota gives every "measure" its quota
             q = set_quota(float(d.quota))
             steps.append(await probe_once(adapter, http, base_url, model_name, cell_pin, len(steps), q))
         if d.action == "pinned":
@@ -204,8 +219,17 @@ async def pin_speed(adapter: EngineAdapter, base_url: str, cell_pin: SpeedPin, s
         flushed = True
     ok = d.action == "pinned"
     last = steps[-1]
-    res = PinResult(ok, last.quota if ok else None, last.token_rate if ok else None, cell_pin.token_rate, cell_pin.tolerance, steps, d.reason,
-                    round(time.monotonic() - t0, 3), flushed)  # fmt: skip
+    res = PinResult(
+        ok,
+        last.quota if ok else None,
+        last.token_rate if ok else None,
+        cell_pin.token_rate,
+        cell_pin.tolerance,
+        steps,
+        d.reason,
+        round(time.monotonic() - t0, 3),
+        flushed,
+    )
     if not ok:
         raise SpeedPinError(f"engine speed pin refused: {d.reason}", res.to_json())
     return res
@@ -216,8 +240,15 @@ def pin_blocking(adapter: EngineAdapter, base_url: str, pin: SpeedPin, start: fl
     return asyncio.run(pin_speed(adapter, base_url, pin, start, model_name, set_quota))
 
 
-async def measure_at(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_name: str, quotas: Sequence[float], repeats: int,
-                     set_quota: Callable[[float], float]) -> list[Step]:  # fmt: skip
+async def measure_at(
+    adapter: EngineAdapter,
+    base_url: str,
+    pin: SpeedPin,
+    model_name: str,
+    quotas: Sequence[float],
+    repeats: int,
+    set_quota: Callable[[float], float],
+) -> list[Step]:
     """The probe's rate at each quota, `repeats` times (what a cell's token_rate is measured with)."""
     import aiohttp
 
@@ -241,8 +272,15 @@ async def measure_at(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model
     return out
 
 
-def measure_blocking(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_name: str, quotas: Sequence[float], repeats: int,
-                     set_quota: Callable[[float], float]) -> list[Step]:  # fmt: skip
+def measure_blocking(
+    adapter: EngineAdapter,
+    base_url: str,
+    pin: SpeedPin,
+    model_name: str,
+    quotas: Sequence[float],
+    repeats: int,
+    set_quota: Callable[[float], float],
+) -> list[Step]:
     return asyncio.run(measure_at(adapter, base_url, pin, model_name, quotas, repeats, set_quota))
 
 

@@ -14,6 +14,7 @@ errors. What it measures is written up in docs/sglang-cpu.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -349,7 +350,7 @@ def run(
 
         def busy(result: dict[str, Any], n_out: int) -> None:
             t0 = time.monotonic()
-            s, r, _ = p.completion(p.ids(1000), n_out, timeout=900)
+            s, _r, _ = p.completion(p.ids(1000), n_out, timeout=900)
             result["status"], result["seconds"], result["done_at"] = (
                 s,
                 round(time.monotonic() - t0, 2),
@@ -386,14 +387,10 @@ def run(
         return facts
     finally:
         t0 = time.monotonic()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
         while time.monotonic() - t0 < 20:
             try:
                 os.killpg(proc.pid, 0)
@@ -401,10 +398,8 @@ def run(
                 break
             time.sleep(0.1)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             facts["stop_sigkill"] = True
         facts["stop_seconds"] = round(time.monotonic() - t0, 1)
         log.close()

@@ -128,7 +128,7 @@ def _run_streaming(args: list[str], env: dict[str, str], echo: Echo | None, time
         proc.kill()
         proc.wait()
         reader.join(timeout=5)
-        raise ClusterError(f"cluster.sh {' '.join(args)} ran past {timeout_s:.0f} s", output="\n".join(lines))
+        raise ClusterError(f"cluster.sh {' '.join(args)} ran past {timeout_s:.0f} s", output="\n".join(lines)) from None
     reader.join(timeout=5)
     return rc, "\n".join(lines)
 
