@@ -140,7 +140,7 @@ def _cmd(args: Any) -> int:
         print(_fmt_e0a(bundle.e0a))
         print()
         print(_fmt_e0b(bundle.e0b))
-        for stage, (path, sha) in bundle.files.items():
+        for _stage, (path, sha) in bundle.files.items():
             print(f"wrote {path}  sha256 {sha}", file=sys.stderr)
         if mapper is not None:
             print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)

@@ -41,7 +41,7 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
     lines = [title]
     p = fe.protocol
     if p is None:
-        return lines + [f"  no valid protocol: {'; '.join(fe.reasons)}"]
+        return [*lines, f"  no valid protocol: {'; '.join(fe.reasons)}"]
     lines.append(f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, {p.burst.time + p.burst.width:g}) s, "
                  f"judged over [{p.window.start:g}, {p.window.end:g}) s (min_window {fe.rule['params'].get('min_window', p.min_window):g} s), "
                  f"backlog bins {p.backlog_bin:g} s, RECOVERED over the last {p.recovered_span:g} s")  # fmt: skip
@@ -88,7 +88,7 @@ def format_search(res: SearchResult, ctx: Context, overhead_s: float) -> list[st
     if res.proposal is res.baseline:
         return lines
     if not res.searched:
-        return lines + ["search: not run (--no-search)"]
+        return [*lines, "search: not run (--no-search)"]
     lines.append(f"search: {res.candidates} candidate designs, {res.pruned} unreachable by the formulas, {len(res.evaluated)} simulated "
                  f"in order of engine-hours ({res.sim_runs} simulated runs in all)")  # fmt: skip
     if res.proposal is None:

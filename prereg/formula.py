@@ -15,6 +15,7 @@ as it did for the paper's H200 300k cell. Every reading the paper leaves open is
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -232,7 +233,7 @@ def rising_fixed_point(curve: Sequence[tuple[int, float]], lam: float) -> float 
     mu_star = max(b for _, b in pts)
     if lam >= mu_star or lam <= 0:
         return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if y0 <= lam <= y1 and y1 > y0:
             return x0 + (lam - y0) * (x1 - x0) / (y1 - y0)
         if y1 == mu_star:

@@ -147,7 +147,7 @@ def freeze(
             raise FreezeError(f"{p}: no such file to freeze")
     repo = Repo.containing(paths[0])
     rels = [repo.relpath(p) for p in paths]
-    for p, r in zip(paths, rels):
+    for p in paths:
         if Repo.containing(p).path.resolve() != repo.path.resolve():
             raise FreezeError(f"{p}: not in the same repository as {paths[0]}")
     metas = {r: _prediction_meta(p.read_bytes(), str(p)) for p, r in zip(paths, rels)}

@@ -89,7 +89,7 @@ def flip_margin(state_at: Callable[[float], str], *, base: str | None = None, ma
     out: dict[str, float | None] = {"faster": None, "slower": None}
     for d in directions:
         sign = 1.0 if d == "faster" else -1.0
-        m, n = _bisect(lambda x: state_at(1.0 + sign * x) != s0, max_change, tol)
+        m, n = _bisect(lambda x, sign=sign: state_at(1.0 + sign * x) != s0, max_change, tol)
         out[d] = m
         evals += n
     return FlipMargin(s0, out["faster"], out["slower"], max_change, evals)

@@ -84,7 +84,7 @@ def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float) -> d
         else:
             kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
             if kind == "slope":
-                edges = a + backlog_bin * np.arange(int(math.floor((b - a) / backlog_bin + 1e-9)) + 1)
+                edges = a + backlog_bin * np.arange(math.floor((b - a) / backlog_bin + 1e-9) + 1)
                 out[name] = ls_slope(0.5 * (edges[:-1] + edges[1:]), interval_bin_means(sys_s, sys_e, edges))
             elif kind == "completions":
                 out[name] = float(np.sum(done & (end >= a) & (end < b))) / (b - a)

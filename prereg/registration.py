@@ -248,7 +248,7 @@ class Registration(_Strict):
             problems.append(f"parent: only an EXPLORATORY registration has a parent; status is {self.status}")
         if self.status == "INCOMPLETE" and not self.status_reasons:
             problems.append("status_reasons: an INCOMPLETE registration must say why (expected at least one reason)")
-        if len(set(a.lower() for a in self.arms)) != len(self.arms):
+        if len({a.lower() for a in self.arms}) != len(self.arms):
             problems.append(f"arms: expected distinct arm names, got {self.arms}")
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(f"seeds: expected distinct seeds, got {self.seeds}")

@@ -183,7 +183,7 @@ def _expand(paths: Sequence[str | Path]) -> list[Path]:
 def _code_moved(repo: Any, reg_commit: str) -> list[str]:
     """Code paths that differ between the registration's commit and the checkout (committed or not)."""
     head = repo.head()
-    changed = set(p for p in repo.changed_paths(reg_commit, head) if is_code_path(p)) if head != reg_commit else set()
+    changed = {p for p in repo.changed_paths(reg_commit, head) if is_code_path(p)} if head != reg_commit else set()
     # `git diff --name-only HEAD`: staged and unstaged changes, one path a line (porcelain status
     # lines lose their leading column when the output is stripped)
     dirty = repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS])

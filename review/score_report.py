@@ -218,7 +218,7 @@ def summary_lines(rep: ScoreReport) -> list[str]:
             out.append(f"  {f.path}: erratum {e['commit'][:12]} at {e['committed_at']}")
     for p in rep.problems:
         out.append(f"  PROBLEM: {p}")
-    for path, sc in rep.scores:
+    for _path, sc in rep.scores:
         out.append(f"  {sc.name}: {len(sc.hits)} hits, {len(sc.misses)} misses")
         for layer, d in sc.summary.items():
             br = ", ".join(f"Brier({k}) {v:.3f}" for k, v in d["brier"].items())

@@ -165,7 +165,7 @@ def per_run_table(
         for r in verdict["runs"]
         if r["status"] != "complete" or r.get("reason")
     ]
-    return [*table(head, rows), *([""] + notes if notes else [])]
+    return [*table(head, rows), *(["", *notes] if notes else [])]
 
 
 def bin_mid(t: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             c = cols[a.run.seed % 3] if is_b else "0.6"
             top.step(s["completions_t"] + width / 2, s["completions"], where="mid", color=c, lw=1.0 if is_b else 0.7)
             # means of sessions in the system over the same bins
-            k = max(1, int(round(width / np.diff(s["backlog_t"][:2]).sum()))) if len(s["backlog_t"]) > 1 else 1
+            k = max(1, round(width / np.diff(s["backlog_t"][:2]).sum())) if len(s["backlog_t"]) > 1 else 1
             n = len(s["in_system"]) // k * k
             bot.plot(
                 s["backlog_t"][:n].reshape(-1, k).mean(axis=1),
@@ -112,7 +112,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
                 t = np.asarray(tr["t"])
                 bot.plot(t, np.asarray(tr["backlog"]), color=c, ls="--", lw=0.9)
                 w = width / max(1e-9, float(t[1] - t[0])) if len(t) > 1 else 1
-                kk = max(1, int(round(w)))
+                kk = max(1, round(w))
                 m = len(t) // kk * kk
                 top.step(
                     t[:m].reshape(-1, kk).mean(axis=1),

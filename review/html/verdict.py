@@ -176,7 +176,7 @@ def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
     seeds = [str(s) for s in verdict.get("seeds") or sorted(rv.get("seeds") or {})]
     arms = list(verdict.get("arms") or [])
     runs = {(str(r["arm"]).upper(), str(r["seed"])): r for r in verdict.get("runs") or [] if r.get("rate") == rate}
-    good = set(str(s) for s in rv.get("good_seeds") or [])
+    good = {str(s) for s in rv.get("good_seeds") or []}
     head = "".join(f"<th>seed {esc(s)}{' ✓' if s in good else ''}</th>" for s in seeds)
     rows = []
     for arm in arms:
