@@ -258,7 +258,8 @@ def _check_e0b(e: E0b, src: str) -> None:
     for i in range(1, len(e.grid)):
         if e.grid[i] <= e.grid[i - 1]:
             raise InputError(
-                f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of multiples"
+                f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of "
+                "multiples"
             )
     for i, g in enumerate(e.grid):
         if not (g > 0):
@@ -274,7 +275,8 @@ def _check_e0b(e: E0b, src: str) -> None:
         key = (p.multiple, p.seed)
         if key in seen:
             raise InputError(
-                f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; expected one run per multiple and seed"
+                f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; "
+                "expected one run per multiple and seed"
             )
         seen[key] = i
         # the flag must agree with whatever the source printed (a source may print one number only)

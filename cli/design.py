@@ -43,9 +43,10 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
     if p is None:
         return [*lines, f"  no valid protocol: {'; '.join(fe.reasons)}"]
     lines.append(
-        f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, {p.burst.time + p.burst.width:g}) s, "
-        f"judged over [{p.window.start:g}, {p.window.end:g}) s (min_window {fe.rule['params'].get('min_window', p.min_window):g} s), "
-        f"backlog bins {p.backlog_bin:g} s, RECOVERED over the last {p.recovered_span:g} s"
+        f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, "
+        f"{p.burst.time + p.burst.width:g}) s, judged over [{p.window.start:g}, {p.window.end:g}) s (min_window "
+        f"{fe.rule['params'].get('min_window', p.min_window):g} s), backlog bins {p.backlog_bin:g} s, RECOVERED over "
+        f"the last {p.recovered_span:g} s"
     )
     lines.append(
         f"  cap {fe.cap} (the cap rule at {fe.design.cap_fraction:g} mu*, mu(cap) = {fe.mu_cap:.4g} sessions/s), rates "
@@ -81,8 +82,8 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
     for r in fe.reasons:
         lines.append(("  UNDECIDABLE: " if "can only FAIL" in r else "  formula: ") + r)
     lines.append(
-        f"  full test {fe.runs} runs x ({fe.run_s:g} + {overhead_s:g}) s = {fe.engine_hours(overhead_s):.2f} engine-hours; "
-        f"CI version (BURST + NOBURST of one seed) {fe.ci_seconds(overhead_s) / 60:.1f} min"
+        f"  full test {fe.runs} runs x ({fe.run_s:g} + {overhead_s:g}) s = {fe.engine_hours(overhead_s):.2f} "
+        f"engine-hours; CI version (BURST + NOBURST of one seed) {fe.ci_seconds(overhead_s) / 60:.1f} min"
     )
     lines.append(
         "  DECISIVE: every arm's registered outcome is reachable" if ev.decisive else f"  not decisive: {ev.why_not()}"
@@ -97,13 +98,13 @@ def format_search(res: SearchResult, ctx: Context, overhead_s: float) -> list[st
     if not res.searched:
         return [*lines, "search: not run (--no-search)"]
     lines.append(
-        f"search: {res.candidates} candidate designs, {res.pruned} unreachable by the formulas, {len(res.evaluated)} simulated "
-        f"in order of engine-hours ({res.sim_runs} simulated runs in all)"
+        f"search: {res.candidates} candidate designs, {res.pruned} unreachable by the formulas, {len(res.evaluated)} "
+        f"simulated in order of engine-hours ({res.sim_runs} simulated runs in all)"
     )
     if res.proposal is None:
         lines.append(
-            "  no decisive design found in the grid searched: widen it (--post-factors, --burst-factors, --time-factors) or "
-            "raise --max-candidates; or change the cell (a smaller pool, a faster pinned speed)"
+            "  no decisive design found in the grid searched: widen it (--post-factors, --burst-factors, "
+            "--time-factors) or raise --max-candidates; or change the cell (a smaller pool, a faster pinned speed)"
         )
         return lines
     lines += format_evaluation(res.proposal, ctx, overhead_s, f"proposal: {res.proposal.formula.design.label()}")
@@ -123,17 +124,18 @@ def _cmd_design(args: argparse.Namespace) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if set(seeds) & set(ctx.seeds):
         raise SystemExit(
-            f"prereg design: fresh seeds {seeds} overlap the template's seeds {ctx.seeds}; choose --first-seed outside them"
+            f"prereg design: fresh seeds {seeds} overlap the template's seeds {ctx.seeds}; choose --first-seed outside "
+            "them"
         )
     need = args.need if args.need is not None else max(1, args.seeds - 1)
     print(
-        f"design of {ctx.template.name}: the simulator with cost {args.cost}; an arm's outcome is reachable where its registered state "
-        f"holds in {need} of {args.seeds} fresh seeds ({seeds[0]}-{seeds[-1]}) at the fitted speed"
+        f"design of {ctx.template.name}: the simulator with cost {args.cost}; an arm's outcome is reachable where its "
+        f"registered state holds in {need} of {args.seeds} fresh seeds ({seeds[0]}-{seeds[-1]}) at the fitted speed"
         + (f" and at x{1 - args.margin:g} and x{1 + args.margin:g}" if args.margin > 0 else "")
     )
     print(
-        f"references (E0a): lambda_ref {ctx.lambda_ref:.4g} sessions/s, all-miss {ctx.all_miss:.0f} uncached tokens/s; simulated runs are judged "
-        "with them by the registered rule"
+        f"references (E0a): lambda_ref {ctx.lambda_ref:.4g} sessions/s, all-miss {ctx.all_miss:.0f} uncached tokens/s; "
+        "simulated runs are judged with them by the registered rule"
     )
     t0 = time.monotonic()
     res = search(
@@ -155,7 +157,8 @@ def _cmd_design(args: argparse.Namespace) -> int:
     print("\n".join(format_search(res, ctx, args.overhead)))
     if mg:
         print(
-            "flip margins of the proposal (smallest relative change of the cost's speed that flips a fresh seed's state, by bisection):"
+            "flip margins of the proposal (smallest relative change of the cost's speed that flips a fresh seed's "
+            "state, by bisection):"
         )
         for m in mg:
             per = ", ".join(

@@ -80,8 +80,8 @@ def trapped_unreachable(
         low = [m for m in multiples if m * lambda_ref <= lambda_miss]
         if low:
             out.append(
-                f"{arm.upper()} cannot be {TRAPPED} at {', '.join(f'{m:g}' for m in low)} x lambda_ref: the rule needs lam > lam_miss "
-                f"({lambda_miss:.4g} sessions/s), so the rule can only FAIL there"
+                f"{arm.upper()} cannot be {TRAPPED} at {', '.join(f'{m:g}' for m in low)} x lambda_ref: the rule needs "
+                f"lam > lam_miss ({lambda_miss:.4g} sessions/s), so the rule can only FAIL there"
             )
     return out
 
@@ -103,7 +103,8 @@ def undecidable_reasons(reg: Registration) -> list[str]:
     design = reg.fill.get("design")
     if isinstance(design, dict) and not design.get("decisive") and not out:
         out.append(
-            f"not decisive by design: the bound design record {design.get('path')} finds {design.get('why_not') or 'an arm undecided'}"
+            f"not decisive by design: the bound design record {design.get('path')} finds "
+            f"{design.get('why_not') or 'an arm undecided'}"
         )
     return out
 
@@ -129,14 +130,14 @@ def decisive_hints(reg: Registration) -> list[str]:
         gap = mu_c - lam
         if gap <= 0:
             out.append(
-                f"at {float(d['rate']):g} x lambda_ref mu(cap {reg.cap}) = {mu_c:.4g} <= lambda = {lam:.4g} sessions/s: no burst drains; "
-                "a larger cap or a lower rate is needed"
+                f"at {float(d['rate']):g} x lambda_ref mu(cap {reg.cap}) = {mu_c:.4g} <= lambda = {lam:.4g} "
+                "sessions/s: no burst drains; a larger cap or a lower rate is needed"
             )
             continue
         b_max = math.floor(gap * budget)
         need = p.burst.size / gap / frac + p.burst.time + span
         out.append(
-            f"at {float(d['rate']):g} x lambda_ref the drain fits with a burst of at most {b_max} sessions (cap {reg.cap}, "
-            f"{p.duration:g} s runs), or with runs of at least {need:,.0f} s for the burst of {p.burst.size}"
+            f"at {float(d['rate']):g} x lambda_ref the drain fits with a burst of at most {b_max} sessions (cap "
+            f"{reg.cap}, {p.duration:g} s runs), or with runs of at least {need:,.0f} s for the burst of {p.burst.size}"
         )
     return out

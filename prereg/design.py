@@ -85,7 +85,10 @@ class Design:
 
     def label(self) -> str:
         fr = "/".join(f"{a}/{b}" for a, b in self.fractions)
-        return f"t x{self.time_factor:g} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} cap@{self.cap_fraction:g} at {fr}"
+        return (
+            f"t x{self.time_factor:g} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} "
+            f"cap@{self.cap_fraction:g} at {fr}"
+        )
 
 
 @dataclass
@@ -103,7 +106,8 @@ class Context:
     arms: dict[str, ArmConfig]  # name in the template -> config
     lambda_ref: float
     lambda_miss: float
-    all_miss: float  # the registered (E0a) all-miss token rate: simulated runs are judged with it, as a frozen prediction's are
+    # the registered (E0a) all-miss token rate: simulated runs are judged with it, as a frozen prediction's are
+    all_miss: float
     curve: list[tuple[int, float]]
     window: F.Window
     seeds: list[int]
@@ -133,7 +137,8 @@ def load_context(inputs_dir: str | Path, template_path: str | Path, cost_file: s
     cell = load_config(config_ref(tmpl.cell or "", "cells"), CellConfig, base)
     if inputs.stage_c.cell != cell.name:
         raise RegistrationError(
-            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}"
+            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell "
+            f"{cell.name!r}"
         )
     cpath = Path(cost_file)
     cost = load_cost_file(cpath)
@@ -428,7 +433,10 @@ def sim_eval(
                     c.states.append(st)
                     c.stats.append(stats)
             if c.good < need and not out.reason:
-                out.reason = f"{arm.upper()} at {rate:g} x lambda_ref, speed x{f:g}: {'/'.join(want)} in {c.good} of {c.done} fresh seeds ({', '.join(c.states)}); needs {need} of {len(seeds)}"
+                out.reason = (
+                    f"{arm.upper()} at {rate:g} x lambda_ref, speed x{f:g}: {'/'.join(want)} in {c.good} of "
+                    f"{c.done} fresh seeds ({', '.join(c.states)}); needs {need} of {len(seeds)}"
+                )
             if out.reason and early_exit:
                 return out
             if not early_exit and f == 1.0 and c.good < need:
@@ -548,7 +556,8 @@ def search(
             runs += ev.sim.runs if ev.sim else 0
             evaluated.append(ev)
             say(
-                f"  {fe.engine_hours(overhead_s):6.2f} engine-h  {fe.design.label():60}  {'DECISIVE' if ev.decisive else ev.why_not()}"
+                f"  {fe.engine_hours(overhead_s):6.2f} engine-h  {fe.design.label():60}  "
+                f"{'DECISIVE' if ev.decisive else ev.why_not()}"
             )
             if ev.decisive:
                 proposal = ev

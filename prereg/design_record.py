@@ -155,8 +155,8 @@ def bound_design(
     got = (data.get("template") or {}).get("sha256")
     if got != want:
         raise RegistrationError(
-            f"{p}: template.sha256: got {got}; expected {want}, the SHA-256 of {template_path}: the design was made for "
-            "another template; run `agentload prereg design` again"
+            f"{p}: template.sha256: got {got}; expected {want}, the SHA-256 of {template_path}: the design was made "
+            "for another template; run `agentload prereg design` again"
         )
     have = {i.get("role"): i.get("sha256") for i in data.get("inputs") or []}
     for stage, (_, sha) in files.items():

@@ -165,7 +165,8 @@ def place_rates(
         out.append(PlacedRate((num, den), raw, m, inside))
         if not inside:
             reasons.append(
-                f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, {_s(band[1])})"
+                f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, "
+                f"{_s(band[1])})"
             )
     if band[0] >= band[1]:
         reasons.insert(0, f"the band ({_s(band[0])}, {_s(band[1])}) is empty")

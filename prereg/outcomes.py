@@ -164,7 +164,8 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
         bound = ((meta.get("registration") or {}) if isinstance(meta.get("registration"), dict) else {}).get("sha256")
         if reg_sha and bound != reg_sha:
             out.notes.append(
-                f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' {reg_sha[:12]}; not scored"
+                f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' "
+                f"{reg_sha[:12]}; not scored"
             )
             continue
         sr = run_quantities(d, spec, series=False).run

@@ -307,7 +307,8 @@ def _judge_in_worktree(
         vpath = out / "verdict.json"
         if proc.returncode not in (0, 1) or not vpath.is_file():
             raise RegisteredAnalysisError(
-                f"the analysis code of commit {commit[:12]} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+                f"the analysis code of commit {commit[:12]} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}"
             )
         verdict = json.loads(vpath.read_text())
         verdict["_judge"] = {
@@ -380,7 +381,8 @@ def registered_analysis(
         )
     if abs(reg.references.lambda_miss - reg.references.lambda_ref) > 1e-12 * reg.references.lambda_ref:
         raise RegisteredAnalysisError(
-            f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = lambda_ref"
+            f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = "
+            "lambda_ref"
         )
     repo = None
     reg_commit = None
@@ -502,8 +504,9 @@ def registered_markdown(result: dict[str, Any]) -> str:
         "",
         f"- registration `{reg['path']}`, SHA-256 `{reg['sha256']}`, commit `{reg['commit'] or 'not committed'}`",
         f"- judged by commit `{j['commit']}` ({j['mode']}): {j['reason']}",
-        f"- decisive: {'yes' if r['decisive'] else 'no'}; rule `{r['rule']}`; references λ_ref = {r['references']['lambda_ref']}, "
-        f"all-miss = {r['references']['all_miss_token_rate']} tokens/s (from the registration; no overrides)",
+        f"- decisive: {'yes' if r['decisive'] else 'no'}; rule `{r['rule']}`; references λ_ref = "
+        f"{r['references']['lambda_ref']}, all-miss = {r['references']['all_miss_token_rate']} tokens/s (from the "
+        "registration; no overrides)",
         f"- runs counted: {len(r['runs_counted'])}; left out: {len(r['runs_excluded'])}",
     ]
     if r.get("predictions"):
@@ -539,7 +542,8 @@ def cmd(args: Any) -> int:
     ]
     if given:
         raise RegisteredAnalysisError(
-            f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references and test are the registered ones)"
+            f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references "
+            "and test are the registered ones)"
         )
     res = registered_analysis(args.registration, args.runs, args.out, predictions=getattr(args, "predictions", None))
     print(registered_markdown(res))

@@ -194,7 +194,8 @@ def predictions_status(td: TestDir) -> PredictionsStatus:
     note = (
         ""
         if frozen
-        else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's prereg/freezes/)"
+        else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's "
+        "prereg/freezes/)"
     )
     return PredictionsStatus(frozen, freezes, scored, note)
 

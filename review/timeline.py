@@ -263,7 +263,8 @@ def registration_label(facts: RegistrationFacts, counted: Sequence[RunTimes]) ->
     if facts.ref is not None and facts.committed_sha256 is not None and facts.committed_sha256 != facts.ref.sha256:
         return (
             EXPL,
-            f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound {facts.ref.sha256[:12]}",
+            f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound "
+            f"{facts.ref.sha256[:12]}",
         )
     submits = [t.submit for t in counted if t.submit is not None]
     first = min(submits) if submits else None
@@ -324,7 +325,8 @@ def blindness(confirmed_at: datetime | None, runs: Sequence[RunTimes], declared:
     if st is not None and confirmed_at < st:
         return Blindness(
             BLIND_START,
-            f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start {iso(st)}",
+            f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start "
+            f"{iso(st)}",
             None,
             s,
             st,

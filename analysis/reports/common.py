@@ -125,12 +125,13 @@ def header(verdict: Mapping[str, Any], title: str) -> list[str]:
         f"### {verdict.get('test') or title}: {verdict['verdict']}",
         "",
         f"Rule `{verdict['rule']}` (version {verdict.get('rule_version')}, {spec.get('description', '').strip()}). "
-        f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} tokens/s; "
-        f"seeds {', '.join(str(s) for s in verdict['seeds'])}.",
+        f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} "
+        f"tokens/s; seeds {', '.join(str(s) for s in verdict['seeds'])}.",
     ]
     if pred:
         out.append(
-            f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen {pred.get('frozen_at')})."
+            f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen "
+            f"{pred.get('frozen_at')})."
         )
     out.append("")
     return out

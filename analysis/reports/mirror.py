@@ -33,7 +33,8 @@ def markdown(verdict: Mapping[str, Any]) -> str:
                     f"{num(q(r, 'c_blackout'))} ({num(q(r, 'pred.c_blackout'))})",
                     f"{num(q(r, 'wave.time'), '{:.0f}')} ({num(q(r, 'pred.wave'), '{:.0f}')})",
                     f"{num(q(r, 'c_late'))} ({num(q(r, 'pred.c_late'))})",
-                    f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / {num(q(r, 'pred.qs_slope'), '{:.4f}')})",
+                    f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / "
+                    f"{num(q(r, 'pred.qs_slope'), '{:.4f}')})",
                     "".join(("✓" if q(r, m) else "✗") for m in ("m1", "m2", "m3", "m4")),
                     r["labels"].get("mirror", "-") if r else "MISSING",
                     num(q(r, "w5")),

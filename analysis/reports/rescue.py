@@ -65,8 +65,8 @@ def markdown(verdict: Mapping[str, Any]) -> str:
     lines = [
         *header(verdict, "rescue"),
         "After = over [t_rel + 300, 8700) s. Outstanding: requests in flight plus sessions held at the gate or paused. "
-        "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up hit over "
-        "[t_on, 8700) is below 0.2 and it is not RECOVERED.",
+        "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up "
+        "hit over [t_on, 8700) is below 0.2 and it is not RECOVERED.",
         "",
         *table(head, rows),
         "",

@@ -69,7 +69,8 @@ def _fluid_value(
     if metric == "plan_arrival_rate":
         return _arrivals(plan, float(a), float(b))
     raise RuleError(
-        f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, plan_arrival_rate)"
+        f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, "
+        "plan_arrival_rate)"
     )
 
 
@@ -165,7 +166,10 @@ def freeze_predictions(
         "format": FORMAT,
         "format_version": 1,
         "name": f"{bundle.test.name}-{spec['name']}",
-        "model": "model F: plan-driven FIFO fluid on each run's exact plan, every turn missing; asymptotics at the nominal rates",
+        "model": (
+            "model F: plan-driven FIFO fluid on each run's exact plan, every turn missing; asymptotics at the "
+            "nominal rates"
+        ),
         "rule": spec["name"],
         "test": bundle.test.name,
         "cell": bundle.cell.name,
