@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from analysis.expr import RuleError
 from harness.config import check_finite
+from harness.errors import RuleError
 
 FORMAT = "agentload-predictions"
 
@@ -73,7 +73,8 @@ class Predictions:
         return {}
 
     def entry(self, arm: str, rate: float, seed: int) -> Mapping[str, Any] | None:
-        for e in self.data.get("runs", []):
+        runs: list[Mapping[str, Any]] = self.data.get("runs", [])
+        for e in runs:
             if (
                 (e["arm"] == "*" or e["arm"].lower() == arm.lower())
                 and abs(float(e["rate"]) - rate) < 1e-9

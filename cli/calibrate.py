@@ -51,10 +51,10 @@ def _fmt_curve(stats: Sequence[WindowStats]) -> str:
             f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} "
             f"{r.seeds:>5}"
         )
-    peak = m.loc[m["mu_sessions"].idxmax()]
+    peak = m.iloc[int(m["mu_sessions"].to_numpy().argmax())]  # curve_means numbers its rows 0..
     lines.append(
         f"peak mu* = {peak.mu_sessions:.4f} sessions/s at n = {int(peak.n)}; "
-        f"0.5-hit crossing at n = {hit_crossing(m['n'], m['hit_fraction']):.1f}"
+        f"0.5-hit crossing at n = {hit_crossing(m['n'].tolist(), m['hit_fraction'].tolist()):.1f}"
     )
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ from typing import Any
 from analysis.rules import arm_expectations
 from prereg.design import Context, Evaluated, Grid, SearchResult, load_context, margins, search
 from prereg.design_record import design_record, write_design
-from prereg.fill import repo_root_of
+from prereg.filling import repo_root_of
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -39,13 +39,13 @@ def _fractions(text: str) -> tuple[tuple[tuple[int, int], ...], ...]:
 def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str) -> list[str]:
     fe = ev.formula
     lines = [title]
-    p = fe.protocol
-    if p is None:
+    p, rule = fe.protocol, fe.rule
+    if p is None or rule is None:  # formula_eval sets the rule with the protocol
         return [*lines, f"  no valid protocol: {'; '.join(fe.reasons)}"]
     lines.append(
         f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, "
         f"{p.burst.time + p.burst.width:g}) s, judged over [{p.window.start:g}, {p.window.end:g}) s (min_window "
-        f"{fe.rule['params'].get('min_window', p.min_window):g} s), backlog bins {p.backlog_bin:g} s, RECOVERED over "
+        f"{rule['params'].get('min_window', p.min_window):g} s), backlog bins {p.backlog_bin:g} s, RECOVERED over "
         f"the last {p.recovered_span:g} s"
     )
     lines.append(
@@ -75,7 +75,7 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
                 continue
             other = " ".join(f"x{c.factor:g} {c.good}/{c.done}" for c in xs if c.factor != 1.0)
             cells.append(f"{f'{base.good}/{base.done}' + (f' ({other})' if other else ''):>26}")
-        win = f"{p.window.end - p.window.start:g}/{fe.rule['params'].get('min_window', p.min_window):g} s"
+        win = f"{p.window.end - p.window.start:g}/{rule['params'].get('min_window', p.min_window):g} s"
         lines.append(
             f"  {m:>5g} {d['lambda']:>7.4f} {dr + (' ok' if d['fits'] else ' NO'):>14} {win:>12} " + " ".join(cells)
         )

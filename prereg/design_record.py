@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.config import load_yaml
-from prereg.registration import RegistrationError, dump_yaml, sha256_file
+from harness.config.files import dump_yaml
+from prereg.registration import RegistrationError, sha256_file
 
 if TYPE_CHECKING:  # the fill reads records without loading the simulator
     from prereg.design import Context, Evaluated, FormulaEval, SearchResult

@@ -102,7 +102,11 @@ def flip_margin(
     out: dict[str, float | None] = {"faster": None, "slower": None}
     for d in directions:
         sign = 1.0 if d == "faster" else -1.0
-        m, n = _bisect(lambda x, sign=sign: state_at(1.0 + sign * x) != s0, max_change, tol)
+
+        def flips(x: float, sign: float = sign) -> bool:  # the direction bound now, not at the loop's end
+            return state_at(1.0 + sign * x) != s0
+
+        m, n = _bisect(flips, max_change, tol)
         out[d] = m
         evals += n
     return FlipMargin(s0, out["faster"], out["slower"], max_change, evals)

@@ -132,9 +132,10 @@ def load_outcome_file(path: str | Path) -> Outcomes:
 
 def _meta(d: Path) -> dict[str, Any] | None:
     try:
-        return orjson.loads((d / "meta.json").read_bytes())
+        meta = orjson.loads((d / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
 
 
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:

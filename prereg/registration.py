@@ -196,7 +196,7 @@ class Registration(_Strict):
                 return p.sha256
         return None
 
-    def bundle(self) -> Any:
+    def bundle(self) -> TestBundle:
         """The test as a harness.config.TestBundle built from the registration alone (its cell,
         workload, protocol and arm configs), so a job plays exactly the registered plans."""
         missing = [a for a in self.arms if a not in self.arm_configs]

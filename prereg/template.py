@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from analysis.rules import RuleError, load_rule
+from analysis.rules import load_rule
 from harness.config import DEFAULT_START_LATENESS_P99, DEFAULT_TOP_RATE, StrictModel, load_yaml, parse_config
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RuleError
 from prereg.registration import Allowances, RegistrationError
 
 TEMPLATE_FORMAT = "agentload-registration-template"

@@ -89,9 +89,10 @@ class Binding:
 
 def _meta(d: Path) -> dict[str, Any] | None:
     try:
-        return orjson.loads((d / "meta.json").read_bytes())
+        meta = orjson.loads((d / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
 
 
 def bind_run(
@@ -311,6 +312,8 @@ def _judge_in_worktree(
                 f"{proc.stderr.strip()[-2000:]}"
             )
         verdict = json.loads(vpath.read_text())
+        if not isinstance(verdict, dict):
+            raise RegisteredAnalysisError(f"{vpath}: expected a verdict (a JSON object), got {type(verdict).__name__}")
         verdict["_judge"] = {
             "command": cmd[2:],
             "module": module,

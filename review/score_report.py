@@ -93,8 +93,9 @@ def score_frozen(
         facts = next((f for f in tl.freezes if f.tag == fz.tag), None) or freeze_facts(fz, tl.counted or tl.runs)
         notes += tl.notes
         if rule is None and tl.registration.view is not None and tl.registration.view.raw.get("rule"):
-            rule = tl.registration.view.raw["rule"]  # the registration's rule judges its runs
-            notes.append(f"runs judged with the registration's rule ({rule.get('name')})")
+            reg_rule = tl.registration.view.raw["rule"]  # the registration's rule judges its runs
+            rule = reg_rule
+            notes.append(f"runs judged with the registration's rule ({reg_rule.get('name')})")
     else:
         facts = freeze_facts(fz, run_times([read_run(d) for d in dirs], None, None))
         if dirs:

@@ -228,7 +228,7 @@ class TestDir:
         p = Path(rel)
         if p.is_absolute():
             return p
-        roots = ([self.repo.path] if self.repo is not None else []) + [Path.cwd(), self.path]
+        roots: list[Path] = ([self.repo.path] if self.repo is not None else []) + [Path.cwd(), self.path]
         for root in roots:
             if (root / p).is_file():
                 return root / p

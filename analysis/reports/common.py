@@ -76,8 +76,8 @@ def label(run: Mapping[str, Any] | None, lset: str) -> str:
     if not run:
         return "MISSING"
     if run["status"] not in ("complete", "NOT-COUNTED"):
-        return run["status"]
-    return run["labels"].get(lset) or "?"
+        return str(run["status"])
+    return str(run["labels"].get(lset) or "?")
 
 
 def letters(verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None, lset: str) -> str:

@@ -154,7 +154,10 @@ class MuCurve:
         t = np.linspace(0.0, t_end, steps + 1)
         n = np.empty(steps + 1)
         n[0] = n0
-        f = lambda tt, x: lam(tt) - float(self(max(x, 0.0)))  # noqa: E731
+
+        def f(tt: float, x: float) -> float:
+            return lam(tt) - float(self(max(x, 0.0)))
+
         for i in range(steps):
             x, tt = n[i], t[i]
             k1 = f(tt, x)

@@ -236,7 +236,7 @@ def provenance_section(td: TestDir) -> str:
         if ver.exploratory:
             out.append(f"<p class='muted'>{esc(ver.exploratory)}</p>")
 
-        def table(cs: list[Any]) -> str:
+        def checks_table(cs: list[Any]) -> str:
             rows = "".join(
                 f"<tr><td>{esc(c.area)}</td><td>{esc(c.name)}</td><td>{badge('holds') if c.ok else badge('BREAK')}</td>"
                 f"<td>{esc(c.detail)}</td></tr>"
@@ -248,10 +248,10 @@ def provenance_section(td: TestDir) -> str:
             )
 
         if ver.breaks:
-            out.append(table(ver.breaks))
+            out.append(checks_table(ver.breaks))
         holds = [c for c in ver.checks if c.ok]
         if holds:
-            out.append(f"<details><summary>{len(holds)} checks that hold</summary>{table(holds)}</details>")
+            out.append(f"<details><summary>{len(holds)} checks that hold</summary>{checks_table(holds)}</details>")
         if not ver.checks:
             out.append(absent("no check applied"))
         for s in ver.skipped:
