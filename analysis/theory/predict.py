@@ -102,7 +102,13 @@ def freeze_predictions(
         raise RuleError(f"rule {spec.get('name')!r} has no predictions section: nothing to freeze")
     if ps.get("model", "model_f") != "model_f":
         raise RuleError(f"predictions: model {ps.get('model')!r}; only 'model_f' is implemented")
-    lam_ref = float(lambda_ref if lambda_ref is not None else bundle.cell.lambda_ref)  # type: ignore[arg-type]
+    ref = lambda_ref if lambda_ref is not None else bundle.cell.lambda_ref
+    if ref is None:
+        raise RuleError(
+            f"predictions: cell {bundle.cell.name}: lambda_ref: got null; expected the cell's E0a lambda_ref "
+            "or a lambda_ref given to the freeze"
+        )
+    lam_ref = float(ref)
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(bundle.cell.cost.model(), mom, bundle.cell.kv_pool_tokens, bundle.cell.batching)
     duration = float(bundle.protocol.duration)

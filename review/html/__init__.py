@@ -177,7 +177,10 @@ def _tables(td: TestDir) -> str:
             if td.verdict.ok
             else "Not scored yet: no tables."
         )
-    skip_images = lambda alt, src: ""  # noqa: E731 - the figures section shows them
+
+    def skip_images(alt: str, src: str) -> str:
+        return ""  # the figures section shows them
+
     return (
         f"<p class='muted'>Rendered from <code>{esc(md.name)}</code> beside the verdict (the same tables the Markdown "
         "report holds).</p>" + render(md.read_text(encoding="utf-8"), image=skip_images, heading_offset=0)
