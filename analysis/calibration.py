@@ -14,6 +14,7 @@ E0a's λ_ref is the mean over seeds of the turns-based rate; its standard error 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -106,7 +107,7 @@ def curve_means(stats: Sequence[WindowStats]) -> pd.DataFrame:
 def hit_crossing(ns: Sequence[float], hits: Sequence[float], level: float = 0.5) -> float:
     """First n at which the hit fraction falls through `level`, by linear interpolation (NaN if none)."""
     pts = sorted(zip(ns, hits))
-    for (n0, h0), (n1, h1) in zip(pts, pts[1:]):
+    for (n0, h0), (n1, h1) in itertools.pairwise(pts):
         if h0 >= level > h1:
             return n0 + (h0 - level) * (n1 - n0) / (h0 - h1)
     return math.nan
@@ -189,7 +190,7 @@ def e0b_stats(
 ) -> E0bStats:
     if rise_span > duration or rise_span < 2 * bin_s:
         raise ValueError(f"rise_span {rise_span} s must lie within the run ({duration} s) and cover two {bin_s} s bins")
-    n_bins = int(round(duration / bin_s))
+    n_bins = round(duration / bin_s)
     edges = np.linspace(0.0, n_bins * bin_s, n_bins + 1)
     n_sys = interval_bin_means(*system_intervals(sessions), edges)
     centers = 0.5 * (edges[:-1] + edges[1:])

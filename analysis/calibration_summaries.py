@@ -35,15 +35,16 @@ class InputError(ConfigError):
     """A calibration summary is malformed or inconsistent (file, field, value, expectation)."""
 
 
-_Strict = StrictModel  # unknown keys refused, frozen, finite floats (harness/config/finite.py)
+# every model is a StrictModel (unknown keys refused, frozen, finite floats: harness/config/finite.py), named
+# directly: through an alias the pydantic mypy plugin does not see the fields of its subclasses
 
 
-class RunDirHash(_Strict):
+class RunDirHash(StrictModel):
     path: str
     sha256: str = Field(..., pattern=_HEX64)
 
 
-class _Summary(_Strict):
+class _Summary(StrictModel):
     format: Literal["agentload-calibration"]
     format_version: Literal[1]
     cell: str = Field(..., min_length=1)
@@ -52,12 +53,12 @@ class _Summary(_Strict):
 
 
 # -- Stage C -----------------------------------------------------------------------------------
-class StageCProtocol(_Strict):
+class StageCProtocol(StrictModel):
     warmup_s: float = Field(900.0, ge=0)
     window_s: float = Field(1800.0, gt=0)
 
 
-class StageCPoint(_Strict):
+class StageCPoint(StrictModel):
     n: int = Field(..., ge=1, description="closed population")
     seed: int = Field(0, ge=0)
     mu_sessions: float = Field(..., ge=0, description="completed sessions/s over the window")
@@ -80,13 +81,13 @@ class StageC(_Summary):
 
 
 # -- E0a ---------------------------------------------------------------------------------------
-class E0aProtocol(_Strict):
+class E0aProtocol(StrictModel):
     warmup_s: float = Field(900.0, ge=0)
     window_s: float = Field(1800.0, gt=0)
     n: int = Field(32, ge=1)
 
 
-class E0aRow(_Strict):
+class E0aRow(StrictModel):
     seed: int = Field(..., ge=0)
     n: int = Field(..., ge=1)
     mu_sessions: float | None = Field(None, ge=0)
@@ -108,7 +109,7 @@ class E0a(_Summary):
 
 
 # -- E0b ---------------------------------------------------------------------------------------
-class E0bProtocol(_Strict):
+class E0bProtocol(StrictModel):
     duration_s: float = Field(3000.0, gt=0)
     rise_span_s: float = Field(1500.0, gt=0)
     final_max: float = Field(50.0, gt=0, description="stable needs final backlog < final_max")
@@ -130,7 +131,7 @@ class E0bProtocol(_Strict):
 _PAPER_E0B: dict[str, Any] = {"bin_s": 10.0, "top_rate": 2.0, "config": "e0b"}
 
 
-class E0bPoint(_Strict):
+class E0bPoint(StrictModel):
     multiple: float = Field(..., gt=0)
     seed: int = Field(0, ge=0)
     stable: bool
@@ -242,7 +243,7 @@ def e0a_values(e: E0a, src: str, tolerance: float = 0.005) -> E0aValues:
         float(out["lambda_ref"]),
         out["lambda_ref_se"],
         out["lambda_sessions"],
-        out["lambda_sessions_se"],  # type: ignore[arg-type]
+        out["lambda_sessions_se"],
         out["all_miss_token_rate"],
         out["all_miss_token_rate_se"],
         tuple(computed),
@@ -258,7 +259,8 @@ def _check_e0b(e: E0b, src: str) -> None:
     for i in range(1, len(e.grid)):
         if e.grid[i] <= e.grid[i - 1]:
             raise InputError(
-                f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of multiples"
+                f"{src}: grid[{i}]: got {e.grid[i]} after {e.grid[i - 1]}; expected a strictly increasing grid of "
+                "multiples"
             )
     for i, g in enumerate(e.grid):
         if not (g > 0):
@@ -274,7 +276,8 @@ def _check_e0b(e: E0b, src: str) -> None:
         key = (p.multiple, p.seed)
         if key in seen:
             raise InputError(
-                f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; expected one run per multiple and seed"
+                f"{src}: points[{i}]: multiple {p.multiple}, seed {p.seed} already given in points[{seen[key]}]; "
+                "expected one run per multiple and seed"
             )
         seen[key] = i
         # the flag must agree with whatever the source printed (a source may print one number only)

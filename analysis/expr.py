@@ -257,8 +257,8 @@ class Evaluator:
             return True
         if isinstance(n, ast.IfExp):
             return self._ev(n.body, expr) if truth(self._ev(n.test, expr)) else self._ev(n.orelse, expr)
-        if isinstance(n, ast.Call):
-            fn = self.functions[n.func.id]  # type: ignore[union-attr]
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            fn = self.functions[n.func.id]
             args = [self._ev(a, expr) for a in n.args]
             return fn(*args)
         raise RuleError(f"condition {expr!r}: cannot evaluate {type(n).__name__}")
@@ -324,7 +324,7 @@ def ordered(section: Any, where: str) -> list[tuple[str, Any]]:
     if isinstance(section, Mapping):
         return list(section.items())
     if isinstance(section, list):
-        out = []
+        out: list[tuple[str, Any]] = []
         for item in section:
             if not (isinstance(item, Mapping) and len(item) == 1):
                 raise RuleError(f"{where}: expected a mapping or a list of one-key mappings, got {item!r}")

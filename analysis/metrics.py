@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from analysis.arrays import FloatArray
 from harness.errors import RuleError
 
 NAN = float("nan")
@@ -33,14 +35,14 @@ NAN = float("nan")
 # ---------------------------------------------------------------------------------------------
 # step functions
 # ---------------------------------------------------------------------------------------------
-def _cum_integral(points: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _cum_integral(points: FloatArray, x: FloatArray) -> FloatArray:
     """sum_i max(0, x - p_i) for every x, with `points` sorted."""
     k = np.searchsorted(points, x, side="right")
     csum = np.concatenate(([0.0], np.cumsum(points)))
     return k * x - csum[k]
 
 
-def interval_bin_means(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def interval_bin_means(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> FloatArray:
     """Time average per bin of the number of intervals [start, end) covering t.
 
     An end of NaN or +inf means "still open"; a NaN start means the interval never began.
@@ -80,7 +82,7 @@ def ls_slope(x: np.ndarray, y: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------------
 # interval sets from the records
 # ---------------------------------------------------------------------------------------------
-def column(df: pd.DataFrame, name: str, default: float = NAN) -> np.ndarray:
+def column(df: pd.DataFrame, name: str, default: float = NAN) -> FloatArray:
     """A column as floats (NaN for nulls); a table without it reads as `default` throughout."""
     if name in df.columns:
         return df[name].to_numpy(dtype=float, na_value=NAN)
@@ -146,7 +148,7 @@ def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
     return turns[turns["status"] == "ok"]
 
 
-def turn_hits(turns: pd.DataFrame, threshold: float) -> np.ndarray:
+def turn_hits(turns: pd.DataFrame, threshold: float) -> npt.NDArray[np.bool_]:
     prompt = column(turns, "prompt_tokens")
     cached = column(turns, "cached_tokens")
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -318,7 +320,7 @@ def outstanding_bins(
     gate_events: pd.DataFrame | None,
     edges: np.ndarray,
     paused: bool = False,
-) -> np.ndarray:
+) -> FloatArray:
     out = interval_bin_means(*inflight_intervals(turns), edges) + interval_bin_means(*gated_intervals(sessions), edges)
     if paused and gate_events is not None:
         out = out + interval_bin_means(*paused_intervals(gate_events), edges)

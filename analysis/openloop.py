@@ -55,8 +55,8 @@ def warning_text(summary: Mapping[str, Any]) -> str | None:
     if summary.get("within_bound") is not False:
         return None
     return (
-        f"base-stream session starts ran late: p99 {1e3 * summary['p99_s']:.0f} ms (p50 {1e3 * summary['p50_s']:.0f} ms, "
-        f"max {1e3 * summary['max_s']:.0f} ms over {summary['n']} arrivals) exceeds the test's bound "
+        f"base-stream session starts ran late: p99 {1e3 * summary['p99_s']:.0f} ms (p50 {1e3 * summary['p50_s']:.0f} "
+        f"ms, max {1e3 * summary['max_s']:.0f} ms over {summary['n']} arrivals) exceeds the test's bound "
         f"start_lateness_p99 = {1e3 * summary['bound_p99_s']:.0f} ms: the load was not open-loop within it"
     )
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from analysis.expr import RuleError
 from harness.config import check_finite
+from harness.errors import RuleError
 
 FORMAT = "agentload-predictions"
 
@@ -55,7 +55,8 @@ class Predictions:
     def from_dict(cls, data: Mapping[str, Any], path: str | None = None, sha256: str | None = None) -> Predictions:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise RuleError(
-                f"prediction file {path or '<memory>'}: format: expected {FORMAT!r}, got {data.get('format') if isinstance(data, Mapping) else data!r}"
+                f"prediction file {path or '<memory>'}: format: expected {FORMAT!r}, got "
+                f"{data.get('format') if isinstance(data, Mapping) else data!r}"
             )
         # a strict JSON reader refuses NaN and Infinity already; a mapping built in memory is checked here
         check_finite(data, f"prediction file {path or '<memory>'}", RuleError)
@@ -72,7 +73,8 @@ class Predictions:
         return {}
 
     def entry(self, arm: str, rate: float, seed: int) -> Mapping[str, Any] | None:
-        for e in self.data.get("runs", []):
+        runs: list[Mapping[str, Any]] = self.data.get("runs", [])
+        for e in runs:
             if (
                 (e["arm"] == "*" or e["arm"].lower() == arm.lower())
                 and abs(float(e["rate"]) - rate) < 1e-9
@@ -91,7 +93,8 @@ class Predictions:
         if want and plan_sha256 and want != plan_sha256:
             return (
                 out,
-                f"prediction for {arm} {rate:g} seed {seed} was frozen for plan {want[:12]}, not this run's {plan_sha256[:12]}: withheld",
+                f"prediction for {arm} {rate:g} seed {seed} was frozen for plan {want[:12]}, not this run's "
+                f"{plan_sha256[:12]}: withheld",
             )
         out.update({f"pred.{k}": v for k, v in e["values"].items() if not isinstance(v, (list, dict))})
         return out, ""

@@ -61,7 +61,7 @@ class StagedRun:
     status: str  # 'complete' (counts) or one of NOT_COUNTED
     quantities: dict[str, Any] = field(default_factory=dict)
     derived: dict[str, Any] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str | None] = field(default_factory=dict)  # None: no item of the set holds
     conditions: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     flags: dict[str, bool] = field(default_factory=dict)
     count_if: list[dict[str, Any]] = field(default_factory=list)
@@ -167,7 +167,7 @@ def judge_staged_run(
         derived[name] = ev(expr)
         env.set(name, derived[name])
     counts = [ev.detail(c) for c in run.get("count_if", [])]
-    labels: dict[str, str] = {}
+    labels: dict[str, str | None] = {}  # None: no item of the set holds
     conds: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for lset, items in sets:
         conds[lset] = {}
@@ -178,7 +178,7 @@ def judge_staged_run(
             env.set(f"{lset}.{it['name']}", all(d["holds"] for d in ds))
             if chosen is None and all(d["holds"] for d in ds):
                 chosen = it["name"]
-        labels[lset] = chosen  # type: ignore[assignment]
+        labels[lset] = chosen
         env.set(lset, chosen)
     flags = {
         k: truth(ev(e)) for k, e in [*ordered(spec.get("flags"), "flags"), *ordered(run.get("flags"), "run.flags")]
@@ -248,7 +248,7 @@ def shown_label(role: Mapping[str, Any], run: StagedRun) -> str:
     show = role.get("show")
     if show:
         return run.labels.get(show) or run.status
-    return next(iter(run.labels.values()), run.status)
+    return next(iter(run.labels.values()), None) or run.status
 
 
 def _judge_seed(

@@ -48,12 +48,13 @@ def _fmt_curve(stats: Sequence[WindowStats]) -> str:
     lines = [f"{'n':>5} {'mu sess/s':>10} {'mu turns':>9} {'hit':>6} {'uncached tok/s':>15} {'seeds':>5}"]
     for r in m.itertuples():
         lines.append(
-            f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} {r.seeds:>5}"
+            f"{r.n:>5} {r.mu_sessions:>10.4f} {r.mu_turns:>9.4f} {r.hit_fraction:>6.3f} {r.uncached_token_rate:>15.0f} "
+            f"{r.seeds:>5}"
         )
-    peak = m.loc[m["mu_sessions"].idxmax()]
+    peak = m.iloc[int(m["mu_sessions"].to_numpy().argmax())]  # curve_means numbers its rows 0..
     lines.append(
         f"peak mu* = {peak.mu_sessions:.4f} sessions/s at n = {int(peak.n)}; "
-        f"0.5-hit crossing at n = {hit_crossing(m['n'], m['hit_fraction']):.1f}"
+        f"0.5-hit crossing at n = {hit_crossing(m['n'].tolist(), m['hit_fraction'].tolist()):.1f}"
     )
     return "\n".join(lines)
 
@@ -74,8 +75,8 @@ def _fmt_e0b(stats: Sequence[E0bStats]) -> str:
     lines = [f"{'x ref':>6} {'seed':>4} {'sessions':>8} {'realized':>8} {'final':>7} {'rise':>7} {'hit':>6}  stable"]
     for s in stats:
         lines.append(
-            f"{s.multiple:>6g} {s.seed:>4} {s.sessions:>8} {s.realized_multiple:>8.3f} {s.final_backlog:>7.1f} {s.rise:>7.1f} "
-            f"{s.hit_fraction:>6.3f}  {'yes' if s.stable else 'NO'}"
+            f"{s.multiple:>6g} {s.seed:>4} {s.sessions:>8} {s.realized_multiple:>8.3f} {s.final_backlog:>7.1f} "
+            f"{s.rise:>7.1f} {s.hit_fraction:>6.3f}  {'yes' if s.stable else 'NO'}"
         )
     return "\n".join(lines)
 
@@ -140,7 +141,7 @@ def _cmd(args: Any) -> int:
         print(_fmt_e0a(bundle.e0a))
         print()
         print(_fmt_e0b(bundle.e0b))
-        for stage, (path, sha) in bundle.files.items():
+        for _stage, (path, sha) in bundle.files.items():
             print(f"wrote {path}  sha256 {sha}", file=sys.stderr)
         if mapper is not None:
             print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)

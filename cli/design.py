@@ -17,7 +17,7 @@ from typing import Any
 from analysis.rules import arm_expectations
 from prereg.design import Context, Evaluated, Grid, SearchResult, load_context, margins, search
 from prereg.design_record import design_record, write_design
-from prereg.fill import repo_root_of
+from prereg.filling import repo_root_of
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -39,15 +39,21 @@ def _fractions(text: str) -> tuple[tuple[tuple[int, int], ...], ...]:
 def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str) -> list[str]:
     fe = ev.formula
     lines = [title]
-    p = fe.protocol
-    if p is None:
-        return lines + [f"  no valid protocol: {'; '.join(fe.reasons)}"]
-    lines.append(f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, {p.burst.time + p.burst.width:g}) s, "
-                 f"judged over [{p.window.start:g}, {p.window.end:g}) s (min_window {fe.rule['params'].get('min_window', p.min_window):g} s), "
-                 f"backlog bins {p.backlog_bin:g} s, RECOVERED over the last {p.recovered_span:g} s")  # fmt: skip
-    lines.append(f"  cap {fe.cap} (the cap rule at {fe.design.cap_fraction:g} mu*, mu(cap) = {fe.mu_cap:.4g} sessions/s), rates "
-                 + ", ".join(f"{m:g}" for m in fe.multiples) + " x lambda_ref; CAPPED drain budget "
-                 f"{fe.budget_s:,.0f} s")  # fmt: skip
+    p, rule = fe.protocol, fe.rule
+    if p is None or rule is None:  # formula_eval sets the rule with the protocol
+        return [*lines, f"  no valid protocol: {'; '.join(fe.reasons)}"]
+    lines.append(
+        f"  protocol: {p.duration:g} s runs, burst {p.burst.size} in [{p.burst.time:g}, "
+        f"{p.burst.time + p.burst.width:g}) s, judged over [{p.window.start:g}, {p.window.end:g}) s (min_window "
+        f"{rule['params'].get('min_window', p.min_window):g} s), backlog bins {p.backlog_bin:g} s, RECOVERED over "
+        f"the last {p.recovered_span:g} s"
+    )
+    lines.append(
+        f"  cap {fe.cap} (the cap rule at {fe.design.cap_fraction:g} mu*, mu(cap) = {fe.mu_cap:.4g} sessions/s), rates "
+        + ", ".join(f"{m:g}" for m in fe.multiples)
+        + " x lambda_ref; CAPPED drain budget "
+        f"{fe.budget_s:,.0f} s"
+    )
     counts = {(c.arm, c.rate, c.factor): c for c in (ev.sim.counts if ev.sim else [])}
     arms = [a.upper() for a in ctx.arms]
     want = {a: "/".join(arm_expectations(ctx.rule).get(a.upper(), [])) for a in arms}
@@ -69,14 +75,16 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
                 continue
             other = " ".join(f"x{c.factor:g} {c.good}/{c.done}" for c in xs if c.factor != 1.0)
             cells.append(f"{f'{base.good}/{base.done}' + (f' ({other})' if other else ''):>26}")
-        win = f"{p.window.end - p.window.start:g}/{fe.rule['params'].get('min_window', p.min_window):g} s"
+        win = f"{p.window.end - p.window.start:g}/{rule['params'].get('min_window', p.min_window):g} s"
         lines.append(
             f"  {m:>5g} {d['lambda']:>7.4f} {dr + (' ok' if d['fits'] else ' NO'):>14} {win:>12} " + " ".join(cells)
         )
     for r in fe.reasons:
         lines.append(("  UNDECIDABLE: " if "can only FAIL" in r else "  formula: ") + r)
-    lines.append(f"  full test {fe.runs} runs x ({fe.run_s:g} + {overhead_s:g}) s = {fe.engine_hours(overhead_s):.2f} engine-hours; "
-                 f"CI version (BURST + NOBURST of one seed) {fe.ci_seconds(overhead_s) / 60:.1f} min")  # fmt: skip
+    lines.append(
+        f"  full test {fe.runs} runs x ({fe.run_s:g} + {overhead_s:g}) s = {fe.engine_hours(overhead_s):.2f} "
+        f"engine-hours; CI version (BURST + NOBURST of one seed) {fe.ci_seconds(overhead_s) / 60:.1f} min"
+    )
     lines.append(
         "  DECISIVE: every arm's registered outcome is reachable" if ev.decisive else f"  not decisive: {ev.why_not()}"
     )
@@ -88,12 +96,16 @@ def format_search(res: SearchResult, ctx: Context, overhead_s: float) -> list[st
     if res.proposal is res.baseline:
         return lines
     if not res.searched:
-        return lines + ["search: not run (--no-search)"]
-    lines.append(f"search: {res.candidates} candidate designs, {res.pruned} unreachable by the formulas, {len(res.evaluated)} simulated "
-                 f"in order of engine-hours ({res.sim_runs} simulated runs in all)")  # fmt: skip
+        return [*lines, "search: not run (--no-search)"]
+    lines.append(
+        f"search: {res.candidates} candidate designs, {res.pruned} unreachable by the formulas, {len(res.evaluated)} "
+        f"simulated in order of engine-hours ({res.sim_runs} simulated runs in all)"
+    )
     if res.proposal is None:
-        lines.append("  no decisive design found in the grid searched: widen it (--post-factors, --burst-factors, --time-factors) or "
-                     "raise --max-candidates; or change the cell (a smaller pool, a faster pinned speed)")  # fmt: skip
+        lines.append(
+            "  no decisive design found in the grid searched: widen it (--post-factors, --burst-factors, "
+            "--time-factors) or raise --max-candidates; or change the cell (a smaller pool, a faster pinned speed)"
+        )
         return lines
     lines += format_evaluation(res.proposal, ctx, overhead_s, f"proposal: {res.proposal.formula.design.label()}")
     return lines
@@ -101,41 +113,75 @@ def format_search(res: SearchResult, ctx: Context, overhead_s: float) -> list[st
 
 def _cmd_design(args: argparse.Namespace) -> int:
     ctx = load_context(args.inputs, args.test, args.cost)
-    grid = Grid(time_factors=_floats(args.time_factors), post_factors=_floats(args.post_factors), burst_factors=_floats(args.burst_factors),
-                width_factors=_floats(args.width_factors), cap_fractions=_floats(args.cap_fractions), fractions=_fractions(args.fractions))  # fmt: skip
+    grid = Grid(
+        time_factors=_floats(args.time_factors),
+        post_factors=_floats(args.post_factors),
+        burst_factors=_floats(args.burst_factors),
+        width_factors=_floats(args.width_factors),
+        cap_fractions=_floats(args.cap_fractions),
+        fractions=_fractions(args.fractions),
+    )
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if set(seeds) & set(ctx.seeds):
         raise SystemExit(
-            f"prereg design: fresh seeds {seeds} overlap the template's seeds {ctx.seeds}; choose --first-seed outside them"
+            f"prereg design: fresh seeds {seeds} overlap the template's seeds {ctx.seeds}; choose --first-seed outside "
+            "them"
         )
     need = args.need if args.need is not None else max(1, args.seeds - 1)
-    print(f"design of {ctx.template.name}: the simulator with cost {args.cost}; an arm's outcome is reachable where its registered state "
-          f"holds in {need} of {args.seeds} fresh seeds ({seeds[0]}-{seeds[-1]}) at the fitted speed"
-          + (f" and at x{1 - args.margin:g} and x{1 + args.margin:g}" if args.margin > 0 else ""))  # fmt: skip
-    print(f"references (E0a): lambda_ref {ctx.lambda_ref:.4g} sessions/s, all-miss {ctx.all_miss:.0f} uncached tokens/s; simulated runs are judged "
-          "with them by the registered rule")  # fmt: skip
+    print(
+        f"design of {ctx.template.name}: the simulator with cost {args.cost}; an arm's outcome is reachable where its "
+        f"registered state holds in {need} of {args.seeds} fresh seeds ({seeds[0]}-{seeds[-1]}) at the fitted speed"
+        + (f" and at x{1 - args.margin:g} and x{1 + args.margin:g}" if args.margin > 0 else "")
+    )
+    print(
+        f"references (E0a): lambda_ref {ctx.lambda_ref:.4g} sessions/s, all-miss {ctx.all_miss:.0f} uncached tokens/s; "
+        "simulated runs are judged with them by the registered rule"
+    )
     t0 = time.monotonic()
-    res = search(ctx, grid, seeds=seeds, need=need, margin=args.margin, overhead_s=args.overhead, max_candidates=0 if args.no_search else args.max_candidates,
-                 jobs=args.jobs, echo=print if args.verbose else None, max_hours=args.max_hours,
-                 max_ci_s=None if args.max_ci_minutes is None else 60 * args.max_ci_minutes)  # fmt: skip
+    res = search(
+        ctx,
+        grid,
+        seeds=seeds,
+        need=need,
+        margin=args.margin,
+        overhead_s=args.overhead,
+        max_candidates=0 if args.no_search else args.max_candidates,
+        jobs=args.jobs,
+        echo=print if args.verbose else None,
+        max_hours=args.max_hours,
+        max_ci_s=None if args.max_ci_minutes is None else 60 * args.max_ci_minutes,
+    )
     mg = None
     if res.proposal is not None and args.flip_margins:
         mg = margins(ctx, res.proposal.formula, seeds, max_change=0.5, tol=args.margin_tol)
     print("\n".join(format_search(res, ctx, args.overhead)))
     if mg:
         print(
-            "flip margins of the proposal (smallest relative change of the cost's speed that flips a fresh seed's state, by bisection):"
+            "flip margins of the proposal (smallest relative change of the cost's speed that flips a fresh seed's "
+            "state, by bisection):"
         )
         for m in mg:
             per = ", ".join(
                 f"{s}: {v['base']} {'>' if not v['bounded'] else ''}{v['margin']:.2f}" for s, v in m["seeds"].items()
             )
             print(f"  {m['arm']:8} x {m['rate']:<5g} min {m['min_margin']:.2f}  ({per})")
-    settings: dict[str, Any] = {"seeds": seeds, "need": need, "margin": args.margin, "overhead_s": args.overhead, "max_candidates": args.max_candidates,
-                                "max_hours": args.max_hours, "max_ci_minutes": args.max_ci_minutes,
-                                "grid": {"time_factors": list(grid.time_factors), "post_factors": list(grid.post_factors),
-                                         "burst_factors": list(grid.burst_factors), "width_factors": list(grid.width_factors),
-                                         "cap_fractions": list(grid.cap_fractions), "fractions": [[list(f) for f in g] for g in grid.fractions]}}  # fmt: skip
+    settings: dict[str, Any] = {
+        "seeds": seeds,
+        "need": need,
+        "margin": args.margin,
+        "overhead_s": args.overhead,
+        "max_candidates": args.max_candidates,
+        "max_hours": args.max_hours,
+        "max_ci_minutes": args.max_ci_minutes,
+        "grid": {
+            "time_factors": list(grid.time_factors),
+            "post_factors": list(grid.post_factors),
+            "burst_factors": list(grid.burst_factors),
+            "width_factors": list(grid.width_factors),
+            "cap_fractions": list(grid.cap_fractions),
+            "fractions": [[list(f) for f in g] for g in grid.fractions],
+        },
+    }
     if args.out:
         rec = design_record(
             ctx, res, settings=settings, overhead_s=args.overhead, root=repo_root_of(Path(args.test)), margins=mg
@@ -150,8 +196,11 @@ def _cmd_design(args: argparse.Namespace) -> int:
 
 def add_design_command(sub: Any) -> None:
     """`agentload prereg design` (added to the prereg command's actions)."""
-    d = sub.add_parser("design", help="before registering: is each arm's outcome reachable; the cheapest decisive protocol",
-                       description=__doc__.split("\n\n")[0])  # fmt: skip
+    d = sub.add_parser(
+        "design",
+        help="before registering: is each arm's outcome reachable; the cheapest decisive protocol",
+        description=__doc__.split("\n\n")[0],
+    )
     d.add_argument("--inputs", required=True, help="folder with stage-c.yaml, e0a.yaml, e0b.yaml (the fill's inputs)")
     d.add_argument("--test", required=True, help="registration template (prereg/templates/*.yaml)")
     d.add_argument(

@@ -97,7 +97,8 @@ def _cmd_freeze(args: argparse.Namespace) -> int:
     )
     d = rec.data
     print(
-        f"froze {len(d['files'])} file(s) under tag {d['tag']} (commit {d['commit'][:12]}{'' if d['new_commit'] else ', already committed'})"
+        f"froze {len(d['files'])} file(s) under tag {d['tag']} (commit "
+        f"{d['commit'][:12]}{'' if d['new_commit'] else ', already committed'})"
     )
     for f in d["files"]:
         print(f"  sha256 {f['sha256']}  {f['path']}")

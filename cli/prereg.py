@@ -40,7 +40,8 @@ def _cmd_fill(args: Any) -> int:
             if d["drain_s"] is not None
         )
         print(
-            f"  drain   {per}; budget {drain['budget_s']:.0f} s; fits up to {drain['largest_fitting_multiple']:.2f} x lambda_ref"
+            f"  drain   {per}; budget {drain['budget_s']:.0f} s; fits up to {drain['largest_fitting_multiple']:.2f} x "
+            "lambda_ref"
         )
     for w_ in s["warnings"]:
         v = "" if w_["value"] is None else f" = {w_['value']:.3f}"
@@ -52,7 +53,8 @@ def _cmd_fill(args: Any) -> int:
     design = res.registration.fill.get("design")
     if design:
         print(
-            f"  design  {design['path']} (sha256 {design['sha256'][:12]}): {'decisive' if design['decisive'] else 'NOT decisive'}"
+            f"  design  {design['path']} (sha256 {design['sha256'][:12]}): "
+            f"{'decisive' if design['decisive'] else 'NOT decisive'}"
         )
     return 0
 

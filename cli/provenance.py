@@ -35,7 +35,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     )
     if man["worktree_sha256_at_proof"] not in (None, man["file_sha256"]):
         print(
-            f"WARNING: the work-tree copy ({man['worktree_sha256_at_proof'][:16]}) differs from the committed bytes proven here"
+            f"WARNING: the work-tree copy ({man['worktree_sha256_at_proof'][:16]}) differs from the committed bytes "
+            "proven here"
         )
     res = verify_proof(folder)
     print(res.text().splitlines()[0])

@@ -73,7 +73,8 @@ def register(cli: CLI) -> None:
     )
     s.add_argument(
         "--registration",
-        help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would get)",
+        help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would "
+        "get)",
     )
     s.add_argument(
         "--repo", help="repository holding the registration and freezes (default: the test directory's, else .)"

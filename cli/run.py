@@ -104,7 +104,10 @@ def _lateness(res: Any) -> str:
     ol = res.open_loop or {}
     if not ol.get("n"):
         return ""
-    return f"; session starts late p50 {1e3 * ol['p50_s']:.1f} ms, p99 {1e3 * ol['p99_s']:.1f} ms, max {1e3 * ol['max_s']:.1f} ms"
+    return (
+        f"; session starts late p50 {1e3 * ol['p50_s']:.1f} ms, p99 {1e3 * ol['p99_s']:.1f} ms, max "
+        f"{1e3 * ol['max_s']:.1f} ms"
+    )
 
 
 def registered_bundle(path: str) -> tuple[Any, dict[str, Any]]:
@@ -167,8 +170,8 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
     jobs = args.jobs or os.cpu_count() or 1
     n = len(bundle.arms) * len(bundle.test.rates) * len(bundle.test.seeds)
     print(
-        f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds {bundle.test.seeds}), "
-        f"engine {args.engine}, {jobs} worker(s), output {out}",
+        f"{bundle.test.name}: {n} runs ({', '.join(bundle.arms)} x rates {bundle.test.rates} x seeds "
+        f"{bundle.test.seeds}), engine {args.engine}, {jobs} worker(s), output {out}",
         flush=True,
     )
 
@@ -275,7 +278,8 @@ def register(cli: Any) -> None:
     tr.add_argument("--jobs", type=int, default=None, help="parallel worker processes (default: CPU count)")
     tr.add_argument(
         "--out",
-        help="output folder (default: results/<test>-<engine>-<time>; several tests: results/tests-<engine>-<time>/<test>)",
+        help="output folder (default: results/<test>-<engine>-<time>; several tests: results/tests-<engine>-<time>/"
+        "<test>)",
     )
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")

@@ -128,7 +128,8 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     )
     for k, r in fit.residuals.items():
         print(
-            f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 |rel| {r['p90_abs_rel']:.3f}"
+            f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 "
+            f"|rel| {r['p90_abs_rel']:.3f}"
         )
     print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
     return 0

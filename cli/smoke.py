@@ -32,7 +32,8 @@ def register(cli: CLI) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--server-cmd",
-        help="launcher prefix to which the cell's flags are appended, e.g. '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
+        help="launcher prefix to which the cell's flags are appended, e.g. '/opt/vllm/bin/python -m "
+        "vllm.entrypoints.openai.api_server'",
     )
     src.add_argument("--base-url", help="check an already running server instead of launching one")
     p.add_argument("--model-path", "--model", dest="model", help="weights the engine loads (default: the cell's model)")
@@ -65,8 +66,9 @@ def register(cli: CLI) -> None:
         "--probe-quotas",
         default=None,
         metavar="Q1,Q2,...",
-        help="after the checks, the speed pin's probe (the cell's engine_speed_pin shape, else the default) at each CPU "
-        "quota: what a cell's engine_speed_pin.token_rate is measured with (needs a cell with engine_cpu_quota)",
+        help="after the checks, the speed pin's probe (the cell's engine_speed_pin shape, else the default) at each "
+        "CPU quota: what a cell's engine_speed_pin.token_rate is measured with (needs a cell with "
+        "engine_cpu_quota)",
     )
     p.add_argument("--probe-repeats", type=int, default=3, help="probes per quota (default 3)")
     p.set_defaults(func=_cmd_smoke)
@@ -144,6 +146,7 @@ def _probe_quotas(
     for q in quotas:
         rates = [s.token_rate for s in steps if abs(s.quota - q) < 1e-6]
         print(
-            f"  quota {q:g} CPU: {sum(rates) / len(rates):.0f} uncached tokens/s (runs {', '.join(f'{r:.0f}' for r in rates)})"
+            f"  quota {q:g} CPU: {sum(rates) / len(rates):.0f} uncached tokens/s (runs "
+            f"{', '.join(f'{r:.0f}' for r in rates)})"
         )
     (run_dir / "probe.json").write_text(json.dumps([s.__dict__ for s in steps], indent=2) + "\n")

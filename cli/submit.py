@@ -53,7 +53,8 @@ def _cmd_submit(args: Any) -> int:
         print(format_plan(doc))
         if not doc.get("dry_run"):
             print(
-                f"manifest: {doc['_path']}\nnext: agentload jobs status {doc['_path']}; agentload jobs collect {doc['_path']}"
+                f"manifest: {doc['_path']}\nnext: agentload jobs status {doc['_path']}; agentload jobs collect "
+                f"{doc['_path']}"
             )
     return 0
 
@@ -108,8 +109,8 @@ def register(cli: Any) -> None:
     p.add_argument(
         "--accept-undecidable",
         action="store_true",
-        help="submit a registration whose rule can only FAIL by design, or that its bound design record finds not decisive "
-        "(refused otherwise, with the reason and what design would be decisive); the manifest records it",
+        help="submit a registration whose rule can only FAIL by design, or that its bound design record finds not "
+        "decisive (refused otherwise, with the reason and what design would be decisive); the manifest records it",
     )
     p.add_argument("--out", help="test directory (default: results/submissions/<registration>-<time>)")
     p.add_argument("--remote", help="git remote to ask (default: the branch's upstream, else origin)")

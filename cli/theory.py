@@ -107,7 +107,7 @@ def curve_report(cell: CellConfig, workload: WorkloadConfig, n_max: int | None =
     curve = predicted_curve(server, cell.kv_pool_tokens)
     on = curve.onset
     peak = curve.peak
-    n_max = n_max or int(math.ceil(on.n_b * 1.5))
+    n_max = n_max or math.ceil(on.n_b * 1.5)
     ns = np.arange(1, n_max + 1, dtype=float)
     rep: dict[str, Any] = {
         "cell": cell.name,

@@ -119,7 +119,8 @@ def check_registration(
             refusals.append(f"commit: {facts.path} is not committed; commit it (and push) before submitting")
         elif facts.state == "modified":
             refusals.append(
-                f"commit: {facts.path} differs from its last commit {facts.commit}; commit the change or restore the file"
+                f"commit: {facts.path} differs from its last commit {facts.commit}; commit the change or restore the "
+                "file"
             )
         if not facts.clean:
             refusals.append(
@@ -140,7 +141,8 @@ def check_registration(
         plan_report = {**check_plans(reg), "skipped": False}
         for m in plan_report["mismatches"]:
             refusals.append(
-                f"plan {m['arm']} x {m['rate']} seed {m['seed']}: registered SHA-256 {m['registered']}, the configs now generate {m['generated']}"
+                f"plan {m['arm']} x {m['rate']} seed {m['seed']}: registered SHA-256 {m['registered']}, the configs "
+                f"now generate {m['generated']}"
             )
         if plan_report.get("error"):
             refusals.append(f"plans: {plan_report['error']}")

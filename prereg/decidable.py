@@ -41,8 +41,13 @@ def _either(n: int) -> str:
     return "either rate" if n == 2 else ("the rate" if n == 1 else f"any of the {n} rates")
 
 
-def capped_lapses(rule: Mapping[str, Any], arms: Sequence[str], gated: Sequence[str], per_rate: Sequence[Mapping[str, Any]],
-                  budget_s: float) -> list[str]:  # fmt: skip
+def capped_lapses(
+    rule: Mapping[str, Any],
+    arms: Sequence[str],
+    gated: Sequence[str],
+    per_rate: Sequence[Mapping[str, Any]],
+    budget_s: float,
+) -> list[str]:
     """Reasons from the drain per rate ({rate, drain_s, fits}) of every gated arm the rule needs RECOVERED."""
     out: list[str] = []
     rates = [float(d["rate"]) for d in per_rate]
@@ -58,8 +63,10 @@ def capped_lapses(rule: Mapping[str, Any], arms: Sequence[str], gated: Sequence[
             head = f"{arm.upper()} cannot recover at {_either(len(rates))}"
         else:
             head = f"{arm.upper()} cannot recover at {at} x lambda_ref, and the test passes only if every rate passes"
-        out.append(f"{head}: the rule needs it {RECOVERED}, but its gate's drain ({drains} at {at} x lambda_ref) does not fit "
-                   f"the {budget_s:,.0f} s budget, so the registered outcome is unreachable and the rule can only FAIL")  # fmt: skip
+        out.append(
+            f"{head}: the rule needs it {RECOVERED}, but its gate's drain ({drains} at {at} x lambda_ref) does not fit "
+            f"the {budget_s:,.0f} s budget, so the registered outcome is unreachable and the rule can only FAIL"
+        )
     return out
 
 
@@ -72,8 +79,10 @@ def trapped_unreachable(
             continue
         low = [m for m in multiples if m * lambda_ref <= lambda_miss]
         if low:
-            out.append(f"{arm.upper()} cannot be {TRAPPED} at {', '.join(f'{m:g}' for m in low)} x lambda_ref: the rule needs lam > lam_miss "
-                       f"({lambda_miss:.4g} sessions/s), so the rule can only FAIL there")  # fmt: skip
+            out.append(
+                f"{arm.upper()} cannot be {TRAPPED} at {', '.join(f'{m:g}' for m in low)} x lambda_ref: the rule needs "
+                f"lam > lam_miss ({lambda_miss:.4g} sessions/s), so the rule can only FAIL there"
+            )
     return out
 
 
@@ -94,7 +103,8 @@ def undecidable_reasons(reg: Registration) -> list[str]:
     design = reg.fill.get("design")
     if isinstance(design, dict) and not design.get("decisive") and not out:
         out.append(
-            f"not decisive by design: the bound design record {design.get('path')} finds {design.get('why_not') or 'an arm undecided'}"
+            f"not decisive by design: the bound design record {design.get('path')} finds "
+            f"{design.get('why_not') or 'an arm undecided'}"
         )
     return out
 
@@ -119,11 +129,15 @@ def decisive_hints(reg: Registration) -> list[str]:
         lam = float(d["lambda"])
         gap = mu_c - lam
         if gap <= 0:
-            out.append(f"at {float(d['rate']):g} x lambda_ref mu(cap {reg.cap}) = {mu_c:.4g} <= lambda = {lam:.4g} sessions/s: no burst drains; "
-                       "a larger cap or a lower rate is needed")  # fmt: skip
+            out.append(
+                f"at {float(d['rate']):g} x lambda_ref mu(cap {reg.cap}) = {mu_c:.4g} <= lambda = {lam:.4g} "
+                "sessions/s: no burst drains; a larger cap or a lower rate is needed"
+            )
             continue
         b_max = math.floor(gap * budget)
         need = p.burst.size / gap / frac + p.burst.time + span
-        out.append(f"at {float(d['rate']):g} x lambda_ref the drain fits with a burst of at most {b_max} sessions (cap {reg.cap}, "
-                   f"{p.duration:g} s runs), or with runs of at least {need:,.0f} s for the burst of {p.burst.size}")  # fmt: skip
+        out.append(
+            f"at {float(d['rate']):g} x lambda_ref the drain fits with a burst of at most {b_max} sessions (cap "
+            f"{reg.cap}, {p.duration:g} s runs), or with runs of at least {need:,.0f} s for the burst of {p.burst.size}"
+        )
     return out

@@ -74,12 +74,21 @@ class Design:
     fractions: tuple[tuple[int, int], ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"time_factor": self.time_factor, "post_factor": self.post_factor, "burst": self.burst, "width_factor": self.width_factor,
-                "cap_fraction": self.cap_fraction, "fractions": [list(f) for f in self.fractions]}  # fmt: skip
+        return {
+            "time_factor": self.time_factor,
+            "post_factor": self.post_factor,
+            "burst": self.burst,
+            "width_factor": self.width_factor,
+            "cap_fraction": self.cap_fraction,
+            "fractions": [list(f) for f in self.fractions],
+        }
 
     def label(self) -> str:
         fr = "/".join(f"{a}/{b}" for a, b in self.fractions)
-        return f"t x{self.time_factor:g} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} cap@{self.cap_fraction:g} at {fr}"
+        return (
+            f"t x{self.time_factor:g} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} "
+            f"cap@{self.cap_fraction:g} at {fr}"
+        )
 
 
 @dataclass
@@ -97,7 +106,8 @@ class Context:
     arms: dict[str, ArmConfig]  # name in the template -> config
     lambda_ref: float
     lambda_miss: float
-    all_miss: float  # the registered (E0a) all-miss token rate: simulated runs are judged with it, as a frozen prediction's are
+    # the registered (E0a) all-miss token rate: simulated runs are judged with it, as a frozen prediction's are
+    all_miss: float
     curve: list[tuple[int, float]]
     window: F.Window
     seeds: list[int]
@@ -127,7 +137,8 @@ def load_context(inputs_dir: str | Path, template_path: str | Path, cost_file: s
     cell = load_config(config_ref(tmpl.cell or "", "cells"), CellConfig, base)
     if inputs.stage_c.cell != cell.name:
         raise RegistrationError(
-            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}"
+            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell "
+            f"{cell.name!r}"
         )
     cpath = Path(cost_file)
     cost = load_cost_file(cpath)
@@ -154,14 +165,23 @@ def load_context(inputs_dir: str | Path, template_path: str | Path, cost_file: s
     )
     workload = load_config(config_ref(tmpl.workload or "", "workloads"), WorkloadConfig, base)
     return Context(
-        template=tmpl, template_path=tpath, inputs=inputs,
-        cell=sim_cell, cost_path=cpath, workload=workload,
+        template=tmpl,
+        template_path=tpath,
+        inputs=inputs,
+        cell=sim_cell,
+        cost_path=cpath,
+        workload=workload,
         protocol=load_config(config_ref(tmpl.protocol or "", "protocols"), ProtocolConfig, base),
-        rule=resolve_rule(tmpl.rule, tmpl.rule_overrides, base, str(tpath)), arms=arms, lambda_ref=ev.lambda_ref, lambda_miss=lam_miss,
-        all_miss=ev.all_miss_token_rate, curve=curve,
+        rule=resolve_rule(tmpl.rule, tmpl.rule_overrides, base, str(tpath)),
+        arms=arms,
+        lambda_ref=ev.lambda_ref,
+        lambda_miss=lam_miss,
+        all_miss=ev.all_miss_token_rate,
+        curve=curve,
         window=F.window(cap.mu_star, ev.lambda_ref, edge.edge, low=tmpl.fill.window_low, upper=tmpl.fill.upper_edge),
-        seeds=list(tmpl.seeds or []), top_rate=tmpl.top_rate if tmpl.top_rate is not None else DEFAULT_TOP_RATE,
-    )  # fmt: skip
+        seeds=list(tmpl.seeds or []),
+        top_rate=tmpl.top_rate if tmpl.top_rate is not None else DEFAULT_TOP_RATE,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,12 +199,23 @@ def protocol_for(base: ProtocolConfig, d: Design) -> ProtocolConfig:
     tb = base.burst.time * d.time_factor
     P = post * d.time_factor * d.post_factor
     data = base.model_dump(mode="json")
-    data.update({
-        "name": f"{base.name}-design", "description": f"{base.name} with {d.label()}",
-        "duration": _r(tb + P), "burst": {"time": _r(tb), "size": int(d.burst), "width": _r(base.burst.width * d.time_factor * d.width_factor)},
-        "window": {"start": _r(tb + share * P), "end": _r(tb + P)},
-        **{k: _r(getattr(base, k) * d.time_factor) for k in ("min_window", "backlog_bin", "hit_bin", "recovered_span")},
-    })  # fmt: skip
+    data.update(
+        {
+            "name": f"{base.name}-design",
+            "description": f"{base.name} with {d.label()}",
+            "duration": _r(tb + P),
+            "burst": {
+                "time": _r(tb),
+                "size": int(d.burst),
+                "width": _r(base.burst.width * d.time_factor * d.width_factor),
+            },
+            "window": {"start": _r(tb + share * P), "end": _r(tb + P)},
+            **{
+                k: _r(getattr(base, k) * d.time_factor)
+                for k in ("min_window", "backlog_bin", "hit_bin", "recovered_span")
+            },
+        }
+    )
     return parse_config(data, ProtocolConfig, f"design {d.label()}")
 
 
@@ -231,8 +262,14 @@ def formula_eval(ctx: Context, d: Design) -> FormulaEval:
         return FormulaEval(d, None, None, reasons=[f"no valid protocol: {str(exc).splitlines()[-1].strip()}"])
     rule = rule_for(ctx.rule, protocol)
     fe = FormulaEval(d, protocol, rule, run_s=protocol.duration)
-    placed = F.place_rates(ctx.window, fractions=d.fractions, step=P.rate_step, rounding=P.rounding, band_low_factor=P.band_low_factor,
-                           band_high_factor=P.band_high_factor)  # fmt: skip
+    placed = F.place_rates(
+        ctx.window,
+        fractions=d.fractions,
+        step=P.rate_step,
+        rounding=P.rounding,
+        band_low_factor=P.band_low_factor,
+        band_high_factor=P.band_high_factor,
+    )
     fe.reasons += list(placed.reasons)
     fe.multiples = [float(r.multiple) for r in placed.rates]
     cap = F.cap_rule(
@@ -240,8 +277,12 @@ def formula_eval(ctx: Context, d: Design) -> FormulaEval:
     )
     gated = [a for a, c in ctx.arms.items() if c.gate is not None]
     fe.cap, fe.mu_cap = (cap.cap, cap.mu_cap) if gated else (None, None)
-    fe.budget_s = F.drain_budget(protocol.duration, protocol.burst.time, float(rule["params"].get("recovered_span", protocol.recovered_span)),
-                                 P.drain_fraction)  # fmt: skip
+    fe.budget_s = F.drain_budget(
+        protocol.duration,
+        protocol.burst.time,
+        float(rule["params"].get("recovered_span", protocol.recovered_span)),
+        P.drain_fraction,
+    )
     for m in fe.multiples:
         dr = F.drain(cap.mu_cap, cap.cap, m, ctx.lambda_ref, d.burst, fe.budget_s, ctx.curve, P.drain_formula)
         fe.drains.append(
@@ -272,9 +313,19 @@ def sim_bundle(ctx: Context, fe: FormulaEval, seeds: Sequence[int]) -> TestBundl
     refs = TestReferences(
         lambda_ref=ctx.lambda_ref, all_miss_token_rate=ctx.all_miss, source="the design's calibration inputs (E0a)"
     )
-    test = TestConfig(name=f"design-{ctx.template.name}", rule=str(ctx.rule.get("name", "e2")), cell=ctx.cell.name, workload=ctx.workload.name,
-                      protocol=fe.protocol.name, arms=list(arms), rates=list(fe.multiples), seeds=list(seeds), cap=fe.cap,
-                      top_rate=ctx.top_rate, references=refs)  # fmt: skip
+    test = TestConfig(
+        name=f"design-{ctx.template.name}",
+        rule=str(ctx.rule.get("name", "e2")),
+        cell=ctx.cell.name,
+        workload=ctx.workload.name,
+        protocol=fe.protocol.name,
+        arms=list(arms),
+        rates=list(fe.multiples),
+        seeds=list(seeds),
+        cap=fe.cap,
+        top_rate=ctx.top_rate,
+        references=refs,
+    )
     return TestBundle(test=test, cell=ctx.cell, workload=ctx.workload, protocol=fe.protocol, arms=arms)
 
 
@@ -343,8 +394,17 @@ def _order(ctx: Context, fe: FormulaEval) -> list[tuple[str, float]]:
     return sorted(out, key=lambda x: 0 if (ctx.arms[x[0]].burst and ctx.arms[x[0]].gate is None) else 1)
 
 
-def sim_eval(ctx: Context, fe: FormulaEval, *, seeds: Sequence[int], need: int, margin: float, jobs: int = 1,
-             pool: ProcessPoolExecutor | None = None, early_exit: bool = True) -> SimEval:  # fmt: skip
+def sim_eval(
+    ctx: Context,
+    fe: FormulaEval,
+    *,
+    seeds: Sequence[int],
+    need: int,
+    margin: float,
+    jobs: int = 1,
+    pool: ProcessPoolExecutor | None = None,
+    early_exit: bool = True,
+) -> SimEval:
     """Each arm's registered state in `need` of `seeds` at the fitted speed and at 1 -+ margin;
     with `early_exit`, stops at the first arm x rate x speed that cannot reach `need` (else every
     seed of every arm x rate at the fitted speed is run: the full table of a design)."""
@@ -373,7 +433,10 @@ def sim_eval(ctx: Context, fe: FormulaEval, *, seeds: Sequence[int], need: int, 
                     c.states.append(st)
                     c.stats.append(stats)
             if c.good < need and not out.reason:
-                out.reason = f"{arm.upper()} at {rate:g} x lambda_ref, speed x{f:g}: {'/'.join(want)} in {c.good} of {c.done} fresh seeds ({', '.join(c.states)}); needs {need} of {len(seeds)}"
+                out.reason = (
+                    f"{arm.upper()} at {rate:g} x lambda_ref, speed x{f:g}: {'/'.join(want)} in {c.good} of "
+                    f"{c.done} fresh seeds ({', '.join(c.states)}); needs {need} of {len(seeds)}"
+                )
             if out.reason and early_exit:
                 return out
             if not early_exit and f == 1.0 and c.good < need:
@@ -401,8 +464,15 @@ class Grid:
 
     def designs(self, base_burst: int) -> list[Design]:
         bursts = sorted({max(1, round(base_burst * b)) for b in self.burst_factors}, reverse=True)
-        return [Design(t, p, b, w, c, fr) for t in self.time_factors for p in self.post_factors for b in bursts for w in self.width_factors
-                for c in self.cap_fractions for fr in self.fractions]  # fmt: skip
+        return [
+            Design(t, p, b, w, c, fr)
+            for t in self.time_factors
+            for p in self.post_factors
+            for b in bursts
+            for w in self.width_factors
+            for c in self.cap_fractions
+            for fr in self.fractions
+        ]
 
 
 @dataclass
@@ -433,8 +503,20 @@ class SearchResult:
     searched: bool = True
 
 
-def search(ctx: Context, grid: Grid, *, seeds: Sequence[int], need: int, margin: float, overhead_s: float, max_candidates: int = 60,
-           jobs: int = 1, echo: Any = None, max_hours: float | None = None, max_ci_s: float | None = None) -> SearchResult:  # fmt: skip
+def search(
+    ctx: Context,
+    grid: Grid,
+    *,
+    seeds: Sequence[int],
+    need: int,
+    margin: float,
+    overhead_s: float,
+    max_candidates: int = 60,
+    jobs: int = 1,
+    echo: Any = None,
+    max_hours: float | None = None,
+    max_ci_s: float | None = None,
+) -> SearchResult:
     """The baseline (the template's design) evaluated in full, then candidates in order of cost
     (engine-hours of the full test, then the CI version's time) until one is decisive. A candidate
     over `max_hours` (the full test) or `max_ci_s` (its CI version) is pruned with the formulas'."""
@@ -442,8 +524,12 @@ def search(ctx: Context, grid: Grid, *, seeds: Sequence[int], need: int, margin:
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
         base_fe = formula_eval(ctx, ctx.baseline())
-        baseline = Evaluated(base_fe, sim_eval(ctx, base_fe, seeds=seeds, need=need, margin=margin, jobs=jobs, pool=pool, early_exit=False)
-                             if base_fe.protocol else None)  # fmt: skip
+        baseline = Evaluated(
+            base_fe,
+            sim_eval(ctx, base_fe, seeds=seeds, need=need, margin=margin, jobs=jobs, pool=pool, early_exit=False)
+            if base_fe.protocol
+            else None,
+        )
         runs = baseline.sim.runs if baseline.sim else 0
         if baseline.decisive:
             return SearchResult(baseline, baseline, [baseline], 0, 1, runs)
@@ -470,7 +556,8 @@ def search(ctx: Context, grid: Grid, *, seeds: Sequence[int], need: int, margin:
             runs += ev.sim.runs if ev.sim else 0
             evaluated.append(ev)
             say(
-                f"  {fe.engine_hours(overhead_s):6.2f} engine-h  {fe.design.label():60}  {'DECISIVE' if ev.decisive else ev.why_not()}"
+                f"  {fe.engine_hours(overhead_s):6.2f} engine-h  {fe.design.label():60}  "
+                f"{'DECISIVE' if ev.decisive else ev.why_not()}"
             )
             if ev.decisive:
                 proposal = ev
@@ -491,6 +578,12 @@ def margins(
     for arm in ctx.arms:
         for rate in fe.multiples:
             per = [SimRun(bundle, arm, rate, s, fe.rule or ctx.rule, refs).margin(max_change, tol) for s in seeds]
-            out.append({"arm": arm.upper(), "rate": rate, "min_margin": min(m.margin for m in per),
-                        "seeds": {str(s): m.to_json() for s, m in zip(seeds, per)}})  # fmt: skip
+            out.append(
+                {
+                    "arm": arm.upper(),
+                    "rate": rate,
+                    "min_margin": min(m.margin for m in per),
+                    "seeds": {str(s): m.to_json() for s, m in zip(seeds, per)},
+                }
+            )
     return out

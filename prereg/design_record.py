@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.config import load_yaml
-from prereg.registration import RegistrationError, dump_yaml, sha256_file
+from harness.config.files import dump_yaml
+from prereg.registration import RegistrationError, sha256_file
 
 if TYPE_CHECKING:  # the fill reads records without loading the simulator
     from prereg.design import Context, Evaluated, FormulaEval, SearchResult
@@ -74,8 +75,15 @@ def evaluated_json(ev: Evaluated, overhead_s: float, margins: list[dict[str, Any
     return out
 
 
-def design_record(ctx: Context, res: SearchResult, *, settings: dict[str, Any], overhead_s: float, root: Path | None,
-                  margins: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def design_record(
+    ctx: Context,
+    res: SearchResult,
+    *,
+    settings: dict[str, Any],
+    overhead_s: float,
+    root: Path | None,
+    margins: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The record as plain data (written by `write_design`)."""
     base_undecidable = [r for r in res.baseline.formula.reasons if "can only FAIL" in r]
     return {
@@ -114,7 +122,7 @@ def design_record(ctx: Context, res: SearchResult, *, settings: dict[str, Any], 
                 }
                 for e in res.evaluated
             ],
-        },  # fmt: skip
+        },
     }
 
 
@@ -147,14 +155,23 @@ def bound_design(
     want = hashlib.sha256(template_path.read_bytes()).hexdigest()
     got = (data.get("template") or {}).get("sha256")
     if got != want:
-        raise RegistrationError(f"{p}: template.sha256: got {got}; expected {want}, the SHA-256 of {template_path}: the design was made for "
-                                "another template; run `agentload prereg design` again")  # fmt: skip
+        raise RegistrationError(
+            f"{p}: template.sha256: got {got}; expected {want}, the SHA-256 of {template_path}: the design was made "
+            "for another template; run `agentload prereg design` again"
+        )
     have = {i.get("role"): i.get("sha256") for i in data.get("inputs") or []}
     for stage, (_, sha) in files.items():
         if have.get(stage) != sha:
-            raise RegistrationError(f"{p}: inputs: the {stage} summary's SHA-256 is {sha}, the design was made from {have.get(stage)}; "
-                                    "run `agentload prereg design` again")  # fmt: skip
+            raise RegistrationError(
+                f"{p}: inputs: the {stage} summary's SHA-256 is {sha}, the design was made from {have.get(stage)}; "
+                "run `agentload prereg design` again"
+            )
     prop = data.get("proposal") or {}
-    return {"path": _rel(p, root), "sha256": hashlib.sha256(raw).hexdigest(), "decisive": bool(data.get("decisive")),
-            "undecidable": list(data.get("undecidable") or []), "why_not": (data.get("baseline") or {}).get("why_not"),
-            "proposal": None if not prop else {"design": prop.get("design"), "engine_hours": prop.get("engine_hours")}}  # fmt: skip
+    return {
+        "path": _rel(p, root),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "decisive": bool(data.get("decisive")),
+        "undecidable": list(data.get("undecidable") or []),
+        "why_not": (data.get("baseline") or {}).get("why_not"),
+        "proposal": None if not prop else {"design": prop.get("design"), "engine_hours": prop.get("engine_hours")},
+    }

@@ -91,7 +91,9 @@ def _kill_conditions(
             {
                 "id": "K3",
                 "kind": "capped_not_recovered",
-                "description": "CAPPED fails to recover in a seed whose BURST run is trapped, at a rate whose drain fits",
+                "description": (
+                    "CAPPED fails to recover in a seed whose BURST run is trapped, at a rate whose drain fits"
+                ),
                 "params": {"burst_arm": "BURST", "capped_arm": "CAPPED", "rates": fits},
                 "frozen": None,
             }
@@ -100,7 +102,9 @@ def _kill_conditions(
         {
             "id": "K4",
             "kind": "window_noise",
-            "description": "the window is empty or narrower than the noise (noise_factor x relative s.e. of lambda_ref)",
+            "description": (
+                "the window is empty or narrower than the noise (noise_factor x relative s.e. of lambda_ref)"
+            ),
             "params": {},
             "frozen": noise,
         }
@@ -217,7 +221,8 @@ def _setting(tmpl: Template, tpath: Path, inputs: CalibrationInputs) -> _Setting
     protocol = load_config(config_ref(tmpl.protocol or "", "protocols"), ProtocolConfig, base)
     if inputs.stage_c.cell != cell.name:
         raise InputError(
-            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell {cell.name!r}"
+            f"{inputs.files['stage-c'][0]}: cell: got {inputs.stage_c.cell!r}; expected the template's cell "
+            f"{cell.name!r}"
         )
     rule = resolve_rule(tmpl.rule, tmpl.rule_overrides, base, src)
     return _Setting(tmpl.fill, base, src, cell, workload, protocol, rule)
@@ -318,8 +323,10 @@ def _warnings(
             {
                 "id": "cap_ambiguous",
                 "value": None,
-                "text": f"cap {cap.cap} is ambiguous ({cap.reading}): argmax {cap.argmax}; n at the threshold {list(cap.at_threshold)}"
-                + (f", other n {others}" if others else ""),
+                "text": (
+                    f"cap {cap.cap} is ambiguous ({cap.reading}): argmax {cap.argmax}; n at the threshold "
+                    f"{list(cap.at_threshold)}" + (f", other n {others}" if others else "")
+                ),
             }
         )
     for m, d in drains.per_rate.items():
@@ -328,7 +335,10 @@ def _warnings(
                 {
                     "id": f"drain_does_not_fit_{m}",
                     "value": _finite(d.drain_s),
-                    "text": f"at {m} x lambda_ref the CAPPED drain does not fit {drains.budget:.0f} s: its prediction lapses and kill condition K3 does not apply there",
+                    "text": (
+                        f"at {m} x lambda_ref the CAPPED drain does not fit {drains.budget:.0f} s: its prediction "
+                        "lapses and kill condition K3 does not apply there"
+                    ),
                 }
             )
     if not edge.monotone:
@@ -344,7 +354,10 @@ def _warnings(
             {
                 "id": "e0b_partial",
                 "value": None,
-                "text": f"E0b runs missing above the first unstable multiple (cannot change the edge): {[list(x) for x in edge.missing]}",
+                "text": (
+                    "E0b runs missing above the first unstable multiple (cannot change the edge): "
+                    f"{[list(x) for x in edge.missing]}"
+                ),
             }
         )
     if drains.noise["triggered"]:
@@ -438,7 +451,9 @@ def _fill_trace(
         },
         "boundaries": {
             "recovery_threshold_sessions_per_s": lam_ref,
-            "recovery_threshold_note": "lambda_ref, not mu at the largest grid n, which the synchronized start of Stage C biases upward",
+            "recovery_threshold_note": (
+                "lambda_ref, not mu at the largest grid n, which the synchronized start of Stage C biases upward"
+            ),
             "below_window": "rates below lambda_ref: BURST not trapped (none registered)",
             "above_window": "no rate above the window is registered: NOBURST could leave the good state unaided",
         },

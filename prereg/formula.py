@@ -15,6 +15,7 @@ as it did for the paper's H200 300k cell. Every reading the paper leaves open is
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,7 +165,8 @@ def place_rates(
         out.append(PlacedRate((num, den), raw, m, inside))
         if not inside:
             reasons.append(
-                f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, {_s(band[1])})"
+                f"rate {m} ({num}/{den} across the window) is not strictly inside the band ({_s(band[0])}, "
+                f"{_s(band[1])})"
             )
     if band[0] >= band[1]:
         reasons.insert(0, f"the band ({_s(band[0])}, {_s(band[1])}) is empty")
@@ -232,7 +234,7 @@ def rising_fixed_point(curve: Sequence[tuple[int, float]], lam: float) -> float 
     mu_star = max(b for _, b in pts)
     if lam >= mu_star or lam <= 0:
         return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if y0 <= lam <= y1 and y1 > y0:
             return x0 + (lam - y0) * (x1 - x0) / (y1 - y0)
         if y1 == mu_star:

@@ -147,7 +147,7 @@ def freeze(
             raise FreezeError(f"{p}: no such file to freeze")
     repo = Repo.containing(paths[0])
     rels = [repo.relpath(p) for p in paths]
-    for p, r in zip(paths, rels):
+    for p in paths:
         if Repo.containing(p).path.resolve() != repo.path.resolve():
             raise FreezeError(f"{p}: not in the same repository as {paths[0]}")
     metas = {r: _prediction_meta(p.read_bytes(), str(p)) for p, r in zip(paths, rels)}
@@ -198,8 +198,9 @@ def freeze(
     confirmed_at = utc_precise()
     if not chk.contains or remote_tag != tag_obj:
         raise FreezeError(
-            f"pushed, but the remote {remote!r} ({chk.url}) does not hold both: branch {branch} contains {commit[:12]}: "
-            f"{chk.contains}; tag {tag} there: {remote_tag or 'absent'} (local {tag_obj}). Nothing is frozen until it does."
+            f"pushed, but the remote {remote!r} ({chk.url}) does not hold both: branch {branch} contains "
+            f"{commit[:12]}: {chk.contains}; tag {tag} there: {remote_tag or 'absent'} (local {tag_obj}). Nothing is "
+            "frozen until it does."
         )
     data = {
         "format": RECORD_FORMAT,
@@ -302,11 +303,13 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
     if record is not None:
         if record.commit != commit:
             problems.append(
-                f"tag {tag} points to {commit[:12]}, but the freeze record says {record.commit[:12]} (the tag was moved)"
+                f"tag {tag} points to {commit[:12]}, but the freeze record says {record.commit[:12]} (the tag was "
+                "moved)"
             )
         if record.data.get("tag_object") and record.data["tag_object"] != repo.local_tag(tag):
             problems.append(
-                f"tag object {repo.local_tag(tag)} differs from the freeze record's {record.data['tag_object']} (the tag was re-made)"
+                f"tag object {repo.local_tag(tag)} differs from the freeze record's {record.data['tag_object']} (the "
+                "tag was re-made)"
             )
     listed = tag_message_hashes(repo.tag_message(tag))
     if not listed:

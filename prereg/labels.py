@@ -120,11 +120,13 @@ def label_for(
     if rc is None:
         return out(
             REGISTERED,
-            f"committed at {ct.isoformat()}, before the first submission at {fs.isoformat()}, but not confirmed on the remote",
+            f"committed at {ct.isoformat()}, before the first submission at {fs.isoformat()}, but not confirmed on the "
+            "remote",
         )
     return out(
         REGISTERED,
-        f"committed before the first submission ({fs.isoformat()}) but confirmed on the remote only at {rc.isoformat()}",
+        f"committed before the first submission ({fs.isoformat()}) but confirmed on the remote only at "
+        f"{rc.isoformat()}",
     )
 
 

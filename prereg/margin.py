@@ -56,8 +56,15 @@ class FlipMargin:
         return min(vals) if vals else self.max_change
 
     def to_json(self) -> dict[str, Any]:
-        return {"base": self.base, "faster": self.faster, "slower": self.slower, "margin": self.margin, "max_change": self.max_change,
-                "bounded": self.faster is not None or self.slower is not None, "evaluations": self.evaluations}  # fmt: skip
+        return {
+            "base": self.base,
+            "faster": self.faster,
+            "slower": self.slower,
+            "margin": self.margin,
+            "max_change": self.max_change,
+            "bounded": self.faster is not None or self.slower is not None,
+            "evaluations": self.evaluations,
+        }
 
 
 def _bisect(flips: Callable[[float], bool], max_change: float, tol: float) -> tuple[float | None, int]:
@@ -77,8 +84,14 @@ def _bisect(flips: Callable[[float], bool], max_change: float, tol: float) -> tu
     return round(hi, 6), n
 
 
-def flip_margin(state_at: Callable[[float], str], *, base: str | None = None, max_change: float = 0.5, tol: float = 0.01,
-                directions: tuple[str, ...] = ("faster", "slower")) -> FlipMargin:  # fmt: skip
+def flip_margin(
+    state_at: Callable[[float], str],
+    *,
+    base: str | None = None,
+    max_change: float = 0.5,
+    tol: float = 0.01,
+    directions: tuple[str, ...] = ("faster", "slower"),
+) -> FlipMargin:
     """The flip margin of `state_at` around factor 1.0, by bisection in each direction."""
     if not 0 < max_change < 1:
         raise ValueError(f"max_change: expected a relative change in (0, 1), got {max_change}")
@@ -89,7 +102,11 @@ def flip_margin(state_at: Callable[[float], str], *, base: str | None = None, ma
     out: dict[str, float | None] = {"faster": None, "slower": None}
     for d in directions:
         sign = 1.0 if d == "faster" else -1.0
-        m, n = _bisect(lambda x: state_at(1.0 + sign * x) != s0, max_change, tol)
+
+        def flips(x: float, sign: float = sign) -> bool:  # the direction bound now, not at the loop's end
+            return state_at(1.0 + sign * x) != s0
+
+        m, n = _bisect(flips, max_change, tol)
         out[d] = m
         evals += n
     return FlipMargin(s0, out["faster"], out["slower"], max_change, evals)
@@ -102,8 +119,17 @@ class SimRun:
     by the factor, and judges the run by `rule` with `refs` (lambda_ref, all_miss_token_rate; the
     latter x the factor with `scale_token_reference`, see the module doc). States are cached by factor."""
 
-    def __init__(self, bundle: TestBundle, arm: str, rate: float, seed: int, rule: Mapping[str, Any], refs: Mapping[str, float],
-                 scratch: Path | None = None, scale_token_reference: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bundle: TestBundle,
+        arm: str,
+        rate: float,
+        seed: int,
+        rule: Mapping[str, Any],
+        refs: Mapping[str, float],
+        scratch: Path | None = None,
+        scale_token_reference: bool = True,
+    ) -> None:
         self.bundle, self.arm, self.rate, self.seed = bundle, arm, float(rate), int(seed)
         self.rule, self.refs = rule, dict(refs)
         self.scratch = scratch
@@ -116,8 +142,16 @@ class SimRun:
             return self.cache[key]
         cell = self.bundle.cell
         cost = cell.cost.model_copy(update={"speed": cell.cost.speed * key})
-        bundle = TestBundle(self.bundle.test, cell.model_copy(update={"cost": cost}), self.bundle.workload, self.bundle.protocol,
-                            self.bundle.arms, self.bundle.path, self.bundle.arm_refs, self.bundle.rule_path)  # fmt: skip
+        bundle = TestBundle(
+            self.bundle.test,
+            cell.model_copy(update={"cost": cost}),
+            self.bundle.workload,
+            self.bundle.protocol,
+            self.bundle.arms,
+            self.bundle.path,
+            self.bundle.arm_refs,
+            self.bundle.rule_path,
+        )
         tmp = Path(tempfile.mkdtemp(prefix="agentload-margin-", dir=self.scratch))
         try:
             res = execute_run(bundle, self.arm, self.rate, self.seed, "sim", tmp / "run")

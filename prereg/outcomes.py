@@ -84,7 +84,7 @@ def interval_quantities(run_dir: Path, names: set[str], backlog_bin: float) -> d
         else:
             kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
             if kind == "slope":
-                edges = a + backlog_bin * np.arange(int(math.floor((b - a) / backlog_bin + 1e-9)) + 1)
+                edges = a + backlog_bin * np.arange(math.floor((b - a) / backlog_bin + 1e-9) + 1)
                 out[name] = ls_slope(0.5 * (edges[:-1] + edges[1:]), interval_bin_means(sys_s, sys_e, edges))
             elif kind == "completions":
                 out[name] = float(np.sum(done & (end >= a) & (end < b))) / (b - a)
@@ -132,9 +132,10 @@ def load_outcome_file(path: str | Path) -> Outcomes:
 
 def _meta(d: Path) -> dict[str, Any] | None:
     try:
-        return orjson.loads((d / "meta.json").read_bytes())
+        meta = orjson.loads((d / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
 
 
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
@@ -164,7 +165,8 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
         bound = ((meta.get("registration") or {}) if isinstance(meta.get("registration"), dict) else {}).get("sha256")
         if reg_sha and bound != reg_sha:
             out.notes.append(
-                f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' {reg_sha[:12]}; not scored"
+                f"{d.name}: bound to registration {str(bound)[:12] if bound else 'none'}, not the predictions' "
+                f"{reg_sha[:12]}; not scored"
             )
             continue
         sr = run_quantities(d, spec, series=False).run

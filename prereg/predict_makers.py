@@ -1,8 +1,8 @@
 """Makers of prediction files, one per kind of predictor the paper froze, and what they share (this
 module: the test a file is about, its rule, its registration, the predictor block).
 
-- `simulator_predictions` (prereg/predict_sim.py): the reference engine model in virtual time, run on N fresh seeds (seeds
-  the test does not use, so nothing about the registered runs is seen). Per registered run it
+- `simulator_predictions` (prereg/predict_sim.py): the reference engine model in virtual time, run on N fresh
+  seeds (seeds the test does not use, so nothing about the registered runs is seen). Per registered run it
   predicts the probability of each rule state, of STUCK and of the arm's condition, and the mean of
   chosen statistics with a tolerance of `tolerance_sd` seed standard deviations (never below a
   floor); per seed, the probability that every arm meets its condition (estimated jointly, since
@@ -12,8 +12,8 @@ module: the test a file is about, its rule, its registration, the predictor bloc
 - `model_f_predictions` (prereg/predict_theory.py): model F driven by each registered seed's exact frozen plan (the
   plan-driven FIFO fluid): backlog slope over the window (and the quasi-static λ_plan − λ_miss as a
   comparator), completions, sessions present at the end, and a stuck call by the onset criterion.
-- `entry_predictions` (prereg/predict_theory.py): the first-principles entry model: μ(n) on a grid, the 0.5-hit crossing,
-  the all-miss onset n_b, the peak ratio μ*/λ_ref (the window's upper end from the curve's side)
+- `entry_predictions` (prereg/predict_theory.py): the first-principles entry model: μ(n) on a grid, the 0.5-hit
+  crossing, the all-miss onset n_b, the peak ratio μ*/λ_ref (the window's upper end from the curve's side)
   and μ_b/λ_ref (its lower end).
 
 Every tolerance is a named parameter with the paper's value as its default where the paper states

@@ -353,12 +353,14 @@ def simulator_predictions(
         if "exact" in plan.layers:
             preds += _exact_predictions(plan, r, verdicts, src_base)
     see = [
-        f"the test config {plan.test_path} and the configs it names (cell {bundle.cell.name}, workload {bundle.workload.name})",
+        f"the test config {plan.test_path} and the configs it names (cell {bundle.cell.name}, workload "
+        f"{bundle.workload.name})",
         f"simulated runs on fresh seeds {fresh}, which the test does not use",
     ]
     if "exact" in plan.layers:
         see.append(
-            f"simulated runs on the registered seeds' own frozen plans (seeds {plan.seeds}): the plans, not any engine run"
+            f"simulated runs on the registered seeds' own frozen plans (seeds {plan.seeds}): the plans, not any engine "
+            "run"
         )
     see.append("no run of this test on the engine under test")
     params = {
@@ -380,8 +382,8 @@ def simulator_predictions(
         could_see=see,
         made_at=utc_precise(),
         description=f"Simulator predictions for test {bundle.test.name}: {n_seeds} fresh seeds per arm and rate",
-        scoring_declaration="Probabilities call the side above one half; categorical predictions call their modal state; "
-        "values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds.",
+        scoring_declaration="Probabilities call the side above one half; categorical predictions call their modal "
+        "state; values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds.",
     )
 
 

@@ -62,7 +62,8 @@ def model_f_predictions(
     arm_keys = [a for a in chosen_arms(bundle, arms) if bundle.arms[a].burst]
     if not arm_keys:
         raise ConfigError(
-            f"test {bundle.test.name}: model F predicts a trap entered at a burst; no burst arm among {list(bundle.arms)}"
+            f"test {bundle.test.name}: model F predicts a trap entered at a burst; no burst arm among "
+            f"{list(bundle.arms)}"
         )
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(cell.cost.model(), mom, cell.kv_pool_tokens, cell.batching)
@@ -227,7 +228,8 @@ def model_f_predictions(
                         src,
                         {"value": stuck},
                         "model F",
-                        note=f"stuck iff the fluid backlog stays above the all-miss onset n_b = {onset.n_b:.1f} over the window",
+                        note=f"stuck iff the fluid backlog stays above the all-miss onset n_b = {onset.n_b:.1f} over "
+                        "the window",
                     ),
                 ]
     params = {
@@ -331,7 +333,8 @@ def entry_predictions(
                 src,
                 {"value": round(curve.peak.mu / cell.lambda_ref, 4), "tolerance": {"rel": ratio_tolerance_rel}},
                 lay,
-                note="mu*/lambda_ref: the window's upper end as the curve sets it (the registered edge is min(this, E0b edge))",
+                note="mu*/lambda_ref: the window's upper end as the curve sets it (the registered edge is min(this, "
+                "E0b edge))",
             )
         )
         preds.append(

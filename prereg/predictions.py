@@ -225,14 +225,15 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
     if reg is not None and (not isinstance(reg, dict) or not isinstance(reg.get("sha256"), str)):
         raise _err(path, "registration", reg, "null or a mapping with at least sha256 (and name, path)")
     blind = doc.get("declared_blindness")
-    if blind is not None:
-        if not isinstance(blind, dict) or blind.get("label") not in DECLARABLE_BLINDNESS or not blind.get("statement"):
-            raise _err(
-                path,
-                "declared_blindness",
-                blind,
-                f"null or {{label: one of {list(DECLARABLE_BLINDNESS)}, statement: who read what, when}}",
-            )
+    if blind is not None and (
+        not isinstance(blind, dict) or blind.get("label") not in DECLARABLE_BLINDNESS or not blind.get("statement")
+    ):
+        raise _err(
+            path,
+            "declared_blindness",
+            blind,
+            f"null or {{label: one of {list(DECLARABLE_BLINDNESS)}, statement: who read what, when}}",
+        )
     preds_raw = doc.get("predictions")
     if not isinstance(preds_raw, list) or not preds_raw:
         raise _err(path, "predictions", preds_raw, "a non-empty list")

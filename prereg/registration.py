@@ -196,7 +196,7 @@ class Registration(_Strict):
                 return p.sha256
         return None
 
-    def bundle(self) -> Any:
+    def bundle(self) -> TestBundle:
         """The test as a harness.config.TestBundle built from the registration alone (its cell,
         workload, protocol and arm configs), so a job plays exactly the registered plans."""
         missing = [a for a in self.arms if a not in self.arm_configs]
@@ -248,7 +248,7 @@ class Registration(_Strict):
             problems.append(f"parent: only an EXPLORATORY registration has a parent; status is {self.status}")
         if self.status == "INCOMPLETE" and not self.status_reasons:
             problems.append("status_reasons: an INCOMPLETE registration must say why (expected at least one reason)")
-        if len(set(a.lower() for a in self.arms)) != len(self.arms):
+        if len({a.lower() for a in self.arms}) != len(self.arms):
             problems.append(f"arms: expected distinct arm names, got {self.arms}")
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(f"seeds: expected distinct seeds, got {self.seeds}")
@@ -269,7 +269,8 @@ class Registration(_Strict):
         if self.status in ("FILLED", "EXPLORATORY"):
             if self.references.all_miss_token_rate is None:
                 problems.append(
-                    f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} registration (the TRAPPED rule needs it)"
+                    f"references.all_miss_token_rate: got null; expected E0a's all-miss token rate in a {self.status} "
+                    "registration (the TRAPPED rule needs it)"
                 )
             if not self.rates:
                 problems.append(f"rates: a {self.status} registration needs at least one rate")
@@ -278,7 +279,8 @@ class Registration(_Strict):
             for i, r in enumerate(self.rates):
                 if r.sessions_per_s > self.top_rate:
                     problems.append(
-                        f"rates[{i}]: {r.sessions_per_s:.4g} sessions/s exceeds top_rate {self.top_rate}; expected at most the plans' base rate"
+                        f"rates[{i}]: {r.sessions_per_s:.4g} sessions/s exceeds top_rate {self.top_rate}; expected at "
+                        "most the plans' base rate"
                     )
             want_plans = {(a.lower(), round(m, 9), s) for a in self.arms for m in mults for s in self.seeds}
             have = [(p.arm.lower(), round(p.rate, 9), p.seed) for p in self.plans]
@@ -288,7 +290,8 @@ class Registration(_Strict):
             extra = sorted(set(have) - want_plans)
             if missing:
                 problems.append(
-                    f"plans: no plan hash for (arm, rate, seed) {missing[:4]}{' ...' if len(missing) > 4 else ''}; expected one per arm x rate x seed"
+                    f"plans: no plan hash for (arm, rate, seed) {missing[:4]}{' ...' if len(missing) > 4 else ''}; "
+                    "expected one per arm x rate x seed"
                 )
             if extra:
                 problems.append(
@@ -322,7 +325,8 @@ def registration_from_data(data: Any, source: Path | str = "<memory>", raw: byte
         ver = data.get("format_version")
         if ver != FORMAT_VERSION:
             raise RegistrationError(
-                f"{source}: format_version: got {ver!r}; expected {FORMAT_VERSION} (this code reads version {FORMAT_VERSION})"
+                f"{source}: format_version: got {ver!r}; expected {FORMAT_VERSION} (this code reads version "
+                f"{FORMAT_VERSION})"
             )
     try:
         reg = parse_config(data, Registration, source)
@@ -366,9 +370,9 @@ def load_registration(path: str | Path, expect_sha256: str | None = None) -> Reg
 
 
 # Cell fields added after registrations were first written, that only CPU cells set (SGLang's CPU
-# launch settings, the engine's CPU quota, a host kind's launch extras, its speed pin): left out of the file while unset, so a
-# registration written before they existed keeps its bytes, its SHA-256 and every run bound to it. Reading the
-# file back gives the same object (the fields default to None).
+# launch settings, the engine's CPU quota, a host kind's launch extras, its speed pin): left out of the file while
+# unset, so a registration written before they existed keeps its bytes, its SHA-256 and every run bound to it. Reading
+# the file back gives the same object (the fields default to None).
 _CELL_OMITTED_WHEN_UNSET = ("device", "mem_fraction_static", "engine_cpu_quota", "launch_extras", "engine_speed_pin")
 
 

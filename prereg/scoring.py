@@ -212,7 +212,13 @@ def score_file(pf: PredictionFile, outcomes: Outcomes) -> Score:
 
 
 def _score_one(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction]) -> Scored:
-    base: dict[str, Any] = dict(id=p.id, kind=p.kind, quantity=p.quantity, about=p.about.label(), layer=p.layer)
+    base: dict[str, Any] = {
+        "id": p.id,
+        "kind": p.kind,
+        "quantity": p.quantity,
+        "about": p.about.label(),
+        "layer": p.layer,
+    }
     if p.kind == "rule_probability":
         return _score_rule(p, outcomes, by_id, base)
     o = outcomes.get(p)

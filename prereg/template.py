@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from analysis.rules import RuleError, load_rule
+from analysis.rules import load_rule
 from harness.config import DEFAULT_START_LATENESS_P99, DEFAULT_TOP_RATE, StrictModel, load_yaml, parse_config
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RuleError
 from prereg.registration import Allowances, RegistrationError
 
 TEMPLATE_FORMAT = "agentload-registration-template"
@@ -100,7 +100,8 @@ class Template(_Strict):
     def _complete(self) -> Template:
         if self.parent is not None and self.based_on is not None:
             raise ValueError(
-                "parent or based_on, not both (EXPLORATORY derivation, or a FILLED test on another registration's calibration)"
+                "parent or based_on, not both (EXPLORATORY derivation, or a FILLED test on another registration's "
+                "calibration)"
             )
         if self.based_on is not None:
             missing = [k for k in ("arms", "seeds", "rates") if getattr(self, k) is None]
@@ -117,7 +118,8 @@ class Template(_Strict):
             missing = [k for k in ("cell", "workload", "protocol", "arms", "seeds") if getattr(self, k) is None]
             if missing:
                 raise ValueError(
-                    f"{', '.join(missing)} given (a template without a parent names its cell, workload, protocol, arms and seeds)"
+                    f"{', '.join(missing)} given (a template without a parent names its cell, workload, protocol, arms "
+                    "and seeds)"
                 )
             if self.cell_overrides:
                 raise ValueError(

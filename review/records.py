@@ -263,7 +263,8 @@ class RunRecord:
 def job_id_of(meta: Mapping[str, Any]) -> str | None:
     """The scheduler job id of a run from its meta.json (array jobs as <array job>_<task>)."""
     slurm = ((meta.get("provenance") or {}).get("slurm") or {}) if isinstance(meta.get("provenance"), dict) else {}
-    top = meta.get("slurm") if isinstance(meta.get("slurm"), dict) else {}
+    top_slurm = meta.get("slurm")
+    top = top_slurm if isinstance(top_slurm, dict) else {}
     arr, task = (
         slurm.get("slurm_array_job_id") or top.get("array_job_id"),
         slurm.get("slurm_array_task_id") or top.get("array_task_id"),

@@ -89,9 +89,10 @@ class Binding:
 
 def _meta(d: Path) -> dict[str, Any] | None:
     try:
-        return orjson.loads((d / "meta.json").read_bytes())
+        meta = orjson.loads((d / "meta.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
 
 
 def bind_run(
@@ -183,7 +184,7 @@ def _expand(paths: Sequence[str | Path]) -> list[Path]:
 def _code_moved(repo: Any, reg_commit: str) -> list[str]:
     """Code paths that differ between the registration's commit and the checkout (committed or not)."""
     head = repo.head()
-    changed = set(p for p in repo.changed_paths(reg_commit, head) if is_code_path(p)) if head != reg_commit else set()
+    changed = {p for p in repo.changed_paths(reg_commit, head) if is_code_path(p)} if head != reg_commit else set()
     # `git diff --name-only HEAD`: staged and unstaged changes, one path a line (porcelain status
     # lines lose their leading column when the output is stripped)
     dirty = repo.git("diff", "--name-only", "HEAD", "--", *[d.rstrip("/") for d in CODE_DIRS])
@@ -307,9 +308,12 @@ def _judge_in_worktree(
         vpath = out / "verdict.json"
         if proc.returncode not in (0, 1) or not vpath.is_file():
             raise RegisteredAnalysisError(
-                f"the analysis code of commit {commit[:12]} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+                f"the analysis code of commit {commit[:12]} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}"
             )
         verdict = json.loads(vpath.read_text())
+        if not isinstance(verdict, dict):
+            raise RegisteredAnalysisError(f"{vpath}: expected a verdict (a JSON object), got {type(verdict).__name__}")
         verdict["_judge"] = {
             "command": cmd[2:],
             "module": module,
@@ -380,7 +384,8 @@ def registered_analysis(
         )
     if abs(reg.references.lambda_miss - reg.references.lambda_ref) > 1e-12 * reg.references.lambda_ref:
         raise RegisteredAnalysisError(
-            f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = lambda_ref"
+            f"{reg_path}: references.lambda_miss differs from lambda_ref; the analysis judges with lambda_miss = "
+            "lambda_ref"
         )
     repo = None
     reg_commit = None
@@ -502,8 +507,9 @@ def registered_markdown(result: dict[str, Any]) -> str:
         "",
         f"- registration `{reg['path']}`, SHA-256 `{reg['sha256']}`, commit `{reg['commit'] or 'not committed'}`",
         f"- judged by commit `{j['commit']}` ({j['mode']}): {j['reason']}",
-        f"- decisive: {'yes' if r['decisive'] else 'no'}; rule `{r['rule']}`; references λ_ref = {r['references']['lambda_ref']}, "
-        f"all-miss = {r['references']['all_miss_token_rate']} tokens/s (from the registration; no overrides)",
+        f"- decisive: {'yes' if r['decisive'] else 'no'}; rule `{r['rule']}`; references λ_ref = "
+        f"{r['references']['lambda_ref']}, all-miss = {r['references']['all_miss_token_rate']} tokens/s (from the "
+        "registration; no overrides)",
         f"- runs counted: {len(r['runs_counted'])}; left out: {len(r['runs_excluded'])}",
     ]
     if r.get("predictions"):
@@ -539,7 +545,8 @@ def cmd(args: Any) -> int:
     ]
     if given:
         raise RegisteredAnalysisError(
-            f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references and test are the registered ones)"
+            f"analyze --registration: {', '.join(given)} cannot be combined with a registration (its rule, references "
+            "and test are the registered ones)"
         )
     res = registered_analysis(args.registration, args.runs, args.out, predictions=getattr(args, "predictions", None))
     print(registered_markdown(res))

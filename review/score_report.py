@@ -93,13 +93,15 @@ def score_frozen(
         facts = next((f for f in tl.freezes if f.tag == fz.tag), None) or freeze_facts(fz, tl.counted or tl.runs)
         notes += tl.notes
         if rule is None and tl.registration.view is not None and tl.registration.view.raw.get("rule"):
-            rule = tl.registration.view.raw["rule"]  # the registration's rule judges its runs
-            notes.append(f"runs judged with the registration's rule ({rule.get('name')})")
+            reg_rule = tl.registration.view.raw["rule"]  # the registration's rule judges its runs
+            rule = reg_rule
+            notes.append(f"runs judged with the registration's rule ({reg_rule.get('name')})")
     else:
         facts = freeze_facts(fz, run_times([read_run(d) for d in dirs], None, None))
         if dirs:
             notes.append(
-                "run directories given without their test directory: each run's meta.json created_at stands for its submit and start"
+                "run directories given without their test directory: each run's meta.json created_at stands for its "
+                "submit and start"
             )
     data_outcomes = [load_outcome_file(p) for p in outcome_files]
     scores = []
@@ -137,7 +139,8 @@ def _table(rows: list[Any]) -> list[str]:
             else (f"Brier {_fmt(s.brier)}, log {_fmt(s.log_score)}" if s.brier is not None else s.detail)
         )
         out.append(
-            f"| {s.id} | {s.quantity} @ {s.about} | {s.predicted} | {_fmt(s.outcome)} | **{s.result.upper()}** | {extra} | {s.blindness or '—'} |"
+            f"| {s.id} | {s.quantity} @ {s.about} | {s.predicted} | {_fmt(s.outcome)} | **{s.result.upper()}** | "
+            f"{extra} | {s.blindness or '—'} |"
         )
     return out
 
@@ -166,7 +169,8 @@ def markdown(rep: ScoreReport) -> str:
         )
         for e in f.errata:
             L.append(
-                f"  - **erratum** commit `{e['commit'][:12]}` at {e['committed_at']} changed it after the freeze (the tag still names the frozen bytes)"
+                f"  - **erratum** commit `{e['commit'][:12]}` at {e['committed_at']} changed it after the freeze (the "
+                "tag still names the frozen bytes)"
             )
     for p in rep.problems:
         L.append(f"- **PROBLEM**: {p}")
@@ -175,7 +179,8 @@ def markdown(rep: ScoreReport) -> str:
         other = [s for s in sc.scored if s.result not in ("hit", "miss")]
         L += [
             "",
-            f"## {sc.name} (`{path}`): {len(hits)} hits, {len(misses)} misses, {len(other)} without a call or an outcome",
+            f"## {sc.name} (`{path}`): {len(hits)} hits, {len(misses)} misses, {len(other)} without a call or an "
+            "outcome",
             "",
         ]
         L.append("| layer | n | hits | misses | no call | no outcome | Brier | log score |")
@@ -212,18 +217,20 @@ def summary_lines(rep: ScoreReport) -> list[str]:
     for f in rep.frozen.files:
         if f.edited_since:
             out.append(
-                f"  {f.path}: EDITED AFTER THE FREEZE (work tree {f.worktree_sha256[:12] if f.worktree_sha256 else '?'} != frozen {f.sha256[:12]}); scored from the tag"
+                f"  {f.path}: EDITED AFTER THE FREEZE (work tree "
+                f"{f.worktree_sha256[:12] if f.worktree_sha256 else '?'} != frozen {f.sha256[:12]}); scored from the "
+                "tag"
             )
         for e in f.errata:
             out.append(f"  {f.path}: erratum {e['commit'][:12]} at {e['committed_at']}")
     for p in rep.problems:
         out.append(f"  PROBLEM: {p}")
-    for path, sc in rep.scores:
+    for _path, sc in rep.scores:
         out.append(f"  {sc.name}: {len(sc.hits)} hits, {len(sc.misses)} misses")
         for layer, d in sc.summary.items():
             br = ", ".join(f"Brier({k}) {v:.3f}" for k, v in d["brier"].items())
             out.append(
-                f"    {layer}: {d['hit']} hit / {d['miss']} miss / {d['no call']} no call / {d['no outcome']} no outcome"
-                + (f"; {br}" if br else "")
+                f"    {layer}: {d['hit']} hit / {d['miss']} miss / {d['no call']} no call / {d['no outcome']} no "
+                "outcome" + (f"; {br}" if br else "")
             )
     return out

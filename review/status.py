@@ -142,7 +142,9 @@ def registration_status(td: TestDir) -> RegistrationStatus:
     if tl.ok and submitted:
         out.label, out.label_reason = tl.value.label, tl.value.label_reason
         out.label_basis = "the record (provenance.timeline)"
-    elif piece.ok:
+    elif piece.ok and piece.path is None:
+        out.label_reason = "no label: the registration was not read from a file"
+    elif piece.ok and piece.path is not None:
         try:
             lab, facts = label_now(piece.path, piece.value.status)
             out.label, out.label_reason = lab.label, lab.reason
@@ -194,7 +196,8 @@ def predictions_status(td: TestDir) -> PredictionsStatus:
     note = (
         ""
         if frozen
-        else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's prereg/freezes/)"
+        else "no predictions frozen for this test (no freeze record in provenance/freezes/ or the repository's "
+        "prereg/freezes/)"
     )
     return PredictionsStatus(frozen, freezes, scored, note)
 

@@ -15,7 +15,8 @@ fail. Every record is therefore a `Piece` with a state:
 The layout (docs/report.md) is the one the parts agree on:
 
   <testdir>/submission.json                 submission manifest        (slurm submission)
-  <testdir>/provenance/accounting.json      scheduler accounting export (slurm.accounting_export.write_accounting_export)
+  <testdir>/provenance/accounting.json      scheduler accounting export
+                                            (slurm.accounting_export.write_accounting_export)
   <testdir>/provenance/freezes/*.json       freeze records of predictions (predict freeze)
   <testdir>/provenance/proofs/*/proof.json  proofs of unchanged files   (provenance prove)
   <testdir>/runs/<run>/meta.json ...        run directories (or <testdir>/<run>/ from `test run --out`)
@@ -227,7 +228,7 @@ class TestDir:
         p = Path(rel)
         if p.is_absolute():
             return p
-        roots = ([self.repo.path] if self.repo is not None else []) + [Path.cwd(), self.path]
+        roots: list[Path] = ([self.repo.path] if self.repo is not None else []) + [Path.cwd(), self.path]
         for root in roots:
             if (root / p).is_file():
                 return root / p
@@ -335,6 +336,7 @@ def open_testdir(path: str | Path, *, repo: Any = None, registration: str | Path
     p = Path(path)
     if not p.is_dir():
         raise ConfigError(
-            f"{p}: not a test directory (no such folder); expected the folder a test's runs, manifest and verdict are under"
+            f"{p}: not a test directory (no such folder); expected the folder a test's runs, manifest and verdict are "
+            "under"
         )
     return TestDir(p.resolve(), repo, Path(registration).resolve() if registration is not None else None)

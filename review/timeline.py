@@ -37,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.errors import RecordError
 from prereg.freeze import FreezeError, FreezeRecord, Frozen, load_record, read_frozen
 from prereg.labels import label_for
 from prereg.predictions import About, Prediction
@@ -45,7 +46,6 @@ from provenance.meta import sha256_bytes
 from review.records import (
     Job,
     Manifest,
-    RecordError,
     RegistrationRef,
     RegistrationView,
     RemoteConfirmation,
@@ -263,7 +263,8 @@ def registration_label(facts: RegistrationFacts, counted: Sequence[RunTimes]) ->
     if facts.ref is not None and facts.committed_sha256 is not None and facts.committed_sha256 != facts.ref.sha256:
         return (
             EXPL,
-            f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound {facts.ref.sha256[:12]}",
+            f"the bytes at commit {str(facts.ref.commit)[:12]} hash to {facts.committed_sha256[:12]}, not the bound "
+            f"{facts.ref.sha256[:12]}",
         )
     submits = [t.submit for t in counted if t.submit is not None]
     first = min(submits) if submits else None
@@ -324,7 +325,8 @@ def blindness(confirmed_at: datetime | None, runs: Sequence[RunTimes], declared:
     if st is not None and confirmed_at < st:
         return Blindness(
             BLIND_START,
-            f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start {iso(st)}",
+            f"on the remote {iso(confirmed_at)}, after the earliest submit {iso(s)} but before the earliest start "
+            f"{iso(st)}",
             None,
             s,
             st,
@@ -447,8 +449,8 @@ def _events(facts: RegistrationFacts, times: Sequence[RunTimes], ffs: Sequence[F
                     "submission manifest",
                 )
             )
-        for oid, t in facts.later_commits:
-            ev.append(Event(parse_utc(t), "registration changed", f"{facts.ref.path} @ {oid[:12]}", "git"))
+        for oid, committed in facts.later_commits:
+            ev.append(Event(parse_utc(committed), "registration changed", f"{facts.ref.path} @ {oid[:12]}", "git"))
     for f in ffs:
         rec = f.frozen.record
         if rec is not None:
@@ -496,8 +498,8 @@ def format_timeline(tl: Timeline) -> str:
             labels[b.text()] = labels.get(b.text(), 0) + 1
         if len(labels) > 1:
             lines.append("  per prediction: " + ", ".join(f"{k}: {v}" for k, v in labels.items()))
-        for e in f.errata:
-            lines.append(f"  erratum {e['commit'][:12]} to {e['path']} at {e['committed_at']}")
+        for er in f.errata:
+            lines.append(f"  erratum {er['commit'][:12]} to {er['path']} at {er['committed_at']}")
     for n in tl.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

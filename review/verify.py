@@ -108,9 +108,10 @@ def _cell_diff(run_cell: Mapping[str, Any], reg_cell: Mapping[str, Any], pool_to
     out = []
 
     def g(d: Mapping[str, Any], *ks: str) -> Any:
+        cur: Any = d  # a walk into JSON: any value, None where a key is missing
         for k in ks:
-            d = d.get(k) if isinstance(d, Mapping) else None
-        return d
+            cur = cur.get(k) if isinstance(cur, Mapping) else None
+        return cur
 
     for keys in (("name",), ("engine", "name"), ("engine", "version"), ("model",), ("gpu",)):
         a, b = g(run_cell, *keys), g(reg_cell, *keys)

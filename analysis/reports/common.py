@@ -76,8 +76,8 @@ def label(run: Mapping[str, Any] | None, lset: str) -> str:
     if not run:
         return "MISSING"
     if run["status"] not in ("complete", "NOT-COUNTED"):
-        return run["status"]
-    return run["labels"].get(lset) or "?"
+        return str(run["status"])
+    return str(run["labels"].get(lset) or "?")
 
 
 def letters(verdict: Mapping[str, Any], arm: str | Sequence[str], rate: float | None, lset: str) -> str:
@@ -125,12 +125,13 @@ def header(verdict: Mapping[str, Any], title: str) -> list[str]:
         f"### {verdict.get('test') or title}: {verdict['verdict']}",
         "",
         f"Rule `{verdict['rule']}` (version {verdict.get('rule_version')}, {spec.get('description', '').strip()}). "
-        f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} tokens/s; "
-        f"seeds {', '.join(str(s) for s in verdict['seeds'])}.",
+        f"λ_ref = {refs.get('lambda_ref', '?')} sessions/s, all-miss rate = {refs.get('all_miss_token_rate', '?')} "
+        f"tokens/s; seeds {', '.join(str(s) for s in verdict['seeds'])}.",
     ]
     if pred:
         out.append(
-            f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen {pred.get('frozen_at')})."
+            f"Predictions read from `{pred.get('path')}` (sha256 {str(pred.get('sha256'))[:12]}…, frozen "
+            f"{pred.get('frozen_at')})."
         )
     out.append("")
     return out
@@ -165,7 +166,7 @@ def per_run_table(
         for r in verdict["runs"]
         if r["status"] != "complete" or r.get("reason")
     ]
-    return [*table(head, rows), *([""] + notes if notes else [])]
+    return [*table(head, rows), *(["", *notes] if notes else [])]
 
 
 def bin_mid(t: np.ndarray) -> np.ndarray:

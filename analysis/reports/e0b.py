@@ -29,7 +29,8 @@ def markdown(verdict: Mapping[str, Any]) -> str:
             *header(verdict, "E0b"),
             *table(["×λref", "seed", "final queue", "rise over 1500 s", "hit", "sessions", "run"], rows),
             "",
-            f"Edge (largest multiple with every rate up to it stable): {num(td.get('edge'), '{:g}')}; monotone: {td.get('monotone')}.",
+            f"Edge (largest multiple with every rate up to it stable): {num(td.get('edge'), '{:g}')}; monotone: "
+            f"{td.get('monotone')}.",
             "",
             outcome_block(verdict),
         ]

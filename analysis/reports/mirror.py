@@ -33,7 +33,8 @@ def markdown(verdict: Mapping[str, Any]) -> str:
                     f"{num(q(r, 'c_blackout'))} ({num(q(r, 'pred.c_blackout'))})",
                     f"{num(q(r, 'wave.time'), '{:.0f}')} ({num(q(r, 'pred.wave'), '{:.0f}')})",
                     f"{num(q(r, 'c_late'))} ({num(q(r, 'pred.c_late'))})",
-                    f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / {num(q(r, 'pred.qs_slope'), '{:.4f}')})",
+                    f"{num(q(r, 'slope_m4'), '{:.4f}')} ({num(q(r, 'pred.slope'), '{:.4f}')} / "
+                    f"{num(q(r, 'pred.qs_slope'), '{:.4f}')})",
                     "".join(("✓" if q(r, m) else "✗") for m in ("m1", "m2", "m3", "m4")),
                     r["labels"].get("mirror", "-") if r else "MISSING",
                     num(q(r, "w5")),
@@ -99,7 +100,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
             c = cols[a.run.seed % 3] if is_b else "0.6"
             top.step(s["completions_t"] + width / 2, s["completions"], where="mid", color=c, lw=1.0 if is_b else 0.7)
             # means of sessions in the system over the same bins
-            k = max(1, int(round(width / np.diff(s["backlog_t"][:2]).sum()))) if len(s["backlog_t"]) > 1 else 1
+            k = max(1, round(width / np.diff(s["backlog_t"][:2]).sum())) if len(s["backlog_t"]) > 1 else 1
             n = len(s["in_system"]) // k * k
             bot.plot(
                 s["backlog_t"][:n].reshape(-1, k).mean(axis=1),
@@ -112,7 +113,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
                 t = np.asarray(tr["t"])
                 bot.plot(t, np.asarray(tr["backlog"]), color=c, ls="--", lw=0.9)
                 w = width / max(1e-9, float(t[1] - t[0])) if len(t) > 1 else 1
-                kk = max(1, int(round(w)))
+                kk = max(1, round(w))
                 m = len(t) // kk * kk
                 top.step(
                     t[:m].reshape(-1, kk).mean(axis=1),

@@ -25,8 +25,9 @@ def markdown(verdict: Mapping[str, Any]) -> str:
     ta, td = verdict.get("test_aggregates", {}), verdict.get("test_derived", {})
     summary = (
         f"Runs with an onset: {num(ta.get('n_onset'), '{:.0f}')}; escapes: {num(ta.get('n_escaped'), '{:.0f}')}; "
-        f"trapped time {num(ta.get('trapped_h'), '{:.1f}')} h; highest window after onset {num(ta.get('highest_after_onset'))}; "
-        f"one-sided 95% bound on a run's escape probability: {num(td.get('escape_bound'), '{:.1%}')}."
+        f"trapped time {num(ta.get('trapped_h'), '{:.1f}')} h; highest window after onset "
+        f"{num(ta.get('highest_after_onset'))}; one-sided 95% bound on a run's escape probability: "
+        f"{num(td.get('escape_bound'), '{:.1%}')}."
     )
     return "\n".join(
         [

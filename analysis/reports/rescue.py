@@ -65,8 +65,8 @@ def markdown(verdict: Mapping[str, Any]) -> str:
     lines = [
         *header(verdict, "rescue"),
         "After = over [t_rel + 300, 8700) s. Outstanding: requests in flight plus sessions held at the gate or paused. "
-        "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up hit over "
-        "[t_on, 8700) is below 0.2 and it is not RECOVERED.",
+        "Delay: session-hours of admission waits and pauses. Control: the same-seed BURST run, STUCK if its follow-up "
+        "hit over [t_on, 8700) is below 0.2 and it is not RECOVERED.",
         "",
         *table(head, rows),
         "",
@@ -84,6 +84,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     roles = verdict["rule_spec"]["roles"]
     colors = {
@@ -117,7 +118,7 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Any) -> An
         bot.set_yscale("log")
         bot.set_ylabel("outstanding (in flight + held + paused)")
         bot.set_xlabel("time since start of run (s)")
-    handles = [plt.Line2D([], [], color=v, label=k) for k, v in colors.items()]
+    handles = [Line2D([], [], color=v, label=k) for k, v in colors.items()]
     fig.legend(handles=handles, loc="upper center", ncol=3, frameon=False)
     fig.text(0.5, 0.005, "dashed: cap engaged at t_on; dotted: each rescue run's release", ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))

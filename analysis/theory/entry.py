@@ -14,12 +14,14 @@ of an iteration cost, it is read off the cost model by evaluating it, never re-d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from scipy.optimize import brentq
 
+from analysis.arrays import FloatArray
 from analysis.theory.moments import WorkloadMoments
 from harness.config.cost import CostModel, causal_pairs
 
@@ -39,7 +41,7 @@ def decode_context(mom: WorkloadMoments) -> float:
     return mom.mean_prompt + mom.d / 2.0
 
 
-def _affine(fn, x_hi: float) -> tuple[float, float]:
+def _affine(fn: Callable[[float], float], x_hi: float) -> tuple[float, float]:
     """Intercept and slope of a cost that is affine beyond its floor, read at x_hi and 2 x_hi."""
     y1, y2 = fn(x_hi), fn(2.0 * x_hi)
     slope = (y2 - y1) / x_hi
@@ -60,19 +62,19 @@ class Server:
 
     # -- per-turn prefill ----------------------------------------------------------------------
     @property
-    def t_miss(self) -> np.ndarray:
+    def t_miss(self) -> FloatArray:
         """t_k^m = t_P(L_k, 0): a turn that misses prefills its whole prompt."""
-        return np.array([self.cost.prefill_time(float(L), 0.0) for L in self.mom.L])
+        return np.array([self.cost.prefill_time(float(L), 0.0) for L in self.mom.L], dtype=float)
 
     @property
-    def t_hit(self) -> np.ndarray:
+    def t_hit(self) -> FloatArray:
         """t_k^h = t_P(Delta + 1, L_k - Delta - 1) for k >= 2; turn 1 always misses."""
         x = self.mom.delta + 1
-        out = np.array([self.cost.prefill_time(float(x), float(L - x)) for L in self.mom.L])
+        out = np.array([self.cost.prefill_time(float(x), float(L - x)) for L in self.mom.L], dtype=float)
         out[0] = self.t_miss[0]
         return out
 
-    def t_turn(self, h: float) -> np.ndarray:
+    def t_turn(self, h: float) -> FloatArray:
         """t_k(h): expected prefill time of turn k at follow-up hit probability h."""
         tm, th = self.t_miss, self.t_hit
         out = tm - h * (tm - th)
@@ -140,7 +142,7 @@ class Server:
             hi *= 2.0
             if hi > 1e12:
                 return math.inf
-        return brentq(g, 0.0, hi, xtol=1e-12, rtol=1e-13)
+        return float(brentq(g, 0.0, hi, xtol=1e-12, rtol=1e-13))
 
     def decode_time_per_turn(self, nu: float, h: float) -> float:
         """S_D: time a turn spends decoding its d - 1 remaining tokens."""
@@ -154,7 +156,7 @@ class Server:
         r_it = (1.0 - nu * c_turn) / a
         return d1 / r_it if r_it > 0.0 else math.inf
 
-    def service(self, nu: float, h: float) -> np.ndarray:
+    def service(self, nu: float, h: float) -> FloatArray:
         """S_k = t_k(h) + S_D: how long turn k occupies the engine (and reserves E_k)."""
         return self.t_turn(h) + self.decode_time_per_turn(nu, h)
 
@@ -176,7 +178,7 @@ class Server:
         hi = cap * (1.0 - 1e-12)
         if g(hi) <= 0.0:  # pragma: no cover - K_run diverges at the cap (Lemma 5)
             return hi
-        return brentq(g, 0.0, hi, xtol=1e-14, rtol=1e-13)
+        return float(brentq(g, 0.0, hi, xtol=1e-14, rtol=1e-13))
 
 
 # ---------------------------------------------------------------------------------------------

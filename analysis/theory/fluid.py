@@ -22,10 +22,11 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
+from analysis.arrays import FloatArray
 from analysis.theory.model_f import ModelF
 
 
@@ -80,19 +81,19 @@ class ExactFluid:
         self._dirty = False
 
     @property
-    def s(self) -> np.ndarray:
+    def s(self) -> FloatArray:
         """Breakpoints on the join axis (initial blocks on the virtual interval [-n, 0))."""
         self._consolidate()
         return self._s
 
     @property
-    def fb(self) -> np.ndarray:
+    def fb(self) -> FloatArray:
         """Completion time f at each breakpoint."""
         self._consolidate()
         return self._fb
 
     @property
-    def J(self) -> np.ndarray:
+    def J(self) -> FloatArray:
         """Join rate per class on each segment."""
         self._consolidate()
         return self._J
@@ -158,66 +159,95 @@ class ExactFluid:
 
     # -- queries --------------------------------------------------------------------------------
     @property
-    def _cum(self) -> np.ndarray:
+    def _cum(self) -> FloatArray:
         self._consolidate()
         return self._cj
 
-    def _interp_rows(self, x: np.ndarray, xp: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        x = np.atleast_1d(np.asarray(x, float))
-        i = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, xp.size - 2)
-        t = (x - xp[i]) / (xp[i + 1] - xp[i])
+    def _interp_rows(self, x: np.ndarray | float, xp: FloatArray, rows: FloatArray) -> FloatArray:
+        xs = np.atleast_1d(np.asarray(x, dtype=np.float64))
+        i = np.clip(np.searchsorted(xp, xs, side="right") - 1, 0, xp.size - 2)
+        t = (xs - xp[i]) / (xp[i + 1] - xp[i])
         return rows[i] + t[:, None] * (rows[i + 1] - rows[i])
 
-    def f(self, u: np.ndarray | float) -> np.ndarray:
+    # The scalar-or-array queries: a time in gives a number out, an array of times an array.
+    @overload
+    def f(self, u: float) -> float: ...
+    @overload
+    def f(self, u: np.ndarray) -> FloatArray: ...
+    def f(self, u: np.ndarray | float) -> FloatArray | float:
         """Completion time of a request that joins at u."""
         self._consolidate()
-        return np.interp(u, self.s, self.fb)
+        return np.interp(np.asarray(u, dtype=np.float64), self.s, self.fb)
 
-    def f_inv(self, t: np.ndarray | float) -> np.ndarray:
+    @overload
+    def f_inv(self, t: float) -> float: ...
+    @overload
+    def f_inv(self, t: np.ndarray) -> FloatArray: ...
+    def f_inv(self, t: np.ndarray | float) -> FloatArray | float:
         """Join time of the request that completes at t."""
         self._consolidate()
-        return np.interp(t, self.fb, self.s)
+        return np.interp(np.asarray(t, dtype=np.float64), self.fb, self.s)
 
-    def joined(self, u: np.ndarray | float) -> np.ndarray:
+    def joined(self, u: np.ndarray | float) -> FloatArray:
         """Cumulative class masses joined by u (initial masses counted on the virtual axis)."""
         cum = self._cum
         return self._interp_rows(u, self.s, cum)
 
-    def completed(self, t: np.ndarray | float) -> np.ndarray:
+    def completed(self, t: np.ndarray | float) -> FloatArray:
         """Cumulative class completions by t (FIFO: C_k(f(u)) = m0_k + J_k(u))."""
         return self.joined(self.f_inv(t))
 
-    def pending(self, t: np.ndarray | float) -> np.ndarray:
+    def pending(self, t: np.ndarray | float) -> FloatArray:
         """Pending class masses pi_k(t) (one pending request per present session, zero think time)."""
         return self.joined(t) - self.completed(t)
 
-    def V(self, t: np.ndarray | float) -> np.ndarray:
+    @overload
+    def V(self, t: float) -> float: ...
+    @overload
+    def V(self, t: np.ndarray) -> FloatArray: ...
+    def V(self, t: np.ndarray | float) -> FloatArray | float:
         """Pending work = gap a request joining at t waits until it completes."""
-        return self.f(t) - np.asarray(t, float)
+        return self.f(t) - np.asarray(t, dtype=np.float64)
 
-    def N(self, t: np.ndarray | float) -> np.ndarray | float:
+    @overload
+    def N(self, t: float) -> float: ...
+    @overload
+    def N(self, t: np.ndarray) -> FloatArray: ...
+    def N(self, t: np.ndarray | float) -> FloatArray | float:
         """Sessions present (pending requests)."""
         return _like(t, self.pending(t).sum(axis=1))
 
-    def V_tot(self, t: np.ndarray | float) -> np.ndarray | float:
+    @overload
+    def V_tot(self, t: float) -> float: ...
+    @overload
+    def V_tot(self, t: np.ndarray) -> FloatArray: ...
+    def V_tot(self, t: np.ndarray | float) -> FloatArray | float:
         """Remaining all-miss work of the sessions present, future turns included."""
         return _like(t, self.pending(t) @ self.model.remaining_work)
 
-    def departures(self, t: np.ndarray | float) -> np.ndarray | float:
+    @overload
+    def departures(self, t: float) -> float: ...
+    @overload
+    def departures(self, t: np.ndarray) -> FloatArray: ...
+    def departures(self, t: np.ndarray | float) -> FloatArray | float:
         """Cumulative sessions finished by t: a class-k completion ends its session w.p. 1 - r_k."""
         return _like(t, self.completed(t) @ (1.0 - self.model.r))
 
-    def gap(self, t: np.ndarray | float) -> np.ndarray:
+    @overload
+    def gap(self, t: float) -> float: ...
+    @overload
+    def gap(self, t: np.ndarray) -> FloatArray: ...
+    def gap(self, t: np.ndarray | float) -> FloatArray | float:
         """Gap between a session's consecutive completions, for a turn that completes at t."""
-        t = np.asarray(t, float)
-        return t - self.f_inv(t)
+        ts = np.asarray(t, dtype=np.float64)
+        return ts - self.f_inv(ts)
 
     def served_prompt(self, t1: float, t2: float) -> float:
         """Mean prompt of the turns completed in [t1, t2) (the composition statistic)."""
         dc = (self.completed(t2) - self.completed(t1))[0]
         return float(np.dot(dc, self.model.L) / dc.sum())
 
-    def trajectory(self, t: np.ndarray) -> dict[str, np.ndarray]:
+    def trajectory(self, t: np.ndarray) -> dict[str, FloatArray]:
         t = np.asarray(t, float)
         return {
             "t": t,
@@ -284,7 +314,7 @@ class ExactFluid:
         }
 
 
-def _like(t: np.ndarray | float, values: np.ndarray) -> np.ndarray | float:
+def _like(t: np.ndarray | float, values: FloatArray) -> FloatArray | float:
     """Scalar in, scalar out."""
     return float(values[0]) if np.ndim(t) == 0 else values
 

@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import logsumexp
 
+from analysis.arrays import FloatArray
 from analysis.theory.entry import Batching, Server, all_miss_onset
 from analysis.theory.moments import WorkloadMoments
 from harness.config.cost import CostModel
@@ -29,10 +30,10 @@ from harness.config.cost import CostModel
 class ModelF:
     """Costs and turn law of model F. Arrays indexed k-1, k = 1..K."""
 
-    c: np.ndarray  # all-miss GPU seconds of turn k
-    G: np.ndarray  # P(T >= k)
-    L: np.ndarray  # prompt of turn k (tokens), for the served-prompt statistic
-    t_miss: np.ndarray | None = None
+    c: FloatArray  # all-miss GPU seconds of turn k
+    G: FloatArray  # P(T >= k)
+    L: FloatArray  # prompt of turn k (tokens), for the served-prompt statistic
+    t_miss: FloatArray | None = None
     delta: float | None = None
 
     def __post_init__(self) -> None:
@@ -48,15 +49,16 @@ class ModelF:
         return int(self.c.size)
 
     @property
-    def k(self) -> np.ndarray:
+    def k(self) -> FloatArray:
         return np.arange(1, self.K + 1, dtype=float)
 
     @property
-    def pmf(self) -> np.ndarray:
-        return self.G - np.append(self.G[1:], 0.0)
+    def pmf(self) -> FloatArray:
+        nxt: FloatArray = np.append(self.G[1:], 0.0)
+        return self.G - nxt
 
     @property
-    def r(self) -> np.ndarray:
+    def r(self) -> FloatArray:
         return np.append(self.G[1:], 0.0) / self.G
 
     @property
@@ -73,15 +75,15 @@ class ModelF:
         return 1.0 / self.work_per_session
 
     @property
-    def remaining_work(self) -> np.ndarray:
+    def remaining_work(self) -> FloatArray:
         """R_k = sum_{j>=k} c_j G_j / G_k: remaining all-miss work of a session whose next turn is k."""
         return np.cumsum((self.c * self.G)[::-1])[::-1] / self.G
 
     @property
-    def omega(self) -> np.ndarray:
+    def omega(self) -> FloatArray:
         """Cost-weighted turn mix omega_k = c_k G_k / sum_j c_j G_j (Remark 1)."""
         cg = self.c * self.G
-        return cg / cg.sum()
+        return cg / float(cg.sum())
 
     @property
     def k_bar_c(self) -> float:
@@ -219,7 +221,7 @@ class ModelF:
         hi = 1.0
         while g(hi) > 0:
             hi *= 2.0
-        return brentq(g, 1e-14, hi, xtol=1e-15)
+        return float(brentq(g, 1e-14, hi, xtol=1e-15))
 
     def ps_backlog_growth(self, lam: float) -> float:
         x = self.ps_exponent(lam)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.arrays import FloatArray
 from harness.config import WorkloadConfig
 
 
-def survival(mean: float, cap: int) -> np.ndarray:
+def survival(mean: float, cap: int) -> FloatArray:
     """G_k = P(T >= k), k = 1..cap, for T = min(Geometric(1/mean) on {1, 2, ...}, cap).
 
     Returned as an array indexed from 0 (entry 0 is G_1 = 1); its length is the cap, so the last
@@ -49,11 +50,11 @@ class WorkloadMoments:
     d, delta, L0   decode tokens per turn, tool tokens per follow-up, first prompt
     """
 
-    G: np.ndarray
-    pmf: np.ndarray
-    L: np.ndarray
-    E: np.ndarray
-    w: np.ndarray
+    G: FloatArray
+    pmf: FloatArray
+    L: FloatArray
+    E: FloatArray
+    w: FloatArray
     mean_T: float
     mean_W: float
     E_bar: float
@@ -76,7 +77,7 @@ class WorkloadMoments:
         return np.arange(1, self.K + 1)
 
     @property
-    def r(self) -> np.ndarray:
+    def r(self) -> FloatArray:
         """Continuation probabilities r_k = G_{k+1}/G_k (r_K = 0)."""
         nxt = np.append(self.G[1:], 0.0)
         return nxt / self.G
@@ -87,7 +88,7 @@ class WorkloadMoments:
         return float(np.dot(self.w, self.L))
 
     @property
-    def footprint_by_turn(self) -> np.ndarray:
+    def footprint_by_turn(self) -> FloatArray:
         """Expected KV of a fresh session after its k-th turn, G_k E_k.
 
         A cohort of fresh sessions that advance in step holds this much per session at turn k;
@@ -102,7 +103,7 @@ class WorkloadMoments:
 
 
 def moments_from_law(
-    G: np.ndarray, *, first_prompt: int, tool_tokens: int, decode_tokens: int, tool_mean: float
+    G: FloatArray, *, first_prompt: int, tool_tokens: int, decode_tokens: int, tool_mean: float
 ) -> WorkloadMoments:
     """Moments for any turn law given by its survival function (G_1 = 1, non-increasing, G_K > 0)."""
     G = np.asarray(G, dtype=float)

@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from analysis.expr import Evaluator, RuleError
+from analysis.expr import Evaluator
 from analysis.predictions import FORMAT
 from analysis.theory.fluid import PlanFluidResult, plan_fluid_from_plan
 from analysis.theory.model_f import ModelF, model_f_from_cost
 from analysis.theory.moments import workload_moments
 from harness.config import TestBundle
+from harness.errors import RuleError
 from harness.workload.planfile import plan_bytes
 from harness.workload.plans import make_plan
 
@@ -49,27 +50,36 @@ def _fluid_value(
     a, b = args.get("start"), args.get("end")
     if a is not None and b is not None and not float(b) - float(a) >= 2 * float(args.get("width", 10.0)):
         return NAN  # a window this protocol does not have: no prediction rather than a made-up one
+
+    def window() -> tuple[float, float]:
+        """The metric's [start, end), which a windowed metric cannot do without."""
+        if a is None or b is None:
+            raise RuleError(f"predictions: metric {metric!r}: expected start and end, got start {a!r}, end {b!r}")
+        return float(a), float(b)
+
     if metric == "backlog_slope":
-        return res.backlog_slope(float(a), float(b), float(args.get("width", 10.0)))
+        return res.backlog_slope(*window(), float(args.get("width", 10.0)))
     if metric == "completions":
-        x = res.completion_rate(float(a), float(b))
+        x = res.completion_rate(*window())
         return x / lambda_ref if args.get("unit", "lambda_ref") == "lambda_ref" else x
     if metric == "wave":
         return res.burst_median_completion()
     if metric == "mean_prompt":
+        start, end = window()
         d = res.requests["done"]
-        m = (d >= float(a)) & (d < float(b))
+        m = (d >= start) & (d < end)
         return float(np.mean(res.requests["prompt"][m])) if m.any() else NAN
     if metric == "backlog_at":
         t = float(args["at"])
-        arr, end = res.sessions["arrival"], res.sessions["end"]
-        return float(np.sum((arr <= t) & (end > t)))
+        arr, ends = res.sessions["arrival"], res.sessions["end"]
+        return float(np.sum((arr <= t) & (ends > t)))
     if metric == "qs_slope":
-        return _arrivals(plan, float(a), float(b)) - mf.lambda_miss
+        return _arrivals(plan, *window()) - mf.lambda_miss
     if metric == "plan_arrival_rate":
-        return _arrivals(plan, float(a), float(b))
+        return _arrivals(plan, *window())
     raise RuleError(
-        f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, plan_arrival_rate)"
+        f"predictions: unknown metric {metric!r} (backlog_slope, completions, wave, mean_prompt, backlog_at, qs_slope, "
+        "plan_arrival_rate)"
     )
 
 
@@ -92,7 +102,13 @@ def freeze_predictions(
         raise RuleError(f"rule {spec.get('name')!r} has no predictions section: nothing to freeze")
     if ps.get("model", "model_f") != "model_f":
         raise RuleError(f"predictions: model {ps.get('model')!r}; only 'model_f' is implemented")
-    lam_ref = float(lambda_ref if lambda_ref is not None else bundle.cell.lambda_ref)  # type: ignore[arg-type]
+    ref = lambda_ref if lambda_ref is not None else bundle.cell.lambda_ref
+    if ref is None:
+        raise RuleError(
+            f"predictions: cell {bundle.cell.name}: lambda_ref: got null; expected the cell's E0a lambda_ref "
+            "or a lambda_ref given to the freeze"
+        )
+    lam_ref = float(ref)
     mom = workload_moments(bundle.workload)
     mf, _ = model_f_from_cost(bundle.cell.cost.model(), mom, bundle.cell.kv_pool_tokens, bundle.cell.batching)
     duration = float(bundle.protocol.duration)
@@ -165,7 +181,10 @@ def freeze_predictions(
         "format": FORMAT,
         "format_version": 1,
         "name": f"{bundle.test.name}-{spec['name']}",
-        "model": "model F: plan-driven FIFO fluid on each run's exact plan, every turn missing; asymptotics at the nominal rates",
+        "model": (
+            "model F: plan-driven FIFO fluid on each run's exact plan, every turn missing; asymptotics at the "
+            "nominal rates"
+        ),
         "rule": spec["name"],
         "test": bundle.test.name,
         "cell": bundle.cell.name,

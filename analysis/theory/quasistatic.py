@@ -10,6 +10,7 @@ last value held beyond the last point, so Eq. (2) has unique solutions.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ class MuCurve:
         grid = np.unique(np.concatenate(([target, x0], self.n[(self.n > target) & (self.n < x0)])))
         # exact integral of 1/mu over each linear piece
         tot = 0.0
-        for a, b in zip(grid[:-1], grid[1:]):
+        for a, b in itertools.pairwise(grid):
             ma, mb = float(self(a)), float(self(b))
             tot += (b - a) / ma if abs(mb - ma) < 1e-15 else (b - a) * math.log(mb / ma) / (mb - ma)
         return tot
@@ -148,12 +149,15 @@ class MuCurve:
         self, n0: float, lam: Callable[[float], float], t_end: float, dt: float = 1.0
     ) -> tuple[np.ndarray, np.ndarray]:
         """Eq. (2) with a time-varying arrival rate (RK4 on a fixed step; the curve is Lipschitz)."""
-        steps = max(int(math.ceil(t_end / dt)), 1)
+        steps = max(math.ceil(t_end / dt), 1)
         dt = t_end / steps
         t = np.linspace(0.0, t_end, steps + 1)
         n = np.empty(steps + 1)
         n[0] = n0
-        f = lambda tt, x: lam(tt) - float(self(max(x, 0.0)))  # noqa: E731
+
+        def f(tt: float, x: float) -> float:
+            return lam(tt) - float(self(max(x, 0.0)))
+
         for i in range(steps):
             x, tt = n[i], t[i]
             k1 = f(tt, x)

@@ -60,7 +60,8 @@ def _summary(st: TestStatus) -> str:
 
     item(
         "registration",
-        f"{esc(r.name)} {badge(r.status, 'PASS' if r.status == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r.sha256)}</code>"
+        f"{esc(r.name)} {badge(r.status, 'PASS' if r.status == 'FILLED' else 'INCOMPLETE')}<br><code>{esc(r.sha256)}"
+        "</code>"
         if r.state == PRESENT
         else f"<span class='muted'>{esc(r.state)}: {esc(r.note)}</span>",
     )
@@ -73,7 +74,8 @@ def _summary(st: TestStatus) -> str:
     item(
         "predictions",
         "; ".join(
-            f"frozen <code>{esc(f.tag)}</code> {badge(f.blindness or '?', 'blind' if (f.blindness or '').startswith('blind') else 'notblind')}"
+            f"frozen <code>{esc(f.tag)}</code> "
+            f"{badge(f.blindness or '?', 'blind' if (f.blindness or '').startswith('blind') else 'notblind')}"
             for f in p.freezes
         )
         + "".join(f"<br>scored {esc(s.tag)}: {s.hits} hits, {s.misses} misses" for s in p.scored)
@@ -92,7 +94,8 @@ def _summary(st: TestStatus) -> str:
     bound = f"; {ru.bound} bound of {ru.registered} registered" if ru.bound is not None else ""
     item(
         "runs",
-        f"{ru.found} found ({esc(', '.join(f'{n} {s}' for s, n in sorted(ru.by_status.items())) or 'none')}){esc(bound)}",
+        f"{ru.found} found "
+        f"({esc(', '.join(f'{n} {s}' for s, n in sorted(ru.by_status.items())) or 'none')}){esc(bound)}",
     )
     if v.state == PRESENT:
         kind = (
@@ -135,17 +138,17 @@ def _figures(td: TestDir) -> tuple[str, list[dict[str, Any]]]:
     family = (v.value.get("rule_spec") or {}).get("report")
     if charts:
         parts.append(
-            "<p>Fig. 1 layout, one chart per rate: prefix-cache hit fraction per window (top) and sessions in the system, log scale "
-            "(bottom); one line per run; shaded: the evaluation window; dashed vertical: the burst. Drag across a panel to zoom, "
-            "double-click to reset, hover for values, tick an arm to hide it.</p>"
+            "<p>Fig. 1 layout, one chart per rate: prefix-cache hit fraction per window (top) and sessions in the "
+            "system, log scale (bottom); one line per run; shaded: the evaluation window; dashed vertical: the burst. "
+            "Drag across a panel to zoom, double-click to reset, hover for values, tick an arm to hide it.</p>"
         )
         cells = []
         for i, c in enumerate(charts):
             cid = f"chart-{i}"
             cells.append(
-                f"<div><h3>{esc(c['title'])}</h3><div class='chart' id='{cid}' data-chart='{cid}-data'>"
-                f"<noscript><p class='muted'>The interactive chart needs script; the static figure below shows the same series.</p></noscript>"
-                f"</div>{json_script(c, cid + '-data')}</div>"
+                f"<div><h3>{esc(c['title'])}</h3><div class='chart' id='{cid}' data-chart='{cid}-data'><noscript>"
+                "<p class='muted'>The interactive chart needs script; the static figure below shows the same series."
+                f"</p></noscript></div>{json_script(c, cid + '-data')}</div>"
             )
         parts.append(f"<div class='rates'>{''.join(cells)}</div>")
     for n in notes:
@@ -174,10 +177,13 @@ def _tables(td: TestDir) -> str:
             if td.verdict.ok
             else "Not scored yet: no tables."
         )
-    skip_images = lambda alt, src: ""  # noqa: E731 - the figures section shows them
+
+    def skip_images(alt: str, src: str) -> str:
+        return ""  # the figures section shows them
+
     return (
-        f"<p class='muted'>Rendered from <code>{esc(md.name)}</code> beside the verdict (the same tables the Markdown report holds).</p>"
-        + render(md.read_text(encoding="utf-8"), image=skip_images, heading_offset=0)
+        f"<p class='muted'>Rendered from <code>{esc(md.name)}</code> beside the verdict (the same tables the Markdown "
+        "report holds).</p>" + render(md.read_text(encoding="utf-8"), image=skip_images, heading_offset=0)
     )
 
 
@@ -211,11 +217,12 @@ def build_page(td: TestDir, out_path: Path, *, status: TestStatus | None = None)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
-        f"<title>{esc(name)}: {esc(v.value.get('verdict') if v.ok else 'not scored')}</title><style>{_asset('report.css')}</style></head><body>"
-        f"<header class='top'><h1>{esc(name)} {verdict_badge}</h1><div class='sub'>{' · '.join(sub)}</div></header>"
-        f"<nav class='toc'>{toc}</nav><main>{sections}</main><footer>{generated_line(td)}</footer>"
-        f"<script>{_asset('report.js')}</script></body></html>\n"
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
+        f"<title>{esc(name)}: {esc(v.value.get('verdict') if v.ok else 'not scored')}</title>"
+        f"<style>{_asset('report.css')}</style></head><body><header class='top'><h1>{esc(name)} {verdict_badge}</h1>"
+        f"<div class='sub'>{' · '.join(sub)}</div></header><nav class='toc'>{toc}</nav><main>{sections}</main>"
+        f"<footer>{generated_line(td)}</footer><script>{_asset('report.js')}</script></body></html>\n"
     )
 
 

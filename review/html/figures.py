@@ -96,7 +96,8 @@ def fig1_charts(verdict: Mapping[str, Any], testdir: Path) -> tuple[list[dict[st
         d = resolve_run_dir(str(r.get("run_dir") or ""), testdir)
         if d is None:
             notes.append(
-                f"{r.get('arm')} {r.get('rate')} seed {r.get('seed')}: no run directory to draw ({r.get('run_dir') or 'none recorded'})"
+                f"{r.get('arm')} {r.get('rate')} seed {r.get('seed')}: no run directory to draw "
+                f"({r.get('run_dir') or 'none recorded'})"
             )
             continue
         try:

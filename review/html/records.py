@@ -44,8 +44,8 @@ def predictions_section(td: TestDir, status: TestStatus) -> str:
     out = []
     if not p.frozen and not td.scores:
         return absent(
-            "No predictions were frozen for this test: there is no freeze record in provenance/freezes/ or in the repository's "
-            "prereg/freezes/ (agentload predict freeze FILES --testdir TESTDIR)."
+            "No predictions were frozen for this test: there is no freeze record in provenance/freezes/ or in the "
+            "repository's prereg/freezes/ (agentload predict freeze FILES --testdir TESTDIR)."
         )
     for f in p.freezes:
         out.append(
@@ -57,7 +57,8 @@ def predictions_section(td: TestDir, status: TestStatus) -> str:
     if not td.scores:
         out.append(
             absent(
-                "Frozen but not scored yet: no <tag>.score.json under predictions/ (agentload predict score TAG TESTDIR)."
+                "Frozen but not scored yet: no <tag>.score.json under predictions/ (agentload predict score TAG "
+                "TESTDIR)."
             )
         )
     for s in td.scores:
@@ -70,7 +71,8 @@ def predictions_section(td: TestDir, status: TestStatus) -> str:
 
 def score_report(rep: Mapping[str, Any], path: Path) -> str:
     out = [
-        f"<h3>Scored: <code>{esc(rep.get('tag'))}</code> <span class='muted'>({esc(path.name)}; commit {esc(str(rep.get('commit'))[:12])})</span></h3>"
+        f"<h3>Scored: <code>{esc(rep.get('tag'))}</code> <span class='muted'>({esc(path.name)}; commit "
+        f"{esc(str(rep.get('commit'))[:12])})</span></h3>"
     ]
     for f in rep.get("files") or []:
         warn = (
@@ -79,11 +81,13 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
             else ""
         )
         out.append(
-            f"<div>frozen file <code>{esc(f.get('path'))}</code> SHA-256 <code>{esc(f.get('sha256'))}</code>{warn}</div>"
+            f"<div>frozen file <code>{esc(f.get('path'))}</code> SHA-256 <code>{esc(f.get('sha256'))}</code>{warn}"
+            "</div>"
         )
         for e in f.get("errata") or []:
             out.append(
-                f"<div><strong>erratum</strong> commit <code>{esc(str(e.get('commit'))[:12])}</code> at {esc(e.get('committed_at'))}</div>"
+                f"<div><strong>erratum</strong> commit <code>{esc(str(e.get('commit'))[:12])}</code> at "
+                f"{esc(e.get('committed_at'))}</div>"
             )
     for pr in rep.get("problems") or []:
         out.append(f"<div><strong>problem:</strong> {esc(pr)}</div>")
@@ -91,8 +95,8 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
         rows = sc.get("scored") or []
         n = {k: sum(1 for x in rows if x.get("result") == k) for k in ("hit", "miss")}
         out.append(
-            f"<h4>{esc(sc.get('name'))} <span class='muted'>(<code>{esc(sc.get('file'))}</code>)</span>: {n['hit']} hits, {n['miss']} misses, "
-            f"{len(rows) - n['hit'] - n['miss']} without a call or an outcome</h4>"
+            f"<h4>{esc(sc.get('name'))} <span class='muted'>(<code>{esc(sc.get('file'))}</code>)</span>: {n['hit']} "
+            f"hits, {n['miss']} misses, {len(rows) - n['hit'] - n['miss']} without a call or an outcome</h4>"
         )
         summ = sc.get("summary") or {}
         if summ:
@@ -105,8 +109,8 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
                 for layer, d in summ.items()
             )
             out.append(
-                "<table><thead><tr><th>layer</th><th>n</th><th>hits</th><th>misses</th><th>no call</th><th>no outcome</th><th>Brier</th></tr></thead>"
-                f"<tbody>{srows}</tbody></table>"
+                "<table><thead><tr><th>layer</th><th>n</th><th>hits</th><th>misses</th><th>no call</th><th>no outcome"
+                f"</th><th>Brier</th></tr></thead><tbody>{srows}</tbody></table>"
             )
         body = []
         for x in rows:
@@ -120,13 +124,15 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
                 )
             )
             body.append(
-                f"<tr><td><code>{esc(x.get('id'))}</code></td><td>{esc(x.get('quantity'))} @ {esc(x.get('about'))}</td><td>{esc(x.get('layer'))}</td>"
-                f"<td>{esc(x.get('predicted'))}</td><td>{esc(num(x.get('outcome')))}</td><td>{badge(x.get('result'), str(x.get('result')).replace(' ', ''))}</td>"
-                f"<td>{score}</td><td>{badge(x.get('blindness') or 'unknown', _blind_cls(x.get('blindness')))}</td></tr>"
+                f"<tr><td><code>{esc(x.get('id'))}</code></td><td>{esc(x.get('quantity'))} @ {esc(x.get('about'))}</td>"
+                f"<td>{esc(x.get('layer'))}</td><td>{esc(x.get('predicted'))}</td><td>{esc(num(x.get('outcome')))}</td>"
+                f"<td>{badge(x.get('result'), str(x.get('result')).replace(' ', ''))}</td><td>{score}</td>"
+                f"<td>{badge(x.get('blindness') or 'unknown', _blind_cls(x.get('blindness')))}</td></tr>"
             )
         out.append(
-            "<div class='scroll'><table class='predictions'><thead><tr><th>id</th><th>about</th><th>layer</th><th>predicted</th><th>outcome</th>"
-            f"<th>result</th><th>error / score</th><th>blindness</th></tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+            "<div class='scroll'><table class='predictions'><thead><tr><th>id</th><th>about</th><th>layer</th>"
+            "<th>predicted</th><th>outcome</th><th>result</th><th>error / score</th><th>blindness</th></tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>"
             if body
             else absent("this file scored no prediction")
         )
@@ -165,7 +171,8 @@ def timeline_strip(events: Sequence[Any]) -> str:
     H = 34 + 16 * len(kinds)
     base = H - 22
     parts = [
-        f"<svg class='timeline-strip' viewBox='0 0 {W} {H}' width='100%' height='{H}' role='img' aria-label='provenance timeline'>",
+        f"<svg class='timeline-strip' viewBox='0 0 {W} {H}' width='100%' height='{H}' role='img' "
+        "aria-label='provenance timeline'>",
         f"<line x1='{L}' x2='{W - R}' y1='{base}' y2='{base}' stroke='#9aa4b1'/>",
     ]
     for i, k in enumerate(kinds):
@@ -178,11 +185,13 @@ def timeline_strip(events: Sequence[Any]) -> str:
         x = L + (W - L - R) * (e.at - t0).total_seconds() / span
         y = 12 + 16 * kinds.index(e.kind)
         parts.append(
-            f"<circle class='ev' cx='{x:.1f}' cy='{y}' r='4' fill='{_kind_color(e.kind)}'><title>{esc(e.at.isoformat())} {esc(e.kind)}: {esc(e.subject)}</title></circle>"
+            f"<circle class='ev' cx='{x:.1f}' cy='{y}' r='4' fill='{_kind_color(e.kind)}'>"
+            f"<title>{esc(e.at.isoformat())} {esc(e.kind)}: {esc(e.subject)}</title></circle>"
         )
     parts.append(f"<text x='{L}' y='{H - 6}' font-size='11' fill='#5a6573'>{esc(t0.isoformat())}</text>")
     parts.append(
-        f"<text x='{W - R}' y='{H - 6}' font-size='11' text-anchor='end' fill='#5a6573'>{esc(t1.isoformat())} (UTC; span {span:.0f} s)</text></svg>"
+        f"<text x='{W - R}' y='{H - 6}' font-size='11' text-anchor='end' fill='#5a6573'>{esc(t1.isoformat())} (UTC; "
+        f"span {span:.0f} s)</text></svg>"
     )
     return "".join(parts)
 
@@ -193,20 +202,23 @@ def provenance_section(td: TestDir) -> str:
     if tl.ok:
         t = tl.value
         out.append(
-            f"<p>Registration label from the record: {badge(t.label)} <span class='muted'>{esc(t.label_reason)}</span></p>"
+            f"<p>Registration label from the record: {badge(t.label)} <span class='muted'>{esc(t.label_reason)}</span>"
+            "</p>"
         )
         out.append(timeline_strip(t.events))
         rows = "".join(
-            f"<tr><td><code>{esc(e.at.isoformat() if e.at else 'unknown')}</code></td><td style='color:{_kind_color(e.kind)}'>{esc(e.kind)}</td>"
-            f"<td>{esc(e.subject)}</td><td class='muted'>{esc(e.source)}</td></tr>"
+            f"<tr><td><code>{esc(e.at.isoformat() if e.at else 'unknown')}</code></td>"
+            f"<td style='color:{_kind_color(e.kind)}'>{esc(e.kind)}</td><td>{esc(e.subject)}</td>"
+            f"<td class='muted'>{esc(e.source)}</td></tr>"
             for e in t.events
         )
         table = (
-            "<div class='scroll'><table class='timeline'><thead><tr><th>time</th><th>event</th><th>subject</th><th>source</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table></div>"
+            "<div class='scroll'><table class='timeline'><thead><tr><th>time</th><th>event</th><th>subject</th>"
+            f"<th>source</th></tr></thead><tbody>{rows}</tbody></table></div>"
         )
         out.append(
-            f"<details{' open' if len(t.events) <= 40 else ''}><summary>Timeline (UTC): {len(t.events)} events</summary>{table}</details>"
+            f"<details{' open' if len(t.events) <= 40 else ''}><summary>Timeline (UTC): {len(t.events)} events"
+            f"</summary>{table}</details>"
             if rows
             else absent("the record holds no event")
         )
@@ -224,18 +236,22 @@ def provenance_section(td: TestDir) -> str:
         if ver.exploratory:
             out.append(f"<p class='muted'>{esc(ver.exploratory)}</p>")
 
-        def table(cs: list[Any]) -> str:
+        def checks_table(cs: list[Any]) -> str:
             rows = "".join(
-                f"<tr><td>{esc(c.area)}</td><td>{esc(c.name)}</td><td>{badge('holds') if c.ok else badge('BREAK')}</td><td>{esc(c.detail)}</td></tr>"
+                f"<tr><td>{esc(c.area)}</td><td>{esc(c.name)}</td><td>{badge('holds') if c.ok else badge('BREAK')}</td>"
+                f"<td>{esc(c.detail)}</td></tr>"
                 for c in cs
             )
-            return f"<div class='scroll'><table class='checks'><thead><tr><th>area</th><th>check</th><th></th><th>detail</th></tr></thead><tbody>{rows}</tbody></table></div>"
+            return (
+                "<div class='scroll'><table class='checks'><thead><tr><th>area</th><th>check</th><th></th>"
+                f"<th>detail</th></tr></thead><tbody>{rows}</tbody></table></div>"
+            )
 
         if ver.breaks:
-            out.append(table(ver.breaks))
+            out.append(checks_table(ver.breaks))
         holds = [c for c in ver.checks if c.ok]
         if holds:
-            out.append(f"<details><summary>{len(holds)} checks that hold</summary>{table(holds)}</details>")
+            out.append(f"<details><summary>{len(holds)} checks that hold</summary>{checks_table(holds)}</details>")
         if not ver.checks:
             out.append(absent("no check applied"))
         for s in ver.skipped:
@@ -257,18 +273,26 @@ def registration_section(td: TestDir, status: TestStatus) -> str:
     reg = td.registration.value
     ref = r.ref or {}
     out = [
-        f"<p><strong>{esc(reg.name)}</strong> {badge(reg.status, 'PASS' if reg.status == 'FILLED' else 'INCOMPLETE')} — SHA-256 <code>{esc(reg.sha256)}</code></p>",
+        f"<p><strong>{esc(reg.name)}</strong> {badge(reg.status, 'PASS' if reg.status == 'FILLED' else 'INCOMPLETE')} "
+        f"— SHA-256 <code>{esc(reg.sha256)}</code></p>",
         label,
         "<table><tbody>",
         f"<tr><th>file</th><td><code>{esc(ref.get('path'))}</code> (read from {esc(r.path)})</td></tr>",
-        f"<tr><th>commit</th><td><code>{esc(ref.get('commit') or 'not recorded')}</code> (bound by the {esc(ref.get('source'))})</td></tr>",
+        f"<tr><th>commit</th><td><code>{esc(ref.get('commit') or 'not recorded')}</code> (bound by the "
+        f"{esc(ref.get('source'))})</td></tr>",
         f"<tr><th>test</th><td>{esc(reg.test)}</td></tr>",
-        f"<tr><th>cell</th><td>{esc(reg.cell.name)}: {esc(reg.cell.engine.name)} {esc(reg.cell.engine.version)}, {esc(reg.cell.model)}, {esc(reg.cell.gpu)}, pool {esc(reg.cell.kv_pool_tokens)} tokens</td></tr>",
+        f"<tr><th>cell</th><td>{esc(reg.cell.name)}: {esc(reg.cell.engine.name)} {esc(reg.cell.engine.version)}, "
+        f"{esc(reg.cell.model)}, {esc(reg.cell.gpu)}, pool {esc(reg.cell.kv_pool_tokens)} tokens</td></tr>",
         f"<tr><th>arms</th><td>{esc(', '.join(reg.arms))}</td></tr>",
-        f"<tr><th>rates</th><td>{esc(', '.join(f'{x.multiple:g} × λref ({x.sessions_per_s:.5f} sessions/s)' for x in reg.rates))}</td></tr>",
-        f"<tr><th>seeds, cap</th><td>{esc(', '.join(map(str, reg.seeds)))}; cap {esc(reg.cap if reg.cap is not None else 'none')}</td></tr>",
-        f"<tr><th>references</th><td>λ_ref {esc(reg.references.lambda_ref)}, λ_miss {esc(reg.references.lambda_miss)}, all-miss {esc(reg.references.all_miss_token_rate)} tokens/s</td></tr>",
-        f"<tr><th>rule</th><td><code>{esc(reg.rule.get('name'))}</code> version {esc(reg.rule.get('version'))}</td></tr>",
+        "<tr><th>rates</th>"
+        f"<td>{esc(', '.join(f'{x.multiple:g} × λref ({x.sessions_per_s:.5f} sessions/s)' for x in reg.rates))}</td>"
+        "</tr>",
+        f"<tr><th>seeds, cap</th><td>{esc(', '.join(map(str, reg.seeds)))}; cap "
+        f"{esc(reg.cap if reg.cap is not None else 'none')}</td></tr>",
+        f"<tr><th>references</th><td>λ_ref {esc(reg.references.lambda_ref)}, λ_miss {esc(reg.references.lambda_miss)}, "
+        f"all-miss {esc(reg.references.all_miss_token_rate)} tokens/s</td></tr>",
+        f"<tr><th>rule</th><td><code>{esc(reg.rule.get('name'))}</code> version {esc(reg.rule.get('version'))}</td>"
+        "</tr>",
         f"<tr><th>plans</th><td>{len(reg.plans)} frozen plan hashes</td></tr>",
         "</tbody></table>",
     ]
@@ -299,7 +323,8 @@ def registration_section(td: TestDir, status: TestStatus) -> str:
             + "</ul>"
         )
     out.append(
-        f"<details><summary>the registration file as committed ({len(reg.raw)} bytes)</summary><pre>{esc(reg.raw.decode('utf-8', 'replace'))}</pre></details>"
+        f"<details><summary>the registration file as committed ({len(reg.raw)} bytes)</summary>"
+        f"<pre>{esc(reg.raw.decode('utf-8', 'replace'))}</pre></details>"
     )
     return "\n".join(out)
 
@@ -334,12 +359,14 @@ def runs_section(td: TestDir, status: TestStatus, base: Path) -> str:
         )
         job = jobs.get(run.name) or (run.record.job_id if run.record is not None else None) or "-"
         rows.append(
-            f"<tr><td>{link(run.path, base, run.name)}</td><td>{esc(m.get('arm'))}</td><td class='num'>{esc(m.get('rate'))}</td><td class='num'>{esc(m.get('seed'))}</td>"
-            f"<td>{esc(run.status)}</td><td>{state}</td><td>{esc(bound)}</td><td>{esc(job)}</td><td>{' · '.join(files)}</td></tr>"
+            f"<tr><td>{link(run.path, base, run.name)}</td><td>{esc(m.get('arm'))}</td>"
+            f"<td class='num'>{esc(m.get('rate'))}</td><td class='num'>{esc(m.get('seed'))}</td><td>{esc(run.status)}"
+            f"</td><td>{state}</td><td>{esc(bound)}</td><td>{esc(job)}</td><td>{' · '.join(files)}</td></tr>"
         )
     return (
-        "<div class='scroll'><table class='runs'><thead><tr><th>run directory</th><th>arm</th><th>λ/λref</th><th>seed</th><th>status</th><th>state</th>"
-        f"<th>bound</th><th>job</th><th>raw tables</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        "<div class='scroll'><table class='runs'><thead><tr><th>run directory</th><th>arm</th><th>λ/λref</th><th>seed"
+        "</th><th>status</th><th>state</th><th>bound</th><th>job</th><th>raw tables</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -351,7 +378,8 @@ def raw_records(td: TestDir, base: Path) -> str:
         if p is not None and p.exists() and p not in seen:
             seen.add(p)
             items.append(
-                f"<li>{link(p, base, str(p.relative_to(td.path)) if p.is_relative_to(td.path) else str(p))} — {esc(what)}</li>"
+                f"<li>{link(p, base, str(p.relative_to(td.path)) if p.is_relative_to(td.path) else str(p))} — "
+                f"{esc(what)}</li>"
             )
 
     add(td.path / "submission.json", "submission manifest")
@@ -387,4 +415,7 @@ def generated_line(td: TestDir) -> str:
         code = f" by the code of commit <code>{esc(str(g['commit'])[:12])}</code>" + (
             " (with uncommitted changes)" if g.get("dirty") else ""
         )
-    return f"generated {esc(now)} from {esc(td.path)}{code}; the verdict shown is the one recorded in the test directory, not recomputed"
+    return (
+        f"generated {esc(now)} from {esc(td.path)}{code}; the verdict shown is the one recorded in the test "
+        "directory, not recomputed"
+    )

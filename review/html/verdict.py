@@ -168,7 +168,10 @@ def run_details(verdict: Mapping[str, Any], r: Mapping[str, Any]) -> str:
         body.append("<div>flags: " + ", ".join(f"{esc(k)} = {esc(num(v))}" for k, v in flags.items()) + "</div>")
     if r.get("reason"):
         body.append(f"<div>reason: {esc(r['reason'])}</div>")
-    return f"<details id='cond-{run_key(r)}'><summary>{head}</summary>{''.join(body) or absent('no conditions recorded')}</details>"
+    return (
+        f"<details id='cond-{run_key(r)}'><summary>{head}"
+        f"</summary>{''.join(body) or absent('no conditions recorded')}</details>"
+    )
 
 
 def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
@@ -176,7 +179,7 @@ def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
     seeds = [str(s) for s in verdict.get("seeds") or sorted(rv.get("seeds") or {})]
     arms = list(verdict.get("arms") or [])
     runs = {(str(r["arm"]).upper(), str(r["seed"])): r for r in verdict.get("runs") or [] if r.get("rate") == rate}
-    good = set(str(s) for s in rv.get("good_seeds") or [])
+    good = {str(s) for s in rv.get("good_seeds") or []}
     head = "".join(f"<th>seed {esc(s)}{' ✓' if s in good else ''}</th>" for s in seeds)
     rows = []
     for arm in arms:
@@ -188,13 +191,14 @@ def _rate_block(verdict: Mapping[str, Any], rv: Mapping[str, Any]) -> str:
                 continue
             cls = {"good": "cell-good", "bad": "cell-bad"}.get(_state_class(r), "")
             cells.append(
-                f"<td class='{cls}'><a class='state {_state_class(r)}' href='#cond-{run_key(r)}'>{esc(run_state(r))}</a></td>"
+                f"<td class='{cls}'><a class='state {_state_class(r)}' href='#cond-{run_key(r)}'>{esc(run_state(r))}"
+                "</a></td>"
             )
         rows.append(f"<tr><th>{esc(arm.upper())}</th>{''.join(cells)}</tr>")
     details = "".join(run_details(verdict, runs[(a.upper(), s)]) for a in arms for s in seeds if (a.upper(), s) in runs)
     return (
-        f"<div class='rate'><h3>{esc(num(rate, 6))} × λref: {badge(rv.get('verdict'))}</h3><p>{esc(rv.get('reason'))}</p>"
-        f"<table class='states'><thead><tr><th>arm</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<div class='rate'><h3>{esc(num(rate, 6))} × λref: {badge(rv.get('verdict'))}</h3><p>{esc(rv.get('reason'))}"
+        f"</p><table class='states'><thead><tr><th>arm</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         f"<h4>Conditions of each run</h4>{details}</div>"
     )
 
@@ -207,7 +211,8 @@ def _group_block(verdict: Mapping[str, Any], g: Mapping[str, Any]) -> str:
         **(g.get("derived") or {}),
     }
     parts = [
-        f"<div class='rate'><h3>{esc(g.get('group'))}{' × λref' if g.get('rate') is not None else ''}: {badge(g.get('outcome'), 'none')}</h3>",
+        f"<div class='rate'><h3>{esc(g.get('group'))}{' × λref' if g.get('rate') is not None else ''}: "
+        f"{badge(g.get('outcome'), 'none')}</h3>",
         f"<p>{esc(g.get('reason'))}</p>",
     ]
     if g.get("counts"):
@@ -244,10 +249,11 @@ def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | No
         return absent(note[:1].upper() + note[1:] if note else "Not scored yet.")
     refs = verdict.get("references") or {}
     out = [
-        f"<p>Verdict {badge(verdict.get('verdict'))} by rule <code>{esc(verdict.get('rule'))}</code> "
-        f"(version {esc(verdict.get('rule_version'))}); λ_ref = {esc(refs.get('lambda_ref'))} sessions/s, all-miss rate = "
-        f"{esc(refs.get('all_miss_token_rate'))} tokens/s; seeds {esc(', '.join(str(s) for s in verdict.get('seeds') or []))}. "
-        f"From <code>{esc(Path(path).name if path else '')}</code>. Click a state for the conditions that decided it.</p>"
+        f"<p>Verdict {badge(verdict.get('verdict'))} by rule <code>{esc(verdict.get('rule'))}</code> (version "
+        f"{esc(verdict.get('rule_version'))}); λ_ref = {esc(refs.get('lambda_ref'))} sessions/s, all-miss rate = "
+        f"{esc(refs.get('all_miss_token_rate'))} tokens/s; seeds "
+        f"{esc(', '.join(str(s) for s in verdict.get('seeds') or []))}. From "
+        f"<code>{esc(Path(path).name if path else '')}</code>. Click a state for the conditions that decided it.</p>"
     ]
     blocks = [_rate_block(verdict, rv) for rv in verdict.get("rates") or []]
     blocks += [_group_block(verdict, g) for g in verdict.get("groups") or []]
@@ -271,7 +277,8 @@ def verdict_section(verdict: Mapping[str, Any] | None, note: str, path: str | No
     ol = verdict.get("open_loop") or {}
     if ol.get("not_within"):
         out.append(
-            f"<p><strong>Open-loop bound exceeded</strong> by {esc(', '.join(map(str, ol['not_within'])))} (session-start lateness p99 above the test's bound; states unchanged).</p>"
+            f"<p><strong>Open-loop bound exceeded</strong> by {esc(', '.join(map(str, ol['not_within'])))} "
+            "(session-start lateness p99 above the test's bound; states unchanged).</p>"
         )
     reg = verdict.get("registered")
     if reg:
@@ -284,14 +291,17 @@ def registered_block(reg: Mapping[str, Any]) -> str:
     r = reg.get("registration") or {}
     out = [
         "<h3>Registered analysis</h3><ul>",
-        f"<li>registration <code>{esc(r.get('path'))}</code> ({esc(r.get('status'))}), SHA-256 <code>{esc(r.get('sha256'))}</code>, commit <code>{esc(r.get('commit') or 'not committed')}</code></li>",
+        f"<li>registration <code>{esc(r.get('path'))}</code> ({esc(r.get('status'))}), SHA-256 "
+        f"<code>{esc(r.get('sha256'))}</code>, commit <code>{esc(r.get('commit') or 'not committed')}</code></li>",
         f"<li>judged by commit <code>{esc(j.get('commit'))}</code> ({esc(j.get('mode'))}): {esc(j.get('reason'))}</li>",
-        f"<li>decisive: {badge('yes', 'PASS') if reg.get('decisive') else badge('no', 'none')}; rule <code>{esc(reg.get('rule'))}</code>; references from the registration</li>",
+        f"<li>decisive: {badge('yes', 'PASS') if reg.get('decisive') else badge('no', 'none')}; rule "
+        f"<code>{esc(reg.get('rule'))}</code>; references from the registration</li>",
         f"<li>runs counted: {len(reg.get('runs_counted') or [])}; left out: {len(reg.get('runs_excluded') or [])}</li>",
     ]
     for x in reg.get("runs_excluded") or []:
         out.append(
-            f"<li class='muted'>left out <code>{esc(Path(str(x.get('run_dir'))).name)}</code>: {esc('; '.join(x.get('reasons') or []))}</li>"
+            f"<li class='muted'>left out <code>{esc(Path(str(x.get('run_dir'))).name)}</code>: "
+            f"{esc('; '.join(x.get('reasons') or []))}</li>"
         )
     out.append("</ul>")
     kills = reg.get("kill_conditions") or []
@@ -305,7 +315,8 @@ def registered_block(reg: Mapping[str, Any]) -> str:
             for k in kills
         )
         out.append(
-            f"<h4>Kill conditions</h4><table><thead><tr><th>id</th><th>condition</th><th>triggered</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>"
+            "<h4>Kill conditions</h4><table><thead><tr><th>id</th><th>condition</th><th>triggered</th><th>detail</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>"
         )
     else:
         out.append(absent("The registration names no kill condition."))
