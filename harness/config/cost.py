@@ -84,12 +84,13 @@ class CostModel:
         t = self.a + max(self.f0, tf * self.b * new_tokens) + tf * self.c_p * pairs
         return t / self.speed
 
-    def mixed_iteration(self, new_tokens: int, pairs: float, decoding: int, decode_context: float) -> float:
+    def mixed_iteration(self, new_tokens: float, pairs: float, decoding: float, decode_context: float) -> float:
         """One mixed iteration (vLLM flavour): prefill chunks and one decode token per running request
         share a single launch and a single token budget.
 
         decode_context is the summed context of the decoding requests (so attention cost is exact
         per request rather than through a mean).
+        The counts are floats: the fluid model (analysis/theory/entry.py) costs a mean iteration.
         """
         tf = self.token_factor
         tokens = new_tokens + decoding
