@@ -23,7 +23,7 @@ from harness.servers import cpuquota, free_port
 from harness.servers.speedpin import SpeedPinError, measure_at, pin_speed
 from harness.servers.vllm import VLLM_MODULE, VLLMAdapter
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900), pytest.mark.quiet]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900), pytest.mark.quiet, pytest.mark.wallclock]
 
 START_QUOTA = 0.5
 SHAPE = {"requests": 16, "prompt_tokens": 640, "max_tokens": 4}
