@@ -36,14 +36,15 @@ def campaign_script(python: str) -> str:
     out = ["set -euo pipefail", 'stage() { echo "@@stage $(date +%s.%N) $1"; }']
     stood_in = False
     for section, code in blocks:
-        if section.startswith("6.") and not stood_in:  # the calibration (step 4, sh) writes here on a GPU cluster
+        # the calibration (step 4, sh) writes the summaries on a GPU cluster; the design (5) reads them
+        if section[:2] in ("5.", "6.") and not stood_in:
             out += ['stage "4. (stand-in: the paper\'s summaries)"', STAND_IN]
             stood_in = True
         out.append(f"stage {json.dumps(section)}")
         out.append(
             "\n".join(fast_install(python) if line.strip() == INSTALL_LINE else line for line in code.splitlines())
         )
-    assert stood_in, f"{DOC}: no step 6 (the fill) to stand the calibration in before"
+    assert stood_in, f"{DOC}: no step 5 or 6 (the design, the fill) to stand the calibration in before"
     out.append('stage "end"')
     return "\n".join(out) + "\n"
 
