@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from analysis.calibration_summaries import E0a, load_summary
 from harness.errors import ConfigError
 from runs.closed_runs import cache_off, run_closed
 
@@ -57,17 +56,16 @@ class HostScale:
 
 
 def registered_e0a_protocol(reg: Any) -> dict[str, float]:
-    """The registered E0a's protocol (warmup_s, window_s, n) from the registration's bound E0a input."""
+    """The registered E0a's protocol (warmup_s, window_s, n), read strictly from the registration's
+    bound E0a input (analysis.calibration_summaries.load_summary)."""
     root = reg.path.parents[2] if reg.path is not None else Path.cwd()
-    for inp in reg.inputs:
-        data = yaml.safe_load((root / inp.path).read_text())
-        if isinstance(data, dict) and data.get("stage") == "e0a":
-            p = data.get("protocol") or {}
-            try:
-                return {"warmup_s": float(p["warmup_s"]), "window_s": float(p["window_s"]), "n": int(p["n"])}
-            except (KeyError, TypeError, ValueError):
-                raise HostScaleError(f"{inp.path}: protocol: expected warmup_s, window_s and n, got {p!r}") from None
-    raise HostScaleError(f"registration {reg.name}: no bound input of stage e0a ({[i.path for i in reg.inputs]})")
+    inp = next((i for i in reg.inputs if i.role == "e0a"), None)
+    if inp is None:
+        raise HostScaleError(f"registration {reg.name}: no bound input of stage e0a ({[i.path for i in reg.inputs]})")
+    e0a = load_summary(root / inp.path, "e0a")
+    assert isinstance(e0a, E0a)  # load_summary with stage "e0a" returns the E0a model or raises
+    p = e0a.protocol
+    return {"warmup_s": p.warmup_s, "window_s": p.window_s, "n": p.n}
 
 
 def measure_host_scale(
