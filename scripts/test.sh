@@ -11,6 +11,8 @@
 #   AGENTLOAD_SKIP_SLURM=1 scripts/test.sh    skip the SLURM cluster tests
 #   AGENTLOAD_SKIP_BROWSER=1 scripts/test.sh  skip installing Chromium and the browser check of the HTML report
 #   AGENTLOAD_SKIP_LINT=1 scripts/test.sh     skip ruff format --check, ruff check and mypy
+#   AGENTLOAD_SERIAL=1 scripts/test.sh        one pytest session instead of the phases of scripts/test-phases.sh
+#   scripts/test.sh ARGS...                   one pytest session with pytest's ARGS (a file, -k, -m ...)
 #
 # The browser tests save their screenshots under results/browser/ (or $AGENTLOAD_ARTIFACTS): CI keeps that folder.
 set -euo pipefail
@@ -50,4 +52,9 @@ fi
 # make a single try late) get one rerun, reported as "rerun" in the summary (tests/conftest.py); no
 # other test is rerun, and a real fault fails both tries and still fails the run. --durations lists
 # the slowest tests, to keep CI's time in view.
-exec .venv/bin/python -m pytest -q -ra --durations=30 "$@"
+PYTEST=(.venv/bin/python -m pytest -q -ra --durations=30)
+if [ "$#" -gt 0 ] || [ "${AGENTLOAD_SERIAL:-0}" = "1" ]; then
+  # Arguments (a test file, -k, -m ...) or AGENTLOAD_SERIAL=1: one pytest session, as given.
+  exec "${PYTEST[@]}" "$@"
+fi
+exec scripts/test-phases.sh "${PYTEST[@]}"
