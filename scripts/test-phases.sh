@@ -4,7 +4,8 @@
 #   1. the `quiet` tests alone (they measure a real engine's speed and need the machine to themselves:
 #      the CPU trap test's host scale, the speed pin);
 #   2. the SLURM tests (`slurm` marker: the local cluster's jobs, a 4-minute TIMEOUT job, the tutorial's
-#      submission), mostly waiting on the scheduler, in a second pytest session in the background ...
+#      submission), mostly waiting on the scheduler, and the `background` ones (the tutorial's arms on
+#      fresh real servers, the GPU campaign page's clone), in a second pytest session in the background ...
 #   3. ... while everything else runs in the foreground: unit, pipeline, then the real-engine
 #      integration tests (their servers boot once, in the background, when this session starts).
 #
@@ -23,9 +24,9 @@ echo "== phase 1: the quiet tests, alone"
 rc_quiet=$?
 
 echo "== phase 2: the SLURM tests in the background (log: $LOGDIR/slurm.log), and everything else"
-"${PYTEST[@]}" -m "slurm and not quiet" -p no:cacheprovider tests/integration >"$LOGDIR/slurm.log" 2>&1 &
+"${PYTEST[@]}" -m "(slurm or background) and not quiet" -p no:cacheprovider tests/integration >"$LOGDIR/slurm.log" 2>&1 &
 slurm_pid=$!
-"${PYTEST[@]}" -m "not slurm and not quiet" tests/unit tests/pipeline tests/integration
+"${PYTEST[@]}" -m "not slurm and not background and not quiet" tests/unit tests/pipeline tests/integration
 rc_rest=$?
 if kill -0 "$slurm_pid" 2>/dev/null; then
   echo "== waiting for the SLURM tests ($LOGDIR/slurm.log)"

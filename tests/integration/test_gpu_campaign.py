@@ -23,6 +23,10 @@ from test_tutorial import INSTALL_LINE, _git_env, fast_install, snapshot, stage_
 
 from prereg.registration import load_registration
 
+# scripts/test-phases.sh runs this module in its background session, beside the SLURM tests:
+# it starts its own servers or clones and waits on them more than it computes.
+pytestmark = pytest.mark.background
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "gpu-campaign.md"
 REG = "prereg/registrations/e2-sglang-a100-300k-mysite.yaml"

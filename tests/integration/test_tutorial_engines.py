@@ -37,6 +37,10 @@ from test_tutorial import DOC, _git_env, snapshot, stage_times, tutorial_blocks,
 
 from harness.recording.record import load_run
 
+# scripts/test-phases.sh runs this module in its background session, beside the SLURM tests:
+# it starts its own servers or clones and waits on them more than it computes.
+pytestmark = pytest.mark.background
+
 SGLANG_CELL = "sglang-cpu-tiny-32k"
 SGLANG_RUN = "results/tutorial-sglang/noburst-r0.50-s0"
 VLLM_RUN = "results/tutorial-vllm/noburst-r0.50-s0"
