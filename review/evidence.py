@@ -82,7 +82,7 @@ def _need(missing: list[str], ok: bool, what: str) -> bool:
     return ok
 
 
-def _repo(testdir: Path, repo: Repo | None) -> Repo:
+def _repo(testdir: Path, repo: Repo | None) -> Repo | None:
     if repo is not None:
         return repo
     for start in (testdir, Path.cwd()):
@@ -90,10 +90,7 @@ def _repo(testdir: Path, repo: Repo | None) -> Repo:
             return Repo.containing(start)
         except GitError:
             continue
-    raise EvidenceError(
-        f"{testdir}: no git repository holds the test directory or the current folder; run `evidence pack` inside the "
-        "repository the test was registered in (or pass --repo), which holds its registration commit and freeze tags"
-    )
+    return None
 
 
 def _run_files(run: Path, missing: list[str]) -> list[Path]:
@@ -153,9 +150,14 @@ def pack(
         f"a registered verdict (registered-verdict.json) in {td} or below it: run `agentload analyze --registration "
         f"REG {td / 'runs'} --out {td / 'analysis'}` (or `jobs collect` without --no-analysis)",
     )
-    if manifest is None:
-        raise EvidenceError("cannot pack: missing\n  - " + "\n  - ".join(missing))
     git = _repo(td, repo)
+    if git is None:
+        missing.append(
+            f"a git repository holding {td} or the current folder: run `evidence pack` inside the repository the test "
+            "was registered in (or pass --repo), which holds its registration commit and freeze tags"
+        )
+    if manifest is None or git is None:
+        raise EvidenceError(f"cannot pack {td}: missing\n  - " + "\n  - ".join(missing))
     ref = manifest.registration
     reg_bytes = None
     if _need(

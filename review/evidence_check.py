@@ -110,10 +110,12 @@ def judged_fields(verdict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:
-    """Where two JSON values differ (the first few), for a reason a reader can act on."""
+    """Where the recomputed verdict `b` differs from the bundled `a`, for a reason a reader can act
+    on. Every field of the bundled verdict must be recomputed to the same value; a field the judge
+    has added since (in `b` only) is not one the bundle judged, and is not compared."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
-        for k in sorted(set(a) | set(b), key=str):
+        for k in sorted(a, key=str):
             out += _diff(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):

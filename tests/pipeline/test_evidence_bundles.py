@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from provenance.meta import sha256_file
+from review.evidence import EvidenceError, pack
 from review.evidence_check import EvidenceCheck, check_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +148,25 @@ def test_a_freeze_confirmed_after_the_runs_breaks_the_timeline(demo: Path) -> No
     breaks = _breaks(res, "timeline")
     assert any(b.startswith(f"freeze {tag} confirmed on the remote before the first run start") for b in breaks)
     assert any("claimed 'blind in time'" in b and "not blind" in b for b in breaks), res.text()
+
+
+def test_pack_refuses_naming_every_missing_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test directory lacking what the verdict and provenance need, outside any repository: one
+    refusal that names each piece, where it was looked for and which step writes it."""
+    if not BUNDLES:
+        pytest.skip("no committed bundle to take a test directory from")
+    monkeypatch.chdir(tmp_path)
+    td = tmp_path / "results" / "t"
+    shutil.copytree(BUNDLES[0] / "test", td)
+    (td / "collection.json").unlink()
+    shutil.rmtree(td / "analysis")
+    run = sorted((td / "runs").iterdir())[0]
+    (run / "plan.parquet").unlink()
+    with pytest.raises(EvidenceError) as err:
+        pack(td, tmp_path / "bundle")
+    msg = str(err.value)
+    assert f"{td / 'collection.json'} (written by `agentload jobs collect`)" in msg
+    assert "a registered verdict (registered-verdict.json)" in msg and "agentload analyze --registration" in msg
+    assert f"{run}: the frozen plan plan.parquet the run played is not there" in msg
+    assert "a git repository holding" in msg and "--repo" in msg
+    assert not (tmp_path / "bundle").exists()
