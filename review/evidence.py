@@ -11,7 +11,8 @@ bundle copies exactly what those depend on, each file with its SHA-256 in `bundl
                                       prediction file's bytes at its tag, at their repository paths
   test/submission.json                the submission manifest (registration, remote check, jobs)
   test/collection.json                what `jobs collect` found
-  test/provenance/accounting.{json,csv}  the scheduler's accounting export
+  test/provenance/accounting.{json,csv}  the scheduler's accounting export (local-jobs.json for jobs
+                                      the local executor ran: no scheduler, no export)
   test/provenance/freezes/<tag>.json  the freeze records
   test/provenance/proofs/<name>/      raw git objects (`provenance prove`): the registration at
                                       its commit (and at each run's code commit), each frozen
@@ -54,7 +55,13 @@ TEST, REPO = "test", "repo"
 #: issue's allowance is about 30 MB in all).
 BUNDLE_BUDGET_BYTES = 10 << 20
 ALL_BUDGET_BYTES = 30 << 20
-_TEST_FILES = ("submission.json", "collection.json", "provenance/accounting.json", "provenance/accounting.csv")
+_TEST_FILES = (
+    "submission.json",
+    "collection.json",
+    "provenance/accounting.json",
+    "provenance/accounting.csv",
+    "provenance/local-jobs.json",
+)
 
 
 class EvidenceError(UsageError):
@@ -138,7 +145,9 @@ def pack(
         manifest is not None,
         f"the submission manifest {td / 'submission.json'} (written by `agentload submit`)",
     )
-    for rel in ("collection.json", "provenance/accounting.json"):
+    # the scheduler's accounting export; jobs the local executor ran have its own record instead
+    local = manifest is not None and manifest.raw.get("executor") == "local"
+    for rel in ("collection.json", "provenance/local-jobs.json" if local else "provenance/accounting.json"):
         _need(missing, (td / rel).is_file(), f"{td / rel} (written by `agentload jobs collect`)")
     run_dirs = sorted({p.parent for p in (td / "runs").glob("*/meta.json")})
     _need(missing, bool(run_dirs), f"run directories under {td / 'runs'} (gathered by `agentload jobs collect`)")
