@@ -332,6 +332,14 @@ def check_timeline(res: EvidenceCheck) -> None:
             f.confirmed_at is not None and f.confirmed_at < first,
             f"confirmed {iso(f.confirmed_at)} (freeze record), first start {iso(first)}; blindness: {f.overall.text()}",
         )
+    claimed = ((tl.manifest.raw.get("label_at_submission") or {}) if tl.manifest else {}).get("label")
+    if claimed is not None:  # what `submit` computed and printed before the first job
+        res.add(
+            "timeline",
+            f"label claimed at submission {claimed!r} is the record's",
+            claimed == tl.label,
+            f"the record gives {tl.label}: {tl.label_reason}",
+        )
     res.facts.append(f"label: {tl.label} ({tl.label_reason})")
     for f in tl.freezes:
         res.facts.append(f"predictions {f.tag}: {f.overall.text()} ({f.overall.reason})")

@@ -78,6 +78,7 @@ def test_committed_bundle_checks_with_no_git(bundle: Path, no_git: Path) -> None
     assert any("hashes to the bound SHA-256" in n for n in names)  # the registration, from its proof's objects
     assert any("code is the registration's" in n for n in names)  # ancestry and tree diff from the proofs
     assert any("registration committed before the first run start" in n for n in names)
+    assert any(n.startswith("label claimed at submission") for n in names)
 
 
 @pytest.fixture
@@ -170,3 +171,15 @@ def test_pack_refuses_naming_every_missing_piece(tmp_path: Path, monkeypatch: py
     assert f"{run}: the frozen plan plan.parquet the run played is not there" in msg
     assert "a git repository holding" in msg and "--repo" in msg
     assert not (tmp_path / "bundle").exists()
+
+
+def test_a_label_claimed_that_the_record_does_not_give_breaks(demo: Path) -> None:
+    sub = demo / "test" / "submission.json"
+    doc = orjson.loads(sub.read_bytes())
+    doc["label_at_submission"]["label"] = (
+        "pre-registered" if doc["label_at_submission"]["label"] != "pre-registered" else "registered"
+    )
+    sub.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    _rehash(demo)
+    res = check_bundle(demo)
+    assert any(b.startswith("label claimed at submission") for b in _breaks(res, "timeline")), res.text()
