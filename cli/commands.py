@@ -98,6 +98,12 @@ COMMANDS: list[Command] = [
         "cli.provenance",
     ),
     Command(
+        "evidence",
+        "judge",
+        "pack a registered test's evidence for the repository; check a bundle with no engine, cluster or git",
+        "cli.evidence",
+    ),
+    Command(
         "status",
         "judge",
         "where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks",

@@ -371,11 +371,15 @@ def registered_analysis(
     pool_tolerance_tokens: int = 0,
     force_worktree: bool = False,
     predictions: str | Path | None = None,
+    git: bool = True,
 ) -> dict[str, Any]:
     """The registered verdict of `runs` under `registration`; writes verdict.json and report.md.
 
     `predictions`: the frozen prediction file a family rule that compares with a model reads
-    (default: the predictions.json beside the runs)."""
+    (default: the predictions.json beside the runs). `git=False` asks no repository (an evidence
+    bundle's copy of the registration, inside a clone that never held its commit): the runs' code
+    commits are not checked here (the bundle's proofs and `provenance verify` check them) and the
+    checkout's code judges in process."""
     reg_path = Path(registration)
     reg = load_registration(reg_path)
     if reg.status == "INCOMPLETE":
@@ -390,15 +394,20 @@ def registered_analysis(
     repo = None
     reg_commit = None
     state = "outside a git repository"
-    try:
-        repo = Repo.containing(reg_path)
-        facts = git_facts(reg_path)
-        state = facts.state
-        reg_commit = facts.commit if facts.state == "committed" else None
-    except GitError:
-        pass
+    if not git:
+        state = "no repository asked (an evidence bundle's copy)"
+    else:
+        try:
+            repo = Repo.containing(reg_path)
+            facts = git_facts(reg_path)
+            state = facts.state
+            reg_commit = facts.commit if facts.state == "committed" else None
+        except GitError:
+            pass
     dirs = _expand(runs)
-    bindings = [bind_run(d, reg, repo, reg_commit, pool_tolerance_tokens=pool_tolerance_tokens) for d in dirs]
+    bindings = [
+        bind_run(d, reg, repo, reg_commit, pool_tolerance_tokens=pool_tolerance_tokens, check_code=git) for d in dirs
+    ]
     bound = [Path(b.run_dir) for b in bindings if b.bound]
     pred_path = find_predictions(reg, dirs, predictions)
     out = (
