@@ -3,7 +3,10 @@ its injected faults and its counters. harness/emulator/server.py puts it behind 
 docstring there says why the emulator exists and what each fault and gauge does.
 
 One background task runs iterations (step, sleep until the iteration's end, complete, wake the
-waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds.
+waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds,
+and lag it by at most `_CATCH_UP`: a wake-up that late (a sleep overshoots, a loaded host) starts the
+next iteration where the last one ended, so the model's iterations keep their own times instead of
+each adding the loop's lateness (which made a decode step read 10-20% long to a client).
 
 Streaming: a request submitted with `on_tokens` is told, at the end of every iteration that gave it
 tokens, how many it has and which, so an SSE handler sends each token when the model produced it and
@@ -37,6 +40,7 @@ from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
 log = logging.getLogger("agentload.emulator")
 
 _MAX_LEAD = 0.001  # wall seconds the engine clock may run ahead of the wall clock
+_CATCH_UP = 0.005  # wall seconds a late wake-up may be absorbed by starting at the last end (no drift)
 ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _FAULT_KINDS = ("die-after", "5xx", "malformed", "no-usage", "hang", "unhealthy")
 VERSION = {"sglang": "0.5.22-emulated", "vllm": "0.32.0-emulated"}
@@ -178,6 +182,7 @@ class Emulator:
         self.die: Callable[[], None] = die or (lambda: os._exit(17))
         self.stats = EmulatorStats()
         self._waiters: dict[int, _Waiter] = {}
+        self._last_submit = 0.0  # engine time of the latest request (an iteration never starts before it)
         self._streams: set[int] = set()  # requests streamed token by token (submit's on_tokens)
         self._next_id = 0
         self._t0 = time.monotonic()
@@ -268,8 +273,13 @@ class Emulator:
         assert self._wake is not None
         m = self.model
         try:
+            after: float | None = None  # the end of the iteration just applied (None after idling)
             while True:
                 now = self.engine_now()
+                if after is not None and now - after <= _CATCH_UP * self.time_scale:
+                    # the loop woke a little late: the next iteration starts where the last ended
+                    # (after any request that arrived since), so the model's schedule does not drift
+                    now = max(after, self._last_submit)
                 # Decode-only iterations that start within the lead bound may be fused: a request
                 # arriving meanwhile waits at most _MAX_LEAD wall seconds longer than it would.
                 # a streamed request in flight: one iteration at a time, each token at its own end
@@ -283,11 +293,13 @@ class Emulator:
                         self._publish()  # falling idle with a stale running count
                     self._wake.clear()
                     await self._wake.wait()
+                    after = None
                     continue
                 lead = (end - (time.monotonic() - self._t0) * self.time_scale) / self.time_scale
                 await asyncio.sleep(lead if lead > _MAX_LEAD else 0)
                 self._floor = max(self._floor, end)
                 done = m.complete(end)
+                after = end
                 if self.flavor == "sglang" and iteration is not None:
                     self._note_iteration(*iteration)
                 if self._streams:
@@ -331,7 +343,8 @@ class Emulator:
         req_id = self._next_id
         self._next_id += 1
         fut: asyncio.Future[EngineCompletion] = asyncio.get_running_loop().create_future()
-        self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self.engine_now())
+        self._last_submit = self.engine_now()
+        self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self._last_submit)
         self._waiters[req_id] = _Waiter(fut, time.monotonic(), on_tokens)
         if on_tokens is not None:
             self._streams.add(req_id)
