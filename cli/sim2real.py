@@ -145,7 +145,7 @@ def _cmd_costs(args: argparse.Namespace) -> int:
 def owned_by(doc: dict[str, Any], engine: str, cell: str) -> dict[str, Any]:
     """A cost file's document with the engine and cell it belongs to right after its name (a replay
     of a run on another engine or cell refuses it)."""
-    head = {k: doc[k] for k in ("kind", "name") if k in doc}
+    head: dict[str, Any] = {k: doc[k] for k in ("kind", "name") if k in doc}
     return {**head, "engine": engine, "cells": [cell], **{k: v for k, v in doc.items() if k not in head}}
 
 

@@ -4,7 +4,7 @@ docstring there says why the emulator exists and what each fault and gauge does.
 
 One background task runs iterations (step, sleep until the iteration's end, complete, wake the
 waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds,
-and lag it by at most `_CATCH_UP`: a wake-up that late (a sleep overshoots, a loaded host) starts the
+and lag it by at most `_CATCH_UP` (20 ms): a wake-up that late (a sleep overshoots, a loaded host) starts the
 next iteration where the last one ended, so the model's iterations keep their own times instead of
 each adding the loop's lateness (which made a decode step read 10-20% long to a client).
 
@@ -40,7 +40,7 @@ from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
 log = logging.getLogger("agentload.emulator")
 
 _MAX_LEAD = 0.001  # wall seconds the engine clock may run ahead of the wall clock
-_CATCH_UP = 0.005  # wall seconds a late wake-up may be absorbed by starting at the last end (no drift)
+_CATCH_UP = 0.02  # wall seconds a late wake-up may be absorbed by starting at the last end (no drift)
 ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _FAULT_KINDS = ("die-after", "5xx", "malformed", "no-usage", "hang", "unhealthy")
 VERSION = {"sglang": "0.5.22-emulated", "vllm": "0.32.0-emulated"}

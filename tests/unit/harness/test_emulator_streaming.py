@@ -17,8 +17,9 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from support.emulator_fixture import emulator, ids, run, small_cell
 
-from tests.support.emulator_fixture import emulator, ids, run, small_cell
+pytestmark = pytest.mark.wallclock  # wall-clock timings: one rerun if a try is late (tests/conftest.py)
 
 COST = {"a": 0.03, "f0": 0.0, "b": 20e-6, "c_p": 0.0, "chunk": 8192, "c_d": 0.0, "speed": 1.0, "token_factor": 1.0}
 PROMPT, D = 1000, 12

@@ -143,3 +143,34 @@ def test_parity_classes_every_run_of_a_test_folder_by_the_rule(
     assert by_arm["noburst"]["completions_ref"] != by_arm["burst"]["completions_ref"]  # each run is read
     md = (out / "parity.md").read_text()
     assert "## States by the registered rule" in md and "States match in 2 of 2 runs." in md
+
+
+def test_a_fitted_cost_file_names_the_engine_and_cell_it_was_fitted_for(tmp_path: Path) -> None:
+    from harness.config import CellConfig, WorkloadConfig, cost_file_owner, load_cost_file
+    from runs.closed_runs import run_closed
+
+    true = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-3}
+    cell = CellConfig(
+        name="fit-cell",
+        engine={"name": "vllm", "version": "0.32.0"},
+        model="m",
+        gpu="g",
+        kv_pool_tokens=131072,
+        page_size=32,
+        max_running=64,
+        prefix_cache=False,
+        batching="mixed",
+        context_length=8192,
+        cost=true,
+    )
+    wl = WorkloadConfig(name="w", first_prompt=512, tool_tokens=128, decode_tokens=8, tool_time={"mean": 0.2})
+    cell_file = tmp_path / "fit-cell.yaml"
+    cell_file.write_text(yaml.safe_dump(cell.model_dump(mode="json", exclude={"cost_file"})))
+    run_closed(cell, wl, 6, seed=1, warmup=2, window=8, run_dir=tmp_path / "n6")
+    out = tmp_path / "fit"
+    argv = ["calibrate", "costs", "--cell", str(cell_file), "--from-runs", str(tmp_path / "n6"), "--out", str(out)]
+    assert main(argv) == 0
+    path = out / "fit-cell-fitted.yaml"
+    assert cost_file_owner(path) == ("vllm", ("fit-cell",))
+    assert list(yaml.safe_load(path.read_text()))[:4] == ["kind", "name", "engine", "cells"]
+    assert load_cost_file(path).a == pytest.approx(true["a"], rel=0.2)
