@@ -264,7 +264,7 @@ async def generate(request: web.Request) -> web.Response:
         max_tokens = emu.check_fits(prompt, max_tokens)
         comp, fault = await _run_turn(emu, prompt, max_tokens)
     except Reply as r:
-        return r.response
+        return _native_error(r.response)
     queue, ttft, decode = engine_timings(emu, comp)
     latency = time.monotonic() - t0
     finished = received + latency  # the reply leaves now: the last token's time, as the tokenizer sees it
@@ -287,6 +287,19 @@ async def generate(request: web.Request) -> web.Response:
     if fault == "no-usage":
         resp.pop("meta_info")
     return _json(resp)
+
+
+def _native_error(resp: web.Response) -> web.Response:
+    """An error as SGLang 0.5.22's /generate answers it (_create_error_response): {"error":
+    {"message"}}, not the OpenAI endpoint's flat ErrorResponse."""
+    try:
+        body = orjson.loads(resp.body)  # type: ignore[arg-type]
+    except (orjson.JSONDecodeError, TypeError):
+        return resp
+    message = body.get("message") if isinstance(body, dict) else None
+    if message is None:
+        return resp
+    return _json({"error": {"message": message}}, resp.status)
 
 
 async def flush_cache(request: web.Request) -> web.Response:

@@ -113,3 +113,17 @@ def test_a_refused_stream_gets_the_plain_error() -> None:
 
     status, ctype = run(go())
     assert status == 400 and ctype.startswith("application/json")
+
+
+def test_sglang_generate_refusal_is_the_native_envelope() -> None:
+    # SGLang 0.5.22's /generate answered a prompt over the context with {"error": {"message"}} (checked here)
+    async def go() -> tuple[int, Any]:
+        async with emulator("sglang") as (_emu, url), aiohttp.ClientSession() as http:
+            body = {"input_ids": ids(5000), "sampling_params": {"max_new_tokens": 4}}
+            async with http.post(url + "/generate", data=orjson.dumps(body)) as r:
+                return r.status, orjson.loads(await r.read())
+
+    status, body = run(go())
+    assert status == 400 and body == {
+        "error": {"message": "The input (5000 tokens) is longer than the model's context length (4096 tokens)."}
+    }
