@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.staged_analysis import run_quantities
+from analysis.stages import COUNTED
 
 #: the quantities listed beside each state (analysis/quantities.py names)
 SHOWN = ("token_ratio", "hit", "backlog_end", "backlog_mean", "completions_ref", "window_len")
@@ -47,13 +48,14 @@ def run_state(run_dir: Path | str, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compare_states(real_dir: Path | str, sim_dir: Path | str, spec: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The real run and its replay classed by one rule; `match`: the simulated state is the real one
-    (both counted runs of a rule with states)."""
+    """The real run and its replay classed by one rule; `match`: the simulated state is the real one,
+    both runs counted (two INVALID runs do not match: neither has a state)."""
     real, sim = run_state(real_dir, spec), run_state(sim_dir, spec)
+    counted = real["status"] == sim["status"] == COUNTED
     return {
         "rule": spec.get("name"),
         "rule_source": source,
         "real": real,
         "sim": sim,
-        "match": real["state"] is not None and real["state"] == sim["state"],
+        "match": counted and real["state"] is not None and real["state"] == sim["state"],
     }
