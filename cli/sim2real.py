@@ -5,26 +5,32 @@
 - calibrate costs --engine vllm --cell CELL: short closed-population runs on the real engine (prefix
   cache off unless --cache on), then the iteration-cost fit to the engine's per-request timings; a
   cost file with the fit's residuals. --from-runs fits runs already made.
-- replay RUN_DIR... [--cost FILE]: each run's frozen plan, arm and cell through the simulator, and a
-  parity report (Markdown, JSON, figure) against the real run.
+- replay RUN_DIR_OR_FOLDER... [--cost FILE | --cost-from-meta]: each run's frozen plan, arm and cell
+  through the simulator, and a parity report (Markdown, JSON, figure) against the real run, with both
+  runs classed by the registered rule; a folder stands for every run under it (a whole test). Costs
+  that are not the run's engine's on its cell are refused (sim2real/replay.py says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from analysis.rules import is_paired_form, load_rule
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
-from harness.errors import UsageError
+from harness.errors import AgentloadError, ConfigError, UsageError
+from prereg.registration import load_registration
 from runs.closed_runs import cache_off, run_closed
 from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs
-from sim2real.replay import replay_run
+from sim2real.replay import ForeignCostError, replay_costs, replay_run
 from sim2real.suite import run_suite, write_report
 from sim2real.traces import default_suite
 
@@ -117,6 +123,7 @@ def _cmd_costs(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     name = args.name or f"{cell.name}-fitted"
     doc = fit.cost_file(name, f"{cell.engine.name} {cell.engine.version} ({cell.name})")
+    doc = owned_by(doc, cell.engine.name, cell.name)
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert fit.per_row is not None
@@ -135,17 +142,85 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def owned_by(doc: dict[str, Any], engine: str, cell: str) -> dict[str, Any]:
+    """A cost file's document with the engine and cell it belongs to right after its name (a replay
+    of a run on another engine or cell refuses it)."""
+    head: dict[str, Any] = {k: doc[k] for k in ("kind", "name") if k in doc}
+    return {**head, "engine": engine, "cells": [cell], **{k: v for k, v in doc.items() if k not in head}}
+
+
 # -- replay ------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_dirs(paths: list[str], out: Path) -> list[Path]:
+    """Each argument as given when it is a run directory (has meta.json); a folder without one
+    stands for every run directory under it (a whole test), in name order, leaving out the
+    replay output's own."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if (p / "meta.json").is_file():
+            found.append(p)
+            continue
+        if not p.is_dir():
+            raise UsageError(f"replay: {p}: neither a run directory (no meta.json) nor a folder of runs")
+        under = sorted(m.parent for m in p.rglob("meta.json") if not m.parent.resolve().is_relative_to(out.resolve()))
+        if not under:
+            raise UsageError(f"replay: {p}: no run directory (with a meta.json) under it")
+        found.extend(under)
+    return found
+
+
+def _registration_path(ref: str) -> Path:
+    p = Path(ref)
+    return p if p.is_file() or p.is_absolute() else ROOT / ref
+
+
+def run_rule(meta: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The rule a run is classed by, and where it came from: its registration's frozen rule when the
+    run is bound to a registration that can be read with the recorded SHA-256 (and is a staged
+    spec), else the rule the run names (its family's, with the run's parameter overrides)."""
+    reg = meta.get("registration")
+    why = ""
+    if isinstance(reg, Mapping) and reg.get("path"):
+        try:
+            r = load_registration(_registration_path(str(reg["path"])), reg.get("sha256"))
+            if not is_paired_form(r.rule):
+                return load_rule(r.rule), f"registration {r.name}"
+            why = f"; registration {r.name}'s rule is in the old paired form"
+        except AgentloadError as exc:
+            why = f"; registration unreadable: {exc}"
+    name = meta.get("rule") or None
+    return load_rule(name, meta.get("rule_params")), f"named rule {name or 'e2 (default)'}{why}"
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    dirs = run_dirs(args.run_dir, out)
+    metas = {}
+    for rd in dirs:  # every run's costs checked before any replay starts
+        meta = json.loads((rd / "meta.json").read_text())
+        try:
+            replay_costs(rd, meta, args.cost, args.cost_from_meta)
+        except ForeignCostError as exc:
+            raise UsageError(str(exc)) from None
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        metas[rd] = meta
     reports = []
-    for rd in args.run_dir:
-        rd = Path(rd)
-        sim_dir = out / "replays" / rd.name
-        replay_run(rd, sim_dir, cost_file=args.cost)
+    names = [rd.name for rd in dirs]
+    for rd in dirs:
+        name = rd.name if names.count(rd.name) == 1 else "-".join(rd.parts[-2:])
+        sim_dir = out / "replays" / name
+        replay_run(rd, sim_dir, cost_file=args.cost, cost_from_meta=args.cost_from_meta)
+        spec, source = run_rule(metas[rd])
         reports.append(
             parity.compare(
-                rd, sim_dir, bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac)
+                rd,
+                sim_dir,
+                bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac),
+                spec=spec,
+                rule_source=source,
             )
         )
     paths = parity.write(reports, out)
@@ -172,8 +247,18 @@ def register(cli: Any) -> None:
     p = cli.command(
         "replay", group="judge", help="replay real runs in the simulator (their plan, arm, cell) and report parity"
     )
-    p.add_argument("run_dir", nargs="+", help="run directories of real runs")
-    p.add_argument("--cost", default=None, help="cost file for the simulator (default: the run's own cell costs)")
+    p.add_argument("run_dir", nargs="+", help="run directories, or folders of runs (a whole test: every run under it)")
+    p.add_argument(
+        "--cost",
+        default=None,
+        help="cost file for the simulator; it must name the runs' engine and cell (`engine:`, `cells:`); "
+        "`agentload calibrate costs --from-runs` fits one",
+    )
+    p.add_argument(
+        "--cost-from-meta",
+        action="store_true",
+        help="replay real runs with the costs in their meta.json (not fitted to their engine); the report marks it",
+    )
     p.add_argument("--out", default="results/replay", help="directory for the replays and the parity report")
     p.add_argument("--hit-tol", type=float, default=0.10, help="hit-fraction band, absolute (default 0.10)")
     p.add_argument("--backlog-abs", type=float, default=5.0, help="backlog band, sessions (default 5)")

@@ -5,7 +5,13 @@ Compared, from the two runs' own records (the same measurement code as the verdi
   equal;
 - trajectories: hit fraction per `hit_bin`, sessions in the system per `backlog_bin`;
 - distributions: session completions, turn latency and time to first byte quantiles;
-- preemptions (the engines' counters, last gauge sample).
+- preemptions (the engines' counters, last gauge sample);
+- with a rule spec: both runs' states by that rule and whether they match (sim2real/states.py),
+  with the token rate over the all-miss rate, window hit, backlog and completions.
+
+Each replay says where its costs came from (sim2real/replay.py): a fitted cost file, the run's own
+(a simulated or emulated run), or the real run's meta.json on request (--cost-from-meta), which the
+report marks beside the run: such a replay is not evidence about the engine.
 
 Bands (named parameters, defaults stated in the report): a trajectory is within band when at least
 `frac` of its bins differ by at most the tolerance -- hit fraction `hit_tol` (absolute), backlog
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,9 @@ import pandas as pd
 from analysis.metrics import hit_fraction_bins, interval_bin_means, system_intervals
 from harness.recording.record import load_run
 from harness.recording.schema import HIT_THRESHOLD
+from sim2real.states import compare_states
+
+COST_MARK = {"meta": "costs from the run's meta.json (--cost-from-meta), not fitted to its engine and cell"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,10 @@ def compare(
     bands: Bands = Bands(),
     hit_bin: float | None = None,
     backlog_bin: float | None = None,
+    spec: Mapping[str, Any] | None = None,
+    rule_source: str = "",
 ) -> dict[str, Any]:
+    """The parity of `sim_dir` (a replay) with `real_dir`; with `spec`, both runs' states by it."""
     real, sim = load_run(real_dir), load_run(sim_dir)
     meta = real.meta
     proto = meta.get("protocol") or {}
@@ -100,6 +113,7 @@ def compare(
         "seed": meta.get("seed"),
         "cell": (meta.get("cell") or {}).get("name"),
         "cost_file": (sim.meta.get("replay_of") or {}).get("cost_file"),
+        "cost_source": (sim.meta.get("replay_of") or {}).get("source"),
         "duration": duration,
         "bands": asdict(bands),
         "turns": {
@@ -140,6 +154,8 @@ def compare(
             "backlog_sim": bl_s.tolist(),
         },
     }
+    if spec is not None:
+        report["states"] = compare_states(real_dir, sim_dir, spec, rule_source)
     return report
 
 
@@ -164,7 +180,7 @@ def markdown(reports: list[dict[str, Any]]) -> str:
     ]
     for r in reports:
         t, h, bl, c = r["turns"], r["hit_fraction"], r["backlog"], r["completions"]
-        name = f"{r['arm']} r{r['rate']} s{r['seed']}"
+        name = _name(r)
         lines.append(
             f"| {name} | {t['real']}/{t['sim']} | {_f(t['cached_equal'])} | {_f(t['hit_equal'])} | "
             f"{_f(h['real_mean'])}/{_f(h['sim_mean'])} "
@@ -174,9 +190,50 @@ def markdown(reports: list[dict[str, Any]]) -> str:
             f"| {_f(r['latency_s']['real'].get('p50'), '.3f')}/{_f(r['latency_s']['sim'].get('p50'), '.3f')} "
             f"| {_f(r['preemptions']['real'], '.0f')}/{_f(r['preemptions']['sim'], '.0f')} |"
         )
-    if reports and reports[0].get("cost_file"):
-        lines += ["", f"Cost model of the replays: `{reports[0]['cost_file']}`."]
+    files = sorted({str(r["cost_file"]) for r in reports if r.get("cost_file")})
+    if files:
+        lines += ["", f"Cost model of the replays: {', '.join(f'`{f}`' for f in files)}."]
+    marked = [_name(r) for r in reports if r.get("cost_source") in COST_MARK]
+    if marked:
+        lines += ["", f"**Marked** ({COST_MARK['meta']}): {', '.join(marked)}."]
+    lines += states_table(reports)
     return "\n".join(lines) + "\n"
+
+
+def _name(r: Mapping[str, Any]) -> str:
+    return f"{r['arm']} r{r['rate']} s{r['seed']}"
+
+
+def states_table(reports: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: every run and its replay classed by the rule (empty when none was)."""
+    rows = [r for r in reports if r.get("states")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## States by the registered rule",
+        "",
+        "| run | rule | state real / sim | match | token rate x all-miss real / sim | window hit real / sim | "
+        "backlog end real / sim | completions / lambda_ref real / sim | costs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        st = r["states"]
+        a, b = st["real"], st["sim"]
+
+        def state(x: Mapping[str, Any]) -> str:
+            return str(x["state"] if x["status"] == "complete" else f"{x['status']}")
+
+        lines.append(
+            f"| {_name(r)} | {st['rule']} ({st['rule_source']}) | {state(a)} / {state(b)} | "
+            f"{'✓' if st['match'] else '✗'} | {_f(a['token_ratio'])} / {_f(b['token_ratio'])} | "
+            f"{_f(a['hit'])} / {_f(b['hit'])} | {_f(a['backlog_end'], '.1f')} / {_f(b['backlog_end'], '.1f')} | "
+            f"{_f(a['completions_ref'])} / {_f(b['completions_ref'])} | "
+            f"{'**meta (marked)**' if r.get('cost_source') == 'meta' else (r.get('cost_source') or '-')} |"
+        )
+    n = sum(1 for r in rows if r["states"]["match"])
+    lines += ["", f"States match in {n} of {len(rows)} runs."]
+    return lines
 
 
 def figure(reports: list[dict[str, Any]], path: Path | str) -> Path:

@@ -35,6 +35,7 @@ from harness.config.models import (
     TurnLaw,
     WindowSpec,
     WorkloadConfig,
+    cost_file_owner,
     load_cost_file,
     rate_above_top,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "causal_pairs",
     "check_finite",
     "config_ref",
+    "cost_file_owner",
     "load_config",
     "load_cost_file",
     "load_test",

@@ -457,9 +457,34 @@ def load_cost_file(ref: str | Path, base: Path | None = None) -> CostConfig:
         raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
     if data.get("kind") != "cost":
         raise ConfigError(f"{resolved}: kind: got {data.get('kind')!r}; expected 'cost'")
-    # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter
-    params = {k: v for k, v in data.items() if k not in ("kind", "name", "description", "fit")}
+    # `fit`: how a fitted file was made (data, residuals); a record for readers, not a parameter;
+    # `engine` and `cells`: whose costs these are (cost_file_owner), not parameters either
+    params = {k: v for k, v in data.items() if k not in COST_FILE_RECORDS}
     return parse_config(params, CostConfig, resolved)
+
+
+COST_FILE_RECORDS = ("kind", "name", "description", "fit", "engine", "cells")
+
+
+def cost_file_owner(ref: str | Path, base: Path | None = None) -> tuple[str | None, tuple[str, ...]]:
+    """(engine, cells) a cost file says it belongs to: `engine` names the engine whose iterations
+    it costs (sglang, vllm), `cells` the cells it was fitted for. Why: costs describe one engine
+    on one host; a replay or prediction with another cell's costs says nothing about this one, so
+    a replay refuses a file that does not name the run's engine and cell. (None, ()) for a file
+    that says neither (made before the fields existed)."""
+    resolved = resolve_path(ref, base)
+    data = load_yaml(resolved)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{resolved}: expected a mapping at the top level, got {type(data).__name__}")
+    engine = data.get("engine")
+    if engine is not None and (not isinstance(engine, str) or not engine):
+        raise ConfigError(f"{resolved}: engine: got {engine!r}; expected an engine name (sglang, vllm)")
+    cells = data.get("cells")
+    if cells is None:
+        cells = []
+    if not isinstance(cells, list) or not all(isinstance(c, str) and c for c in cells):
+        raise ConfigError(f"{resolved}: cells: got {cells!r}; expected a list of cell names")
+    return engine, tuple(cells)
 
 
 def rate_above_top(multiple: float, lambda_ref: float, top_rate: float) -> str | None:

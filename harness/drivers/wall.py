@@ -50,6 +50,7 @@ from harness.servers.base import ParsedTurn, ResponseError
 KEEPALIVE_S = 2.0
 HEALTH_TRIES = 3  # after a dropped connection, /health is asked this many times before the server counts as gone
 HEALTH_GAP_S = 1.0
+ENGINE_TIMINGS = ("queue_time", "engine_ttft", "engine_decode")  # ParsedTurn.extra keys, seconds
 
 log = logging.getLogger("agentload.driver")
 
@@ -260,7 +261,7 @@ class _Driver:
                 cached_tokens=parsed.cached_tokens,
                 completion_tokens=parsed.completion_tokens,
                 http_status=http_status,
-                extra=dict(getattr(parsed, "extra", {}) or {}),
+                extra=self._plan_timings(dict(getattr(parsed, "extra", {}) or {})),
             )
         except ResponseError as exc:
             tr = self._failed(
@@ -305,6 +306,12 @@ class _Driver:
             self._probing = True
             self.loop.create_task(self._probe_server())
         self._check_finished()
+
+    def _plan_timings(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """The engine's timings (its wall seconds) in plan seconds, like every time the client records."""
+        for key in ENGINE_TIMINGS if self.scale != 1.0 else ():
+            extra[key] = float(extra[key]) * self.scale if isinstance(extra.get(key), (int, float)) else extra.get(key)
+        return {k: v for k, v in extra.items() if v is not None}
 
     def _failed(
         self, send: Send, status: str, t_send: float, t_first: float | None, reason: str, http_status: int | None

@@ -3,7 +3,17 @@ its injected faults and its counters. harness/emulator/server.py puts it behind 
 docstring there says why the emulator exists and what each fault and gauge does.
 
 One background task runs iterations (step, sleep until the iteration's end, complete, wake the
-waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds.
+waiting handlers); the engine clock may lead the wall clock by at most `_MAX_LEAD` wall seconds,
+and lag it by at most `_CATCH_UP` (20 ms): a wake-up that late (a sleep overshoots, a loaded host) starts the
+next iteration where the last one ended, so the model's iterations keep their own times instead of
+each adding the loop's lateness (which made a decode step read 10-20% long to a client).
+
+Streaming: a request submitted with `on_tokens` is told, at the end of every iteration that gave it
+tokens, how many it has and which, so an SSE handler sends each token when the model produced it and
+a client measures the model's own first-token time and decode steps. While such a request is in
+flight the engine is stepped one iteration at a time (no fused decode runs, whose inner step ends
+the model does not hand out); fusing changes no decision and no time (the fast-path equivalence
+tests), so the model's schedule is the same either way, only finer grained.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from harness.refengine.model import EngineCompletion, EngineModel, EngineRequest
 log = logging.getLogger("agentload.emulator")
 
 _MAX_LEAD = 0.001  # wall seconds the engine clock may run ahead of the wall clock
+_CATCH_UP = 0.02  # wall seconds a late wake-up may be absorbed by starting at the last end (no drift)
 ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _FAULT_KINDS = ("die-after", "5xx", "malformed", "no-usage", "hang", "unhealthy")
 VERSION = {"sglang": "0.5.22-emulated", "vllm": "0.32.0-emulated"}
@@ -97,10 +108,27 @@ class Reply(Exception):
         self.response = response
 
 
+#: told (tokens so far, the request's output ids) after each iteration that gave a streamed request tokens
+TokenSink = Callable[[int, np.ndarray], None]
+
+
 @dataclass
 class _Waiter:
     future: asyncio.Future[EngineCompletion]
     submit_wall: float
+    on_tokens: TokenSink | None = None
+    sent: int = 0  # tokens already told to on_tokens
+
+
+def generated(model: Any, req_id: int) -> tuple[int, np.ndarray | None]:
+    """Tokens a running request has produced so far and its output ids ((0, None) while it waits or
+    once it left). The engine model counts a decoding request's tokens from its global decode-step
+    counter (harness/refengine/base.py: gen + dstep - join during a decode stint), so this is O(1)."""
+    req = model.running.get(req_id)
+    if req is None:
+        return 0, None
+    n = req.gen + (model.dstep - req.join) if req.state == "decode" else req.gen
+    return int(n), req.out
 
 
 @dataclass
@@ -154,6 +182,8 @@ class Emulator:
         self.die: Callable[[], None] = die or (lambda: os._exit(17))
         self.stats = EmulatorStats()
         self._waiters: dict[int, _Waiter] = {}
+        self._last_submit = 0.0  # engine time of the latest request (an iteration never starts before it)
+        self._streams: set[int] = set()  # requests streamed token by token (submit's on_tokens)
         self._next_id = 0
         self._t0 = time.monotonic()
         self._floor = 0.0  # latest engine time handed to the model; the model's clock never goes back
@@ -243,11 +273,17 @@ class Emulator:
         assert self._wake is not None
         m = self.model
         try:
+            after: float | None = None  # the end of the iteration just applied (None after idling)
             while True:
                 now = self.engine_now()
+                if after is not None and now - after <= _CATCH_UP * self.time_scale:
+                    # the loop woke a little late: the next iteration starts where the last ended
+                    # (after any request that arrived since), so the model's schedule does not drift
+                    now = max(after, self._last_submit)
                 # Decode-only iterations that start within the lead bound may be fused: a request
                 # arriving meanwhile waits at most _MAX_LEAD wall seconds longer than it would.
-                end = m.step(now, now + _MAX_LEAD * self.time_scale)
+                # a streamed request in flight: one iteration at a time, each token at its own end
+                end = m.step(now, now if self._streams else now + _MAX_LEAD * self.time_scale)
                 self._floor = now
                 iteration = m.iteration
                 if self.flavor == "sglang":
@@ -257,13 +293,17 @@ class Emulator:
                         self._publish()  # falling idle with a stale running count
                     self._wake.clear()
                     await self._wake.wait()
+                    after = None
                     continue
                 lead = (end - (time.monotonic() - self._t0) * self.time_scale) / self.time_scale
                 await asyncio.sleep(lead if lead > _MAX_LEAD else 0)
                 self._floor = max(self._floor, end)
                 done = m.complete(end)
+                after = end
                 if self.flavor == "sglang" and iteration is not None:
                     self._note_iteration(*iteration)
+                if self._streams:
+                    self._tell_tokens()
                 self._resolve(done)
         except asyncio.CancelledError:
             raise
@@ -274,25 +314,50 @@ class Emulator:
                 if not w.future.done():
                     w.future.set_exception(RuntimeError(self._dead))
 
+    def _tell_tokens(self) -> None:
+        """Each streamed request that got tokens in the iteration just applied is told of them."""
+        for rid in list(self._streams):
+            w = self._waiters.get(rid)
+            if w is None or w.on_tokens is None:
+                self._streams.discard(rid)
+                continue
+            n, out = generated(self.model, rid)
+            if n > w.sent and out is not None:
+                w.sent = n
+                w.on_tokens(n, out)
+
     def _resolve(self, done: list[Any]) -> None:
         for c in done:
+            self._streams.discard(c.req_id)
             w = self._waiters.pop(c.req_id, None)
             if w is not None and not w.future.done():
                 w.future.set_result(c)
                 self.stats.completed += 1
 
-    async def submit(self, prompt: np.ndarray, max_tokens: int) -> EngineCompletion:
-        """Queue one request on the engine and wait for its completion."""
+    async def submit(self, prompt: np.ndarray, max_tokens: int, on_tokens: TokenSink | None = None) -> EngineCompletion:
+        """Queue one request on the engine and wait for its completion; `on_tokens` (a streamed
+        request) is told of its tokens as iterations produce them (the last ones may come only
+        with the completion: the iteration that finishes a request removes it from the batch)."""
         if self._dead:
             raise RuntimeError(self._dead)
         req_id = self._next_id
         self._next_id += 1
         fut: asyncio.Future[EngineCompletion] = asyncio.get_running_loop().create_future()
-        self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self.engine_now())
-        self._waiters[req_id] = _Waiter(fut, time.monotonic())
+        self._last_submit = self.engine_now()
+        self.model.submit(EngineRequest(req_id=req_id, prompt=prompt, max_tokens=max_tokens), self._last_submit)
+        self._waiters[req_id] = _Waiter(fut, time.monotonic(), on_tokens)
+        if on_tokens is not None:
+            self._streams.add(req_id)
         assert self._wake is not None
         self._wake.set()
-        return await fut
+        try:
+            return await fut
+        finally:
+            self._streams.discard(req_id)
+
+    def wall_of(self, engine_time: float) -> float:
+        """The monotonic wall time at which the engine clock read `engine_time`."""
+        return self._t0 + engine_time / self.time_scale
 
     def try_flush(self) -> bool:
         return bool(self.model.flush_cache())

@@ -98,46 +98,67 @@ def weight_metadata(completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def stream_chunks(flavor: str, body: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
-    """SSE chunks for `stream: true`.
+def stream_base(model: str) -> dict[str, Any]:
+    """The fields every SSE chunk of one streamed completion repeats."""
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
 
-    SGLang: one chunk per output token, each with its one id in `token_ids`, `matched_stop` and
-    `usage: null`, the prompt ids in the first chunk only, the finish reason in the last; then a
-    chunk with no choices and the usage. vLLM: the text in two chunks, then the usage chunk (no
-    client we serve reads more than the first and last chunk of a vLLM stream).
-    """
-    choice = body["choices"][0]
-    base = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
+
+def token_chunk(
+    flavor: str,
+    base: dict[str, Any],
+    ids: np.ndarray,
+    *,
+    first: bool,
+    last: bool,
+    prompt_ids: np.ndarray | None,
+    return_ids: bool,
+) -> dict[str, Any]:
+    """One SSE chunk carrying the tokens `ids` (one per decode step as the engines stream them; more
+    when a client's read lags): their words as text, the finish reason on the last chunk.
+
+    SGLang 0.5.22: `matched_stop` and `usage: null` in every chunk, `token_ids` (and the prompt's ids
+    in the first chunk only) when return_token_ids. vLLM 0.32 (exclude_unset): `stop_reason`,
+    `token_ids` and `prompt_token_ids` always present, null when not asked for or after the first."""
+    c: dict[str, Any] = {
+        "index": 0,
+        "text": "".join(f" w{int(i)}" for i in ids),
+        "logprobs": None,
+        "finish_reason": "length" if last else None,
+    }
     if flavor == "sglang":
-        ids = choice.get("token_ids")
-        n = len(ids) if ids is not None else int(body.get("usage", {}).get("completion_tokens", 1))
-        for i in range(n):
-            c: dict[str, Any] = {
-                "index": 0,
-                "text": f" w{int(ids[i])}" if ids is not None else "",
-                "logprobs": None,
-                "finish_reason": "length" if i == n - 1 else None,
-                "matched_stop": None,
-            }
-            if ids is not None:
-                c["token_ids"] = ids[i : i + 1]
-                if i == 0:
-                    c["prompt_token_ids"] = choice["prompt_token_ids"]
-            yield {**base, "choices": [c], "usage": None}
-        if include_usage and "usage" in body:
-            yield {**base, "choices": [], "usage": body["usage"]}
-        return
-    words = choice["text"].split(" ")
-    head, tail = words[:1], words[1:]
-    first = {"index": 0, "text": " ".join(head), "logprobs": None, "finish_reason": None}
-    last = {"index": 0, "text": (" " + " ".join(tail)) if tail else "", "logprobs": None, "finish_reason": "length"}
-    if "token_ids" in choice:
-        ids = choice["token_ids"]
-        first["token_ids"], last["token_ids"] = ids[:1], ids[1:]
-    yield {**base, "choices": [first]}
-    yield {**base, "choices": [last]}
-    if include_usage and "usage" in body:
-        yield {**base, "choices": [], "usage": body["usage"]}
+        c["matched_stop"] = None
+        if return_ids:
+            c["token_ids"] = ids
+            if first:
+                c["prompt_token_ids"] = prompt_ids
+        return {**base, "choices": [c], "usage": None}
+    c["stop_reason"] = None
+    c["prompt_token_ids"] = prompt_ids if (return_ids and first) else None
+    c["token_ids"] = ids if return_ids else None
+    return {**base, "choices": [c]}
+
+
+def usage_chunk(
+    flavor: str, base: dict[str, Any], usage: dict[str, Any], metrics: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The last chunk of a stream asked for with stream_options.include_usage: no choices, the usage;
+    vLLM (--enable-per-request-metrics, as the adapter launches it) adds the request's `metrics`."""
+    out: dict[str, Any] = {**base, "choices": [], "usage": usage}
+    if flavor == "vllm" and metrics is not None:
+        out["metrics"] = metrics
+    return out
+
+
+def vllm_metrics(queue: float, ttft: float, decode: float, tokens: int) -> dict[str, float | None]:
+    """vLLM 0.32's per-request timing metrics (build_per_request_timing_metrics), in ms, from the
+    request's queue time (queued -> scheduled), scheduled -> first token and first -> last token."""
+    return {
+        "time_to_first_token_ms": ttft * 1000.0,
+        "generation_time_ms": decode * 1000.0,
+        "queue_time_ms": queue * 1000.0,
+        "mean_itl_ms": decode / (tokens - 1) * 1000.0 if tokens > 1 else None,
+        "tokens_per_second": tokens / (ttft + decode) if ttft + decode > 0 else None,
+    }
 
 
 def generate_body(
@@ -150,16 +171,23 @@ def generate_body(
     received: float | None = None,
     queue_time: float = 0.0,
     first_token_latency: float | None = None,
+    forward_entry: float | None = None,
+    prefill_finished: float | None = None,
 ) -> dict[str, Any]:
     """SGLang's native /generate response: ids and counts under meta_info (no cache flag needed).
 
     meta_info carries the keys 0.5.22 sends without a hierarchical cache, speculative decoding or
-    data parallelism (those are null or 0 there too); `received` is the wall time (epoch seconds)
-    the request arrived.
+    data parallelism (those are null or 0 there too), with --enable-metrics (as the adapter
+    launches it) its scheduler's timings too: `queue_time` (seconds waiting), `forward_entry_time`
+    (scheduled) and `prefill_finished_time` (first token), epoch seconds; `received` is the wall time
+    (epoch seconds) the request arrived, `latency` the seconds until its last token.
     """
     ftl = latency if first_token_latency is None else first_token_latency
     received = time.time() - latency if received is None else received
     finished = received + latency
+    scheduler = {}
+    if forward_entry is not None and prefill_finished is not None:
+        scheduler = {"forward_entry_time": forward_entry, "prefill_finished_time": prefill_finished}
     return {
         "text": fake_text(output_ids),
         "output_ids": output_ids,
@@ -184,6 +212,7 @@ def generate_body(
             if completion_tokens > 1 and latency > ftl
             else 0.0,
             "response_sent_to_client_ts": finished,
+            **scheduler,
         },
     }
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,12 @@ async def _load_json(request: web.Request, emu: Emulator) -> dict[str, Any]:
 
 
 async def _run_turn(
-    emu: Emulator, prompt: np.ndarray, max_tokens: int, *, streaming: bool = False
+    emu: Emulator,
+    prompt: np.ndarray,
+    max_tokens: int,
+    *,
+    streaming: bool = False,
+    on_tokens: Callable[[int, np.ndarray], None] | None = None,
 ) -> tuple[Any, str | None]:
     """Count the request, apply any injected fault, run it on the engine."""
     emu.stats.requests += 1
@@ -103,7 +109,7 @@ async def _run_turn(
             )
         )
     try:
-        comp = await emu.submit(prompt, max_tokens)
+        comp = await emu.submit(prompt, max_tokens, on_tokens)
     except ValueError as exc:  # the model refuses what the engine would (context overflow)
         raise emu.bad_request(str(exc)) from None
     except RuntimeError as exc:
@@ -127,7 +133,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = emu.parse_prompt(body.get("prompt"))
         max_tokens = _max_tokens(emu, body.get("max_tokens"))
         max_tokens = emu.check_fits(prompt, max_tokens)
-        comp, fault = await _run_turn(emu, prompt, max_tokens, streaming=bool(body.get("stream")))
+        if body.get("stream"):
+            return await _stream(request, emu, body, prompt, max_tokens)
+        comp, fault = await _run_turn(emu, prompt, max_tokens)
     except Reply as r:
         return r.response
     out = np.asarray(comp.output_ids, dtype=np.int32)
@@ -146,18 +154,100 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if fault == "malformed":
         raw = orjson.dumps(resp, option=ORJSON_OPTS)
         return web.Response(status=200, body=raw[: max(len(raw) // 2, 1)], content_type="application/json")
-    if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        sresp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await sresp.prepare(request)
-        for chunk in flavors.stream_chunks(emu.flavor, resp, include_usage):
-            await sresp.write(b"data: " + orjson.dumps(chunk, option=ORJSON_OPTS) + b"\n\n")
+    return _json(resp)
+
+
+def _sse(chunk: Any) -> bytes:
+    return b"data: " + orjson.dumps(chunk, option=ORJSON_OPTS) + b"\n\n"
+
+
+def engine_timings(emu: Emulator, comp: Any) -> tuple[float, float, float]:
+    """(queued -> scheduled, scheduled -> first token, first -> last token) of a completion, in
+    wall seconds as an engine reports them (the engine clock runs time_scale times faster)."""
+    s = emu.time_scale
+    admit = comp.admit_time if comp.admit_time == comp.admit_time else comp.submit_time
+    return (
+        (admit - comp.submit_time) / s,
+        (comp.first_token_time - admit) / s,
+        (comp.done_time - comp.first_token_time) / s,
+    )
+
+
+async def _stream(
+    request: web.Request, emu: Emulator, body: dict[str, Any], prompt: np.ndarray, max_tokens: int
+) -> web.StreamResponse:
+    """A `stream: true` completion, as the engines stream it: the headers and one chunk per token as
+    the model's iterations produce them (Emulator.submit's on_tokens), the finish reason on the
+    last, then the usage chunk when asked for (vLLM's with its per-request metrics) and [DONE]. A
+    request refused before its first token gets the plain error response, as from the engines."""
+    events: asyncio.Queue[tuple[int, np.ndarray]] = asyncio.Queue()
+    turn = asyncio.ensure_future(
+        _run_turn(emu, prompt, max_tokens, streaming=True, on_tokens=lambda n, out: events.put_nowait((n, out)))
+    )
+    return_ids = bool(body.get("return_token_ids", False))
+    base = flavors.stream_base(body.get("model") or emu.model_name)
+    sresp: web.StreamResponse | None = None
+    sent = 0
+
+    async def send(ids: np.ndarray, upto: int, last: bool) -> None:
+        nonlocal sresp, sent
+        if sresp is None:
+            sresp = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await sresp.prepare(request)
+        for i in range(sent, upto):  # one chunk per token
+            chunk = flavors.token_chunk(
+                emu.flavor,
+                base,
+                ids[i : i + 1],
+                first=i == 0,
+                last=last and i == upto - 1,
+                prompt_ids=prompt,
+                return_ids=return_ids,
+            )
+            await sresp.write(_sse(chunk))
+        sent = max(sent, upto)
+
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            await asyncio.wait({turn, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            n, out = getter.result()
+            await send(out, n, last=False)
+        try:
+            comp, fault = turn.result()
+        except Reply as r:
+            if sresp is None:
+                return r.response
+            raise ConnectionResetError("the engine failed mid-stream") from None
+        out_ids = np.asarray(comp.output_ids, dtype=np.int32)
+        await send(out_ids, len(out_ids), last=True)
+        assert sresp is not None
+        if bool((body.get("stream_options") or {}).get("include_usage", False)) and fault != "no-usage":
+            usage = flavors.completion_body(
+                emu.flavor,
+                model=base["model"],
+                prompt_ids=prompt,
+                output_ids=out_ids,
+                prompt_tokens=int(comp.prompt_tokens),
+                cached_tokens=int(comp.cached_tokens),
+                completion_tokens=int(comp.completion_tokens),
+                return_ids=False,
+            )["usage"]
+            metrics = flavors.vllm_metrics(*engine_timings(emu, comp), int(comp.completion_tokens))
+            raw = _sse(flavors.usage_chunk(emu.flavor, base, usage, metrics))
+            await sresp.write(raw[: len(raw) // 2] if fault == "malformed" else raw)
         await sresp.write(b"data: [DONE]\n\n")
         await sresp.write_eof()
-        return sresp
-    return _json(resp)
+    except (ConnectionResetError, asyncio.CancelledError):
+        if not turn.done():  # the client went away: the engine finishes the request regardless
+            turn.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise
+    return sresp
 
 
 async def generate(request: web.Request) -> web.Response:
@@ -174,14 +264,22 @@ async def generate(request: web.Request) -> web.Response:
         max_tokens = emu.check_fits(prompt, max_tokens)
         comp, fault = await _run_turn(emu, prompt, max_tokens)
     except Reply as r:
-        return r.response
+        return _native_error(r.response)
+    queue, ttft, decode = engine_timings(emu, comp)
+    latency = time.monotonic() - t0
+    finished = received + latency  # the reply leaves now: the last token's time, as the tokenizer sees it
+    first = finished - decode
     resp = flavors.generate_body(
         output_ids=np.asarray(comp.output_ids, dtype=np.int32),
         prompt_tokens=int(comp.prompt_tokens),
         cached_tokens=int(comp.cached_tokens),
         completion_tokens=int(comp.completion_tokens),
-        latency=time.monotonic() - t0,
+        latency=latency,
         received=received,
+        queue_time=queue,
+        first_token_latency=max(first - received, 0.0),
+        forward_entry=first - ttft,
+        prefill_finished=first,
     )
     if fault == "malformed":
         raw_b = orjson.dumps(resp, option=ORJSON_OPTS)
@@ -189,6 +287,19 @@ async def generate(request: web.Request) -> web.Response:
     if fault == "no-usage":
         resp.pop("meta_info")
     return _json(resp)
+
+
+def _native_error(resp: web.Response) -> web.Response:
+    """An error as SGLang 0.5.22's /generate answers it (_create_error_response): {"error":
+    {"message"}}, not the OpenAI endpoint's flat ErrorResponse."""
+    try:
+        body = orjson.loads(resp.body)  # type: ignore[arg-type]
+    except (orjson.JSONDecodeError, TypeError):
+        return resp
+    message = body.get("message") if isinstance(body, dict) else None
+    if message is None:
+        return resp
+    return _json({"error": {"message": message}}, resp.status)
 
 
 async def flush_cache(request: web.Request) -> web.Response:

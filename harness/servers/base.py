@@ -255,13 +255,13 @@ def wait_healthy(
         time.sleep(interval)
 
 
-def _as_int(value: Any, what: str, http_status: int) -> int:
+def as_int(value: Any, what: str, http_status: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ResponseError(f"{what} is not an integer ({value!r})", http_status)
     return value
 
 
-def _error_message(body: bytes) -> str:
+def error_message(body: bytes) -> str:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -436,7 +436,7 @@ class EngineAdapter(abc.ABC):
 
     def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn:
         if not 200 <= http_status < 300:
-            raise ResponseError(_error_message(body), http_status)
+            raise ResponseError(error_message(body), http_status)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -457,13 +457,13 @@ class EngineAdapter(abc.ABC):
             raise ResponseError("missing usage", http_status)
         if usage.get("prompt_tokens") is None:
             raise ResponseError("missing usage.prompt_tokens", http_status)
-        prompt_tokens = _as_int(usage["prompt_tokens"], "usage.prompt_tokens", http_status)
+        prompt_tokens = as_int(usage["prompt_tokens"], "usage.prompt_tokens", http_status)
         completion = usage.get("completion_tokens")
-        completion_tokens = None if completion is None else _as_int(completion, "usage.completion_tokens", http_status)
+        completion_tokens = None if completion is None else as_int(completion, "usage.completion_tokens", http_status)
         details = usage.get("prompt_tokens_details")
         cached = 0  # absent or null details = nothing cached (neither engine omits them at 0 today)
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
-            cached = _as_int(details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens", http_status)
+            cached = as_int(details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens", http_status)
         extra: dict[str, Any] = {}
         if choice.get("finish_reason") is not None:
             extra["finish_reason"] = choice["finish_reason"]

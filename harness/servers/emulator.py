@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import yaml
 
 from harness.atomic import write_text_atomic
 from harness.config import CellConfig, load_config
 from harness.errors import ConfigError
-from harness.servers.base import EngineAdapter
+from harness.servers.base import EngineAdapter, ParsedTurn
 from harness.servers.sglang import SGLangAdapter
 from harness.servers.vllm import VLLMAdapter
 
@@ -120,6 +121,12 @@ class EmulatorAdapter(EngineAdapter):
             argv += ["--host", host]
         argv.extend(extra_args)
         return argv, {}
+
+    def completion_request(self, prompt: np.ndarray, max_tokens: int, model_name: str) -> tuple[str, bytes]:
+        return self._dialect.completion_request(prompt, max_tokens, model_name)
+
+    def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn:
+        return self._dialect.parse_completion(http_status, body)
 
     async def flush_cache(self, http: aiohttp.ClientSession, base_url: str, *, timeout: float = 60.0) -> None:
         await self._dialect.flush_cache(http, base_url, timeout=timeout)

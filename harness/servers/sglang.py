@@ -10,6 +10,14 @@ Where it runs is the cell's business, not a special case here: `device` becomes 
 that needs vLLM's kernels), `mem_fraction_static` becomes --mem-fraction-static. A GPU cell
 leaves both out and the argv is the one of record. docs/sglang-cpu.md has the measurements.
 
+Requests go to the native POST /generate (input ids, sampling params), not /v1/completions: both
+run the same tokenizer manager and scheduler (the same ids, the same cached count, checked on
+0.5.22), but only /generate answers with `meta_info`, whose scheduler timings (with --enable-metrics:
+queue_time, forward_entry_time = scheduled, prefill_finished_time = first token) and
+request_finished_ts (last token, as the tokenizer received it) give each turn the engine's own
+queue, first-token and decode times, as vLLM's per-request metrics do (the cost fit reads them).
+The OpenAI endpoint reports no timing, streamed or not.
+
 Length limits (0.5.22, tokenizer manager then scheduler): a prompt of n tokens with max_tokens m
 is refused when n >= context, when n + m > context, and when n >= min(context - 1, pool - 1) - 5;
 so the longest prompt a request can carry is min(context - m, min(context, pool) - 7).
@@ -22,9 +30,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 
-from harness.servers.base import EngineAdapter, FlushError, with_launch_extras
+from harness.servers.base import (
+    EngineAdapter,
+    FlushError,
+    ParsedTurn,
+    ResponseError,
+    as_int,
+    error_message,
+    with_launch_extras,
+)
 from harness.servers.metrics import SGLANG_RULES
 from harness.servers.vllm import engine_python
 
@@ -35,6 +52,7 @@ if TYPE_CHECKING:
 
 SGLANG_MODULE = "sglang.launch_server"
 FLUSH_PATH = "/flush_cache"
+GENERATE_PATH = "/generate"
 CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # The scheduler refuses n >= max_req_input_len = min(context - 1, pool - 1) - 5 (tp_worker.py).
 INPUT_MARGIN = 5
@@ -101,6 +119,55 @@ class SGLangAdapter(EngineAdapter):
         argv.extend(extra_args)
         argv = self.under_cpu_quota(cell, argv, port)
         return argv, dict(CPU_ENGINE_ENV) if cell.device == "cpu" else {}
+
+    # -- requests -------------------------------------------------------------------------
+    def completion_request(self, prompt: np.ndarray, max_tokens: int, model_name: str) -> tuple[str, bytes]:
+        """The turn as /generate takes it: greedy, exactly max_tokens (ignore_eos), over token ids
+        (the served model is the only one; /generate takes no model name)."""
+        body = {
+            "input_ids": np.asarray(prompt).astype(np.int64, copy=False).tolist(),
+            "sampling_params": {"max_new_tokens": int(max_tokens), "temperature": 0.0, "ignore_eos": True},
+        }
+        return GENERATE_PATH, orjson.dumps(body)
+
+    def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn:
+        """/generate's answer: `output_ids` and `meta_info` (prompt, completion and cached tokens,
+        the finish reason, and the timings `sglang_timings` reads)."""
+        if not 200 <= http_status < 300:
+            raise ResponseError(error_message(body), http_status)
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ResponseError("malformed JSON", http_status) from None
+        if not isinstance(data, dict):
+            raise ResponseError("response is not a JSON object", http_status)
+        ids = data.get("output_ids")
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            raise ResponseError("output_ids is missing or not a list of integers", http_status)
+        meta = data.get("meta_info")
+        if not isinstance(meta, dict):
+            raise ResponseError("missing meta_info", http_status)
+        if meta.get("prompt_tokens") is None:
+            raise ResponseError("missing meta_info.prompt_tokens", http_status)
+        prompt_tokens = as_int(meta["prompt_tokens"], "meta_info.prompt_tokens", http_status)
+        completion = meta.get("completion_tokens")
+        completion_tokens = (
+            None if completion is None else as_int(completion, "meta_info.completion_tokens", http_status)
+        )
+        cached = meta.get("cached_tokens")
+        cached_tokens = 0 if cached is None else as_int(cached, "meta_info.cached_tokens", http_status)
+        extra: dict[str, Any] = {}
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict) and finish.get("type") is not None:
+            extra["finish_reason"] = finish["type"]
+        extra.update(sglang_timings(meta))
+        return ParsedTurn(
+            output_ids=np.asarray(ids, dtype=np.int32),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens,
+            extra=extra,
+        )
 
     def max_prompt_tokens(self, cell: CellConfig, max_tokens: int) -> int:
         """min(context - max_tokens, min(context, pool) - 7): see the module docstring."""
@@ -189,3 +256,28 @@ class SGLangAdapter(EngineAdapter):
         "device",
         "mem_fraction_static",
     )
+
+
+def _seconds(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def sglang_timings(meta: dict[str, Any]) -> dict[str, float]:
+    """The engine's own timings of one request, in seconds, in the fields vLLM's are recorded in:
+    queue_time (meta_info.queue_time: seconds in the waiting queue), engine_ttft (scheduled ->
+    first token: prefill_finished_time - forward_entry_time, the scheduler's epoch stamps) and
+    engine_decode (first -> last token: request_finished_ts - prefill_finished_time; the last token
+    as the tokenizer manager received it, a detokenizer hop after the scheduler). A value its
+    stamps do not give (no --enable-metrics, an older release) is left out; a negative one too."""
+    out: dict[str, float] = {}
+    q = _seconds(meta.get("queue_time"))
+    if q is not None and q >= 0:
+        out["queue_time"] = q
+    sched, first, last = (
+        _seconds(meta.get(k)) for k in ("forward_entry_time", "prefill_finished_time", "request_finished_ts")
+    )
+    if sched is not None and first is not None and first >= sched > 0:
+        out["engine_ttft"] = first - sched
+    if first is not None and last is not None and last >= first > 0:
+        out["engine_decode"] = last - first
+    return out

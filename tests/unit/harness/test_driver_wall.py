@@ -108,6 +108,15 @@ def test_plan_end_to_end_hits_and_gauges(flavor: str, tmp_path: Any) -> None:
             assert r["cached_tokens"] == expected, (sid, k)
     first = min(r["send_time"] for r in sink.turns)
     assert first == pytest.approx(0.0, abs=0.5 * SCALE / 100)  # session 0 arrives at t=0
+    if flavor == "sglang":  # /generate's meta_info: the engine's own times, recorded in plan seconds
+        step = small_cell(flavor).cost.model().decode_time(1, 0.0)  # the cheapest decode iteration
+        for r in sink.turns:
+            assert r["queue_time"] >= 0 and r["engine_ttft"] > 0
+            # d - 1 decode iterations, each at least the cheapest: in engine (= plan) seconds, not wall
+            assert (WL.decode_tokens - 1) * step * 0.99 <= r["engine_decode"]
+            # within the turn as the client saw it, less the emulator's clock lead (1 ms wall)
+            lead = 0.001 * SCALE
+            assert r["queue_time"] + r["engine_ttft"] + r["engine_decode"] <= r["done_time"] - r["send_time"] + lead
 
     data = load_run(tmp_path / "run")
     g = data.gauges

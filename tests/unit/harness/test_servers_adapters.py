@@ -181,7 +181,18 @@ def test_private_cache_env(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # requests and responses
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("adapter", [SGLangAdapter(), VLLMAdapter(), EmulatorAdapter("vllm")])
+@pytest.mark.parametrize("adapter", [SGLangAdapter(), EmulatorAdapter("sglang")])
+def test_sglang_request_is_native_generate(adapter) -> None:  # type: ignore[no-untyped-def]
+    # /generate: the same engine path as /v1/completions, and the only one answering with timings
+    path, body = adapter.completion_request(np.array([5, 6, 7], dtype=np.int32), 100, "m")
+    assert path == "/generate"
+    assert orjson.loads(body) == {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": 100, "temperature": 0.0, "ignore_eos": True},
+    }
+
+
+@pytest.mark.parametrize("adapter", [VLLMAdapter(), EmulatorAdapter("vllm")])
 def test_completion_request_body(adapter) -> None:  # type: ignore[no-untyped-def]
     path, body = adapter.completion_request(np.array([5, 6, 7], dtype=np.int32), 100, "m")
     assert path == "/v1/completions"
@@ -225,15 +236,54 @@ def test_parse_vllm_response() -> None:
     assert t.extra == {"finish_reason": "length", "server_prompt_len": 1080}
 
 
-def test_parse_sglang_omitted_details() -> None:
-    body = {
-        "choices": [{"index": 0, "text": "", "token_ids": [4, 5]}],
-        "usage": {"prompt_tokens": 64, "completion_tokens": 2, "total_tokens": 66},
-    }
+# meta_info of a real SGLang 0.5.22 /generate answer (CPU, --enable-metrics), trimmed of ids
+SGLANG_META = {
+    "finish_reason": {"type": "length", "length": 16},
+    "prompt_tokens": 300,
+    "num_retractions": 0,
+    "forward_entry_time": 1796185360.012167,
+    "prefill_finished_time": 1796185360.1525536,
+    "queue_time": 0.0006259900001168717,
+    "completion_tokens": 16,
+    "cached_tokens": 299,
+    "cached_tokens_details": {"device": 299, "host": 0},
+    "e2e_latency": 1.1174015790020349,
+    "request_received_ts": 1796185359.990771,
+    "first_token_latency": 0.1617825361463474,
+    "request_finished_ts": 1796185361.1081727,
+    "decode_throughput": 15.696631531300723,
+}
+
+
+def test_parse_sglang_generate_counts_and_engine_timings() -> None:
+    body = {"text": "w1", "output_ids": list(range(16)), "meta_info": SGLANG_META}
     t = SGLangAdapter().parse_completion(200, orjson.dumps(body))
-    assert t.cached_tokens == 0 and t.prompt_tokens == 64
-    body["usage"]["prompt_tokens_details"] = None  # type: ignore[index]
-    assert SGLangAdapter().parse_completion(200, orjson.dumps(body)).cached_tokens == 0
+    assert (t.prompt_tokens, t.cached_tokens, t.completion_tokens) == (300, 299, 16)
+    assert t.output_ids.tolist() == list(range(16)) and t.output_ids.dtype == np.int32
+    assert t.extra["finish_reason"] == "length"
+    assert t.extra["queue_time"] == pytest.approx(0.000626, rel=1e-3)
+    assert t.extra["engine_ttft"] == pytest.approx(0.1525536 - 0.012167, abs=1e-6)  # scheduled -> first token
+    assert t.extra["engine_decode"] == pytest.approx(1.1081727 - 0.1525536, abs=1e-6)  # first -> last token
+    # without --enable-metrics there are no stamps: counts only, no timings; no cached count = 0
+    bare = {k: v for k, v in SGLANG_META.items() if not k.endswith(("_time", "_ts")) and k != "cached_tokens"}
+    t = SGLangAdapter().parse_completion(200, orjson.dumps({"output_ids": [4, 5], "meta_info": bare}))
+    assert t.cached_tokens == 0 and not {"queue_time", "engine_ttft", "engine_decode"} & set(t.extra)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (200, b"{not json", "malformed JSON"),
+        (200, orjson.dumps({"meta_info": {"prompt_tokens": 1}}), "output_ids"),
+        (200, orjson.dumps({"output_ids": [1]}), "missing meta_info"),
+        (200, orjson.dumps({"output_ids": [1], "meta_info": {}}), "missing meta_info.prompt_tokens"),
+        (400, orjson.dumps({"error": {"message": "The input (69900 tokens) is longer"}}), "is longer"),
+    ],
+)
+def test_parse_sglang_errors(status: int, body: bytes, reason: str) -> None:
+    with pytest.raises(ResponseError) as info:
+        SGLangAdapter().parse_completion(status, body)
+    assert reason in info.value.reason and info.value.http_status == status
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,17 @@ def test_replay_plays_the_runs_own_plan_and_parity_compares(tmp_path: Path) -> N
     assert "Replay parity" in paths["markdown"].read_text() and paths["figure"].stat().st_size > 1000
     # a replay with other costs differs, and says which cost file it used
     slow = tmp_path / "slow.yaml"
-    slow.write_text(yaml.safe_dump({"kind": "cost", "name": "slow", **{**TRUE, "a": 0.05, "chunk": 8192}}))
+    slow.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "cost",
+                "name": "slow",
+                "engine": "sglang",
+                "cells": ["sglang-a100-300k"],
+                **{**TRUE, "a": 0.05, "chunk": 8192},
+            }
+        )
+    )
     rep2 = replay_run(run, tmp_path / "replay2", cost_file=slow)
     r2 = parity.compare(run, rep2, hit_bin=100.0, backlog_bin=10.0)
     assert r2["cost_file"] == str(slow) and r2["latency_s"]["sim"]["p50"] > r["latency_s"]["sim"]["p50"]
