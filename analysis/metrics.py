@@ -19,6 +19,7 @@ Definitions (the registered E2 rule reads them; see analysis/rules.py):
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,38 @@ def present_sessions(sessions: pd.DataFrame) -> pd.DataFrame:
     """Sessions that entered the system (SHED refusals never do)."""
     if sessions.empty:
         return sessions
-    return sessions[sessions["outcome"] != "refused"]
+    return _subset(sessions, "outcome", "refused", False)
+
+
+# A run's tables are read whole and never changed in place, while one run's scoring filters the
+# same table to its completed turns (or present sessions) a dozen times; on Arrow-backed frames
+# each filter copies every column, a quarter of `analyze`. So a filter is kept for as long as the
+# frame it was taken from lives (keyed by the frame's id, dropped when the frame is collected) and
+# handed out again. The frames handed out are only read (tests/unit/analysis/
+# test_metrics_subsets.py checks the kept filter against the direct one, table by table).
+_SUBSETS: dict[tuple[int, str, str, bool], pd.DataFrame] = {}
+
+
+def _subset(df: pd.DataFrame, col: str, value: str, equal: bool) -> pd.DataFrame:
+    """`df[df[col] == value]` (equal) or `df[df[col] != value]`, kept while `df` lives."""
+    key = (id(df), col, value, equal)
+    got = _SUBSETS.get(key)
+    if got is None:
+        got = df[df[col] == value] if equal else df[df[col] != value]
+        if key[0] not in _WATCHED:  # the first subset of this frame: forget them all with it
+            _WATCHED.add(key[0])
+            weakref.finalize(df, _forget, key[0])
+        _SUBSETS[key] = got
+    return got
+
+
+_WATCHED: set[int] = set()  # ids of the live frames with kept subsets
+
+
+def _forget(frame_id: int) -> None:
+    _WATCHED.discard(frame_id)
+    for k in [k for k in _SUBSETS if k[0] == frame_id]:
+        del _SUBSETS[k]
 
 
 def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -145,7 +177,7 @@ def paused_intervals(gate_events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]
 def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
     if turns.empty:
         return turns
-    return turns[turns["status"] == "ok"]
+    return _subset(turns, "status", "ok", True)
 
 
 def turn_hits(turns: pd.DataFrame, threshold: float) -> npt.NDArray[np.bool_]:
