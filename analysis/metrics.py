@@ -86,7 +86,14 @@ def ls_slope(x: np.ndarray, y: np.ndarray) -> float:
 def column(df: pd.DataFrame, name: str, default: float = NAN) -> FloatArray:
     """A column as floats (NaN for nulls); a table without it reads as `default` throughout."""
     if name in df.columns:
-        return df[name].to_numpy(dtype=float, na_value=NAN)
+        key = (id(df), name, "", True)
+        got = _COLUMNS.get(key)
+        if got is None:
+            got = df[name].to_numpy(dtype=float, na_value=NAN)
+            got.flags.writeable = False  # handed out again: a caller that wrote to it would change the next
+            _watch(df)
+            _COLUMNS[key] = got
+        return got
     return np.full(len(df), default)
 
 
@@ -98,11 +105,12 @@ def present_sessions(sessions: pd.DataFrame) -> pd.DataFrame:
 
 
 # A run's tables are read whole and never changed in place, while one run's scoring filters the
-# same table to its completed turns (or present sessions) a dozen times; on Arrow-backed frames
-# each filter copies every column, a quarter of `analyze`. So a filter is kept for as long as the
-# frame it was taken from lives (keyed by the frame's id, dropped when the frame is collected) and
-# handed out again. The frames handed out are only read (tests/unit/analysis/
-# test_metrics_subsets.py checks the kept filter against the direct one, table by table).
+# same table to its completed turns (or present sessions) a dozen times and reads the same columns
+# as floats again and again; on Arrow-backed frames each filter copies every column (a quarter of
+# `analyze`) and each read converts the column. So a filter or a column read is kept for as long
+# as the frame it was taken from lives (keyed by the frame's id, dropped when the frame is
+# collected) and handed out again; the frames handed out are only read, the arrays are read-only
+# (tests/unit/analysis/test_metrics_subsets.py checks them against the direct forms).
 _SUBSETS: dict[tuple[int, str, str, bool], pd.DataFrame] = {}
 
 
@@ -112,20 +120,27 @@ def _subset(df: pd.DataFrame, col: str, value: str, equal: bool) -> pd.DataFrame
     got = _SUBSETS.get(key)
     if got is None:
         got = df[df[col] == value] if equal else df[df[col] != value]
-        if key[0] not in _WATCHED:  # the first subset of this frame: forget them all with it
-            _WATCHED.add(key[0])
-            weakref.finalize(df, _forget, key[0])
+        _watch(df)
         _SUBSETS[key] = got
     return got
 
 
-_WATCHED: set[int] = set()  # ids of the live frames with kept subsets
+_COLUMNS: dict[tuple[int, str, str, bool], FloatArray] = {}  # `column`'s arrays, read-only, the same way
+_WATCHED: set[int] = set()  # ids of the live frames with kept subsets or columns
+
+
+def _watch(df: pd.DataFrame) -> None:
+    """Forget what is kept of `df` when it is collected (before its id can be reused)."""
+    if id(df) not in _WATCHED:
+        _WATCHED.add(id(df))
+        weakref.finalize(df, _forget, id(df))
 
 
 def _forget(frame_id: int) -> None:
     _WATCHED.discard(frame_id)
-    for k in [k for k in _SUBSETS if k[0] == frame_id]:
-        del _SUBSETS[k]
+    for kept in (_SUBSETS, _COLUMNS):
+        for k in [k for k in kept if k[0] == frame_id]:
+            del kept[k]
 
 
 def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -58,3 +58,23 @@ def test_kept_subsets_go_with_their_table() -> None:
     del turns, sessions
     gc.collect()
     assert len(metrics._SUBSETS) == before and not metrics._WATCHED - {k[0] for k in metrics._SUBSETS}
+
+
+def test_kept_columns_are_the_direct_conversion() -> None:
+    gc.collect()
+    before = len(metrics._COLUMNS)
+    for seed in range(30):
+        turns, sessions = _tables(seed)
+        turns["cached"] = pd.array([None if i % 7 == 0 else i for i in range(len(turns))], dtype="Int64")
+        for name in ("done_time", "turn", "cached"):
+            want = turns[name].to_numpy(dtype=float, na_value=np.nan)
+            for _twice in range(2):
+                got = metrics.column(turns, name)
+                np.testing.assert_array_equal(got, want)
+                assert not got.flags.writeable  # kept: a write would change what the next caller reads
+        assert np.isnan(metrics.column(turns, "absent")).all() and metrics.column(turns, "absent", 1.0).sum() == len(
+            turns
+        )
+    del turns, sessions
+    gc.collect()
+    assert len(metrics._COLUMNS) == before
