@@ -19,7 +19,8 @@ Definitions (the registered E2 rule reads them; see analysis/rules.py):
 from __future__ import annotations
 
 import math
-import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,14 +87,16 @@ def ls_slope(x: np.ndarray, y: np.ndarray) -> float:
 def column(df: pd.DataFrame, name: str, default: float = NAN) -> FloatArray:
     """A column as floats (NaN for nulls); a table without it reads as `default` throughout."""
     if name in df.columns:
+        kept = _KEPT
+        if kept is None:
+            return df[name].to_numpy(dtype=float, na_value=NAN)
         key = (id(df), name, "", True)
-        got = _COLUMNS.get(key)
+        got = kept.get(key)
         if got is None:
-            got = df[name].to_numpy(dtype=float, na_value=NAN)
-            got.flags.writeable = False  # handed out again: a caller that wrote to it would change the next
-            _watch(df)
-            _COLUMNS[key] = got
-        return got
+            arr = df[name].to_numpy(dtype=float, na_value=NAN)
+            arr.flags.writeable = False  # handed out again: a caller that wrote to it would change the next
+            kept[key] = got = (df, arr)
+        return got[1]
     return np.full(len(df), default)
 
 
@@ -104,43 +107,42 @@ def present_sessions(sessions: pd.DataFrame) -> pd.DataFrame:
     return _subset(sessions, "outcome", "refused", False)
 
 
-# A run's tables are read whole and never changed in place, while one run's scoring filters the
-# same table to its completed turns (or present sessions) a dozen times and reads the same columns
-# as floats again and again; on Arrow-backed frames each filter copies every column (a quarter of
-# `analyze`) and each read converts the column. So a filter or a column read is kept for as long
-# as the frame it was taken from lives (keyed by the frame's id, dropped when the frame is
-# collected) and handed out again; the frames handed out are only read, the arrays are read-only
-# (tests/unit/analysis/test_metrics_subsets.py checks them against the direct forms).
-_SUBSETS: dict[tuple[int, str, str, bool], pd.DataFrame] = {}
+# While one run is scored (`kept_tables`, around staged_analysis.run_quantities) its tables are
+# only read, yet its scoring filters a table to its completed turns (or present sessions) a dozen
+# times and reads the same columns as floats again and again; on Arrow-backed frames each filter
+# copies every column (a quarter of `analyze`) and each read converts the column. Inside the scope
+# a filter or a column read is kept and handed out again, keyed by the frame's id; the frame is
+# kept with it, so no other frame can take that id before the scope ends, and the arrays handed
+# out are read-only. Outside a scope (a caller that changes a frame between calls) nothing is kept.
+# tests/unit/analysis/test_metrics_subsets.py checks the kept forms against the direct ones.
+_KEPT: dict[tuple[int, str, str, bool], tuple[pd.DataFrame, Any]] | None = None
+
+
+@contextmanager
+def kept_tables() -> Iterator[None]:
+    """Keep filters and column reads of the frames read inside (which must not change meanwhile)."""
+    global _KEPT
+    outer = _KEPT
+    if outer is None:
+        _KEPT = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _KEPT = None
 
 
 def _subset(df: pd.DataFrame, col: str, value: str, equal: bool) -> pd.DataFrame:
-    """`df[df[col] == value]` (equal) or `df[df[col] != value]`, kept while `df` lives."""
+    """`df[df[col] == value]` (equal) or `df[df[col] != value]`, kept inside `kept_tables`."""
+    kept = _KEPT
     key = (id(df), col, value, equal)
-    got = _SUBSETS.get(key)
+    got = None if kept is None else kept.get(key)
     if got is None:
-        got = df[df[col] == value] if equal else df[df[col] != value]
-        _watch(df)
-        _SUBSETS[key] = got
-    return got
-
-
-_COLUMNS: dict[tuple[int, str, str, bool], FloatArray] = {}  # `column`'s arrays, read-only, the same way
-_WATCHED: set[int] = set()  # ids of the live frames with kept subsets or columns
-
-
-def _watch(df: pd.DataFrame) -> None:
-    """Forget what is kept of `df` when it is collected (before its id can be reused)."""
-    if id(df) not in _WATCHED:
-        _WATCHED.add(id(df))
-        weakref.finalize(df, _forget, id(df))
-
-
-def _forget(frame_id: int) -> None:
-    _WATCHED.discard(frame_id)
-    for kept in (_SUBSETS, _COLUMNS):
-        for k in [k for k in kept if k[0] == frame_id]:
-            del kept[k]
+        sub = df[df[col] == value] if equal else df[df[col] != value]
+        if kept is None:
+            return sub
+        kept[key] = got = (df, sub)
+    return got[1]
 
 
 def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
