@@ -19,6 +19,8 @@ Definitions (the registered E2 rule reads them; see analysis/rules.py):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +87,16 @@ def ls_slope(x: np.ndarray, y: np.ndarray) -> float:
 def column(df: pd.DataFrame, name: str, default: float = NAN) -> FloatArray:
     """A column as floats (NaN for nulls); a table without it reads as `default` throughout."""
     if name in df.columns:
-        return df[name].to_numpy(dtype=float, na_value=NAN)
+        kept = _KEPT
+        if kept is None:
+            return df[name].to_numpy(dtype=float, na_value=NAN)
+        key = (id(df), name, "", True)
+        got = kept.get(key)
+        if got is None:
+            arr = df[name].to_numpy(dtype=float, na_value=NAN)
+            arr.flags.writeable = False  # handed out again: a caller that wrote to it would change the next
+            kept[key] = got = (df, arr)
+        return got[1]
     return np.full(len(df), default)
 
 
@@ -93,7 +104,45 @@ def present_sessions(sessions: pd.DataFrame) -> pd.DataFrame:
     """Sessions that entered the system (SHED refusals never do)."""
     if sessions.empty:
         return sessions
-    return sessions[sessions["outcome"] != "refused"]
+    return _subset(sessions, "outcome", "refused", False)
+
+
+# While one run is scored (`kept_tables`, around staged_analysis.run_quantities) its tables are
+# only read, yet its scoring filters a table to its completed turns (or present sessions) a dozen
+# times and reads the same columns as floats again and again; on Arrow-backed frames each filter
+# copies every column (a quarter of `analyze`) and each read converts the column. Inside the scope
+# a filter or a column read is kept and handed out again, keyed by the frame's id; the frame is
+# kept with it, so no other frame can take that id before the scope ends, and the arrays handed
+# out are read-only. Outside a scope (a caller that changes a frame between calls) nothing is kept.
+# tests/unit/analysis/test_metrics_subsets.py checks the kept forms against the direct ones.
+_KEPT: dict[tuple[int, str, str, bool], tuple[pd.DataFrame, Any]] | None = None
+
+
+@contextmanager
+def kept_tables() -> Iterator[None]:
+    """Keep filters and column reads of the frames read inside (which must not change meanwhile)."""
+    global _KEPT
+    outer = _KEPT
+    if outer is None:
+        _KEPT = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _KEPT = None
+
+
+def _subset(df: pd.DataFrame, col: str, value: str, equal: bool) -> pd.DataFrame:
+    """`df[df[col] == value]` (equal) or `df[df[col] != value]`, kept inside `kept_tables`."""
+    kept = _KEPT
+    key = (id(df), col, value, equal)
+    got = None if kept is None else kept.get(key)
+    if got is None:
+        sub = df[df[col] == value] if equal else df[df[col] != value]
+        if kept is None:
+            return sub
+        kept[key] = got = (df, sub)
+    return got[1]
 
 
 def system_intervals(sessions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -145,7 +194,7 @@ def paused_intervals(gate_events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]
 def completed_turns(turns: pd.DataFrame) -> pd.DataFrame:
     if turns.empty:
         return turns
-    return turns[turns["status"] == "ok"]
+    return _subset(turns, "status", "ok", True)
 
 
 def turn_hits(turns: pd.DataFrame, threshold: float) -> npt.NDArray[np.bool_]:

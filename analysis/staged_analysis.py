@@ -24,7 +24,7 @@ import numpy as np
 
 from analysis.family_metrics import completions
 from analysis.measures import RunTables, measure_all
-from analysis.metrics import MetricSpec, bin_edges, outstanding_bins, run_series, run_statistics
+from analysis.metrics import MetricSpec, bin_edges, kept_tables, outstanding_bins, run_series, run_statistics
 from analysis.openloop import run_open_loop
 from analysis.paired import is_paired, ordered_arms, paired_verdict
 from analysis.predictions import Predictions
@@ -218,17 +218,19 @@ def analyze_staged(
 ) -> tuple[dict[str, Any], list[StagedAnalyzedRun]]:
     """The verdict over `run_dirs`; arms, rates and seeds default to those the runs name (pass the
     registered ones, so a missing run counts as missing). The paired test's verdict has E2's layout."""
-    analyzed = [
-        run_quantities(
-            d,
-            spec,
-            refs_override=refs_override,
-            predictions=predictions,
-            expect_cell=expect_cell,
-            expect_registration=expect_registration,
-        )
-        for d in run_dirs
-    ]
+    analyzed = []
+    for d in run_dirs:
+        with kept_tables():  # a run's tables are only read while it is scored (analysis.metrics)
+            analyzed.append(
+                run_quantities(
+                    d,
+                    spec,
+                    refs_override=refs_override,
+                    predictions=predictions,
+                    expect_cell=expect_cell,
+                    expect_registration=expect_registration,
+                )
+            )
     runs = [a.run for a in analyzed]
     present = [r for r in runs if r.status != "MISSING"]
     if not arms:

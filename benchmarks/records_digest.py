@@ -83,7 +83,8 @@ def digest_variant(cell_name: str, changes: dict[str, object], n: int, duration:
     return {
         "turns": hashlib.sha256(turns).hexdigest(),
         "gauges": hashlib.sha256(json.dumps(gauges, sort_keys=True).encode()).hexdigest(),
-        "end": repr((res.status, res.end_time, res.sent, res.ok, res.errors)),
+        # the status as text: an enum since f3248ed, a plain string before (older digests)
+        "end": repr((str(res.status), res.end_time, res.sent, res.ok, res.errors)),
     }
 
 

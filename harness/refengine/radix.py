@@ -166,16 +166,29 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: Node) -> None:
+        """Only `node` itself can become an unlocked leaf: every node above it keeps the child the
+        walk came from (a locked node is never evicted), so only it is queued for eviction."""
         root = self.root
+        if node is root:
+            return
+        node.lock -= 1
+        if node.lock > 0:
+            return  # still locked (by another request, or through another child)
+        if node.lock < 0:
+            raise AssertionError("radix lock count below zero")
+        if not node.children and node.alive:
+            heapq.heappush(self._heap, (node.stamp, node.nid, node))
+        freed = node.n
+        node = node.parent  # type: ignore[assignment]
         while node is not root:
             node.lock -= 1
             if node.lock > 0:
-                return  # still locked (by another request, or through another child)
+                break  # still locked (by another request, or through another child)
             if node.lock < 0:
                 raise AssertionError("radix lock count below zero")
-            self.evictable += node.n
-            self._maybe_leaf(node)
+            freed += node.n
             node = node.parent  # type: ignore[assignment]
+        self.evictable += freed
 
     def evictable_if_locked(self, node: Node) -> int:
         """`evictable` as it would be with the path ending at `node` locked, without locking it:
