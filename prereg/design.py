@@ -583,16 +583,13 @@ def margins(
     prereg/margin_record.py). The runs the search made at the fitted speed are reused."""
     bundle = sim_bundle(ctx, fe, seeds)
     refs = {"lambda_ref": ctx.lambda_ref, "all_miss_token_rate": ctx.all_miss}
-    noise = e0a_noise(ctx.inputs.e0a)
-    out = []
+    noise, rule, out = e0a_noise(ctx.inputs.e0a), fe.rule or ctx.rule, []
     for arm in ctx.arms:
         for rate in fe.multiples:
-            keys = {s: _key(bundle, arm, rate, s, 1.0) for s in seeds}
-            known = {s: _STATES[k] for s, k in keys.items() if k in _STATES}
+            known = {s: _STATES[k] for s in seeds if (k := _key(bundle, arm, rate, s, 1.0)) in _STATES}
             cm = cell_margins(
-                bundle, arm, rate, seeds, fe.rule or ctx.rule, refs, known=known, noise=noise,
-                max_change=max_change, tol=tol,
-            )  # fmt: skip
+                bundle, arm, rate, seeds, rule, refs, known=known, noise=noise, max_change=max_change, tol=tol
+            )
             rec = margin_record(cm.margins, noise, f"the modal state of fresh seeds {list(seeds)}", max_change)
             out.append({"arm": arm.upper(), "rate": rate, **rec, "simulated_runs": cm.simulated})
     return out

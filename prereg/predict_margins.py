@@ -71,9 +71,19 @@ def plan_margins(
     def one(arm: str, rate: float, seeds: Sequence[int]) -> dict[str, Any]:
         known = {s: (verdicts[(arm, rate, s)]["state"], verdicts[(arm, rate, s)]["stats"]) for s in seeds}
         cm = cell_margins(
-            bundle, arm, rate, seeds, spec, refs, known=known, noise=nz, max_change=max_change, tol=tol,
-            pool=pool, jobs=jobs,
-        )  # fmt: skip
+            bundle,
+            arm,
+            rate,
+            seeds,
+            spec,
+            refs,
+            known=known,
+            noise=nz,
+            max_change=max_change,
+            tol=tol,
+            pool=pool,
+            jobs=jobs,
+        )
         out.simulated += cm.simulated
         of = (
             f"the modal state of fresh seeds {list(seeds)}"

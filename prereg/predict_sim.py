@@ -370,9 +370,18 @@ def simulator_predictions(
     margin_block = None
     if margins:
         pm = plan_margins(
-            bundle, plan.spec, plan.arm_keys, plan.rates, fresh, plan.seeds if "exact" in plan.layers else [],
-            verdicts, noise=noise, tol=margin_tolerance, max_change=margin_max_change, jobs=jobs,
-        )  # fmt: skip
+            bundle,
+            plan.spec,
+            plan.arm_keys,
+            plan.rates,
+            fresh,
+            plan.seeds if "exact" in plan.layers else [],
+            verdicts,
+            noise=noise,
+            tol=margin_tolerance,
+            max_change=margin_max_change,
+            jobs=jobs,
+        )
         preds = with_margins(preds, pm, noise, margin_max_change)
         margin_block = {
             "tolerance": margin_tolerance,
