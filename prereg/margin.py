@@ -255,8 +255,9 @@ class ModalState:
     """The modal state over seeds of one arm x rate as a function of a knob's factor: the state a
     frozen simulator prediction calls (its categorical's modal state; one seed: that seed's own).
 
-    The seeds are simulated `jobs` at a time (in `pool` when given), and no further once one state
-    holds a strict majority, which no remaining seed can change."""
+    The seeds are simulated `jobs` at a time (in `pool` when given: several ModalStates may share
+    one pool from threads, see prereg/predict_margins.py), and no further once one state holds a
+    strict majority, which no remaining seed can change."""
 
     def __init__(self, runs: Sequence[SimRun], pool: Executor | None = None, jobs: int = 1) -> None:
         if not runs:
@@ -274,7 +275,7 @@ class ModalState:
                 break
             batch, todo = todo[: self.jobs], todo[self.jobs :]
             new = [r for r in batch if key not in r.cache]
-            if self.pool is not None and len(new) > 1:
+            if self.pool is not None and new:  # in the pool even alone: other chains may be waiting on it too
                 for r, got in zip(new, self.pool.map(_run_at, new, [key] * len(new))):
                     r.cache[key] = got
             states += [r.run(key)[0] for r in batch]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ def plan_margins(
     out = PlanMargins({}, {}, 0)
     pool: Executor | None = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
 
-    def one(arm: str, rate: float, seeds: Sequence[int]) -> dict[str, Any]:
+    def one(arm: str, rate: float, seeds: Sequence[int]) -> tuple[dict[str, Any], int]:
         known = {s: (verdicts[(arm, rate, s)]["state"], verdicts[(arm, rate, s)]["stats"]) for s in seeds}
         cm = cell_margins(
             bundle,
@@ -84,20 +84,29 @@ def plan_margins(
             pool=pool,
             jobs=jobs,
         )
-        out.simulated += cm.simulated
         of = (
             f"the modal state of fresh seeds {list(seeds)}"
             if seeds is fresh
             else f"the state of seed {seeds[0]}'s own plan"
         )
-        return margin_record(cm.margins, noise, of, max_change)
+        return margin_record(cm.margins, noise, of, max_change), cm.simulated
 
+    tasks: list[tuple[Any, str, float, Sequence[int]]] = []
+    for a in arms:
+        for r in rates:
+            tasks.append(((a, r), a, r, fresh))
+            tasks += [((a, r, s), a, r, [s]) for s in exact_seeds]
     try:
-        for a in arms:
-            for r in rates:
-                out.fresh[(a, r)] = one(a, r, fresh)
-                for s in exact_seeds:
-                    out.exact[(a, r, s)] = one(a, r, [s])
+        # each arm x rate's bisection is a chain of dependent runs: with workers, the chains run side
+        # by side (threads that wait on the shared process pool), so no worker idles while one chain waits
+        if pool is None:
+            done = [one(a, r, seeds) for _, a, r, seeds in tasks]
+        else:
+            with ThreadPoolExecutor(max_workers=2 * jobs) as threads:
+                done = list(threads.map(lambda t: one(*t[1:]), tasks))
+        for (key, *_), (rec, n) in zip(tasks, done, strict=True):
+            (out.fresh if len(key) == 2 else out.exact)[key] = rec
+            out.simulated += n
     finally:
         if pool is not None:
             pool.shutdown()
