@@ -25,6 +25,7 @@ from runs.arms import references
 
 OLD = REPO / "predictions" / "e2-vllm-cpu-tiny-131k-simulator.yaml"
 OLD_FREEZE = REPO / "prereg" / "freezes" / "pred-e2-vllm-cpu-tiny-131k-simulator-20261201T120638Z.json"
+OLD_COST = REPO / "configs" / "costs" / "vllm-cpu-tiny-q05-fitted.yaml"
 PAPER_E0A = REPO / "prereg" / "inputs" / "paper" / "sglang-a100-300k" / "e0a.yaml"
 
 
@@ -271,3 +272,57 @@ def test_the_html_page_shows_margins_and_the_split_scores() -> None:
     assert "<table class='margins'>" in html and "<th>flip margin</th>" in html
     assert 'class="badge knife-edge"' in html and 'class="badge robust"' in html
     assert "Robust and knife-edge predictions apart" in html
+
+
+def test_the_design_step_finds_and_labels_the_margins_a_prediction_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prereg design --flip-margins` and `predict make sim` give one arm x rate the same record:
+    same bisection, defaults, noise (the design's own E0a input) and label. The simulator is
+    replaced by a rule: BURST recovers once the engine is more than 4% faster or lambda_ref 20% lower."""
+    import prereg.design as D
+    from analysis.calibration_summaries import load_inputs
+    from prereg.predict_margins import plan_margins
+
+    calls: list[tuple[str, str, float]] = []
+
+    def fake_run(self: SimRun, factor: float = 1.0) -> tuple[str, dict[str, Any]]:
+        calls.append((self.arm.upper(), self.knob, round(factor, 6)))
+        if self.arm.upper() == "BURST":
+            flipped = (self.knob == "speed" and factor > 1.04) or (self.knob == "lambda_ref" and factor < 0.8)
+            return ("RECOVERED" if flipped else "TRAPPED"), {}
+        return "RECOVERED", {}
+
+    monkeypatch.setattr(SimRun, "run", fake_run)
+    monkeypatch.setattr(D, "_STATES", {})
+    inputs = REPO / "prereg" / "inputs" / "vllm-cpu-tiny-131k"
+    ctx = D.load_context(inputs, REPO / "prereg" / "templates" / "e2-vllm-cpu-tiny-131k.yaml", OLD_COST)
+    fe = D.formula_eval(ctx, ctx.baseline())
+    seeds = [1000, 1001, 1002]
+    mg = D.margins(ctx, fe, seeds)
+    assert len(mg) == len(ctx.arms) * len(fe.multiples)
+    burst = [m for m in mg if m["arm"] == "BURST"]
+    assert burst and all(m["label"] == "knife-edge" and m["inside_noise"] == ["speed faster"] for m in burst)
+    assert all(0.04 < m["speed"]["faster"] <= 0.04 + DEFAULT_TOLERANCE for m in burst)
+    assert all(0.2 < m["lambda_ref"]["lower"] <= 0.2 + DEFAULT_TOLERANCE for m in burst)
+    assert all(m["label"] == "robust" and not m["bounded"] for m in mg if m["arm"] != "BURST")
+    noise = e0a_noise(load_inputs(inputs).e0a)
+    assert burst[0]["speed"]["noise"] == noise["speed"] == pytest.approx(0.0577, abs=1e-4)
+    # the prediction's path on the same runs: the same records
+    verdicts = {
+        (a, r, s): {"state": "TRAPPED" if a.upper() == "BURST" else "RECOVERED", "stats": {}}
+        for a in ctx.arms
+        for r in fe.multiples
+        for s in seeds
+    }
+    pm = plan_margins(
+        D.sim_bundle(ctx, fe, seeds),
+        fe.rule or ctx.rule,
+        list(ctx.arms),
+        fe.multiples,
+        seeds,
+        [],
+        verdicts,
+        noise=noise,
+    )
+    for m in mg:
+        key = next(k for k in pm.fresh if k[0].upper() == m["arm"] and k[1] == m["rate"])
+        assert {k: v for k, v in m.items() if k not in ("arm", "rate", "simulated_runs")} == pm.fresh[key]
