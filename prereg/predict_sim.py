@@ -404,6 +404,11 @@ def simulator_predictions(
             f"simulated runs on the registered seeds' own frozen plans (seeds {plan.seeds}): the plans, not any engine "
             "run"
         )
+    if margins:
+        see.append(
+            "for the flip margins, the same seeds simulated with the cost's speed and lambda_ref moved, and E0a's "
+            "per-seed rows (the noise)" + ("" if noise else ": no E0a was bound, so no knife-edge label")
+        )
     see.append("no run of this test on the engine under test")
     params = {
         "n_seeds": n_seeds,
