@@ -18,6 +18,8 @@ from analysis.rules import arm_expectations
 from prereg.design import Context, Evaluated, Grid, SearchResult, load_context, margins, search
 from prereg.design_record import design_record, write_design
 from prereg.filling import repo_root_of
+from prereg.margin import DEFAULT_TOLERANCE
+from prereg.scoring import margin_text
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -153,18 +155,18 @@ def _cmd_design(args: argparse.Namespace) -> int:
     )
     mg = None
     if res.proposal is not None and args.flip_margins:
-        mg = margins(ctx, res.proposal.formula, seeds, max_change=0.5, tol=args.margin_tol)
+        mg = margins(ctx, res.proposal.formula, seeds, tol=args.margin_tol)
     print("\n".join(format_search(res, ctx, args.overhead)))
     if mg:
         print(
-            "flip margins of the proposal (smallest relative change of the cost's speed that flips a fresh seed's "
-            "state, by bisection):"
+            "flip margins of the proposal (smallest relative change of the cost's speed or of lambda_ref that flips "
+            "the fresh seeds' modal state, by bisection; knife-edge: inside E0a's seed spread):"
         )
         for m in mg:
-            per = ", ".join(
-                f"{s}: {v['base']} {'>' if not v['bounded'] else ''}{v['margin']:.2f}" for s, v in m["seeds"].items()
+            print(
+                f"  {m['arm']:8} x {m['rate']:<5g} {m['state']:10} {'>' if not m['bounded'] else ''}{m['margin']:.3f} "
+                f"{m['label']:10} ({margin_text(m)})"
             )
-            print(f"  {m['arm']:8} x {m['rate']:<5g} min {m['min_margin']:.2f}  ({per})")
     settings: dict[str, Any] = {
         "seeds": seeds,
         "need": need,
@@ -263,7 +265,10 @@ def add_design_command(sub: Any) -> None:
         "--flip-margins", action="store_true", help="also bisect the flip margin of every run of the proposal (slow)"
     )
     d.add_argument(
-        "--margin-tol", type=float, default=0.02, help="bisection tolerance of the flip margins (default 0.02)"
+        "--margin-tol",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"bisection tolerance of the flip margins (default {DEFAULT_TOLERANCE:g})",
     )
     d.add_argument("--jobs", type=int, default=1, help="simulations in parallel (default 1)")
     d.add_argument("--verbose", action="store_true", help="print every candidate simulated")

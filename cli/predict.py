@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.errors import UsageError
 from prereg.freeze import freeze
+from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE
 from prereg.predict_makers import DEFAULT_VALUE_QUANTITIES
 from prereg.predict_sim import simulator_predictions
 from prereg.predict_theory import entry_predictions, model_f_predictions
@@ -53,6 +54,10 @@ def _cmd_make_sim(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         work_dir=args.work,
         name=args.name,
+        margins=not args.no_margins,
+        margin_tolerance=args.margin_tolerance,
+        margin_max_change=args.margin_max_change,
+        e0a=args.e0a,
     )
     return _write(pf, args.out)
 
@@ -171,6 +176,27 @@ def register(cli: Any) -> None:
     s.add_argument("--jobs", type=int, default=1, help="parallel simulations")
     s.add_argument("--work", help="keep the simulated runs in this folder (default: a temporary one)")
     s.add_argument("--name", help="name of the prediction file (default <test>-simulator)")
+    s.add_argument(
+        "--margin-tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"flip margins: the bisection's tolerance, a relative change (default {DEFAULT_TOLERANCE:g})",
+    )
+    s.add_argument(
+        "--margin-max-change",
+        type=float,
+        default=DEFAULT_MAX_CHANGE,
+        help=f"flip margins: the largest relative change tried (default {DEFAULT_MAX_CHANGE:g})",
+    )
+    s.add_argument(
+        "--e0a",
+        help="E0a summary whose seed spread is the knife-edge noise (default: the E0a input the registration binds)",
+    )
+    s.add_argument(
+        "--no-margins",
+        action="store_true",
+        help="no flip margins (faster; the predictions then carry no robust / knife-edge label)",
+    )
     s.set_defaults(func=_cmd_make_sim)
 
     f = msub.add_parser(

@@ -55,7 +55,8 @@ from harness.config import (
 from harness.errors import ConfigError
 from prereg import formula as F
 from prereg.decidable import capped_lapses, trapped_unreachable
-from prereg.margin import SimRun
+from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE, SimRun, cell_margins
+from prereg.margin_record import e0a_noise, margin_record
 from prereg.registration import RegistrationError
 from prereg.template import FillParams, Template, load_template, resolve_rule
 
@@ -569,21 +570,26 @@ def search(
 
 
 def margins(
-    ctx: Context, fe: FormulaEval, seeds: Sequence[int], *, max_change: float = 0.5, tol: float = 0.02
+    ctx: Context,
+    fe: FormulaEval,
+    seeds: Sequence[int],
+    *,
+    max_change: float = DEFAULT_MAX_CHANGE,
+    tol: float = DEFAULT_TOLERANCE,
 ) -> list[dict[str, Any]]:
-    """Flip margins (prereg/margin.py) of every arm x rate x fresh seed of a design."""
+    """Flip margins of every arm x rate of a design: of the modal state over the fresh seeds, per
+    knob (speed, lambda_ref), labelled against E0a's seed spread: the implementation, and so the
+    values, a frozen simulator prediction carries (prereg/margin.py `cell_margins`,
+    prereg/margin_record.py). The runs the search made at the fitted speed are reused."""
     bundle = sim_bundle(ctx, fe, seeds)
     refs = {"lambda_ref": ctx.lambda_ref, "all_miss_token_rate": ctx.all_miss}
-    out = []
+    noise, rule, out = e0a_noise(ctx.inputs.e0a), fe.rule or ctx.rule, []
     for arm in ctx.arms:
         for rate in fe.multiples:
-            per = [SimRun(bundle, arm, rate, s, fe.rule or ctx.rule, refs).margin(max_change, tol) for s in seeds]
-            out.append(
-                {
-                    "arm": arm.upper(),
-                    "rate": rate,
-                    "min_margin": min(m.margin for m in per),
-                    "seeds": {str(s): m.to_json() for s, m in zip(seeds, per)},
-                }
+            known = {s: _STATES[k] for s in seeds if (k := _key(bundle, arm, rate, s, 1.0)) in _STATES}
+            cm = cell_margins(
+                bundle, arm, rate, seeds, rule, refs, known=known, noise=noise, max_change=max_change, tol=tol
             )
+            rec = margin_record(cm.margins, noise, f"the modal state of fresh seeds {list(seeds)}", max_change)
+            out.append({"arm": arm.upper(), "rate": rate, **rec, "simulated_runs": cm.simulated})
     return out

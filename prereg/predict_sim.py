@@ -29,6 +29,7 @@ from harness.config import TestBundle
 from harness.errors import ConfigError
 from harness.recording.schema import RunStatus
 from prereg.freeze import utc_precise
+from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE
 from prereg.outcomes import _INTERVAL, interval_quantities
 from prereg.predict_makers import (
     DEFAULT_TOLERANCE_FLOOR,
@@ -40,6 +41,7 @@ from prereg.predict_makers import (
     registration_ref,
     rule_of,
 )
+from prereg.predict_margins import noise_for, plan_margins, with_margins
 from prereg.predictions import About, Prediction, PredictionFile, make_file
 from prereg.scoring import at_least_probability
 from provenance.meta import git_state
@@ -319,14 +321,27 @@ def simulator_predictions(
     work_dir: str | Path | None = None,
     jobs: int = 1,
     name: str | None = None,
+    margins: bool = True,
+    margin_tolerance: float = DEFAULT_TOLERANCE,
+    margin_max_change: float = DEFAULT_MAX_CHANGE,
+    e0a: str | Path | None = None,
 ) -> PredictionFile:
     """Predictions from the simulator for every registered run of a test (see the module doc).
 
     band: a value's tolerance is the band the fresh seeds spanned, [min, max] (the paper's
-    "inside its 20-seed band" for release times), instead of mean +- tolerance_sd sd."""
+    "inside its 20-seed band" for release times), instead of mean +- tolerance_sd sd.
+    margins: every prediction carries its flip margins (prereg/predict_margins.py), found by
+    bisection to `margin_tolerance` up to `margin_max_change`, and its knife-edge label against
+    E0a's seed spread (`e0a`, else the E0a input the registration binds)."""
     if registration is None and is_registration_file(test_path):
         registration = test_path  # predictions about a registered test are bound to it
+    if margins and not 0 < margin_tolerance < margin_max_change < 1:
+        raise ConfigError(
+            f"margin tolerance {margin_tolerance:g} and largest change {margin_max_change:g}: expected "
+            "0 < tolerance < largest change < 1 (relative changes)"
+        )
     plan = _plan(test_path, n_seeds, first_seed, arms, rates, layers, value_quantities, tolerance_floor)
+    noise = noise_for(plan.test_path, registration, e0a) if margins else None  # a bad E0a fails before any run
     verdicts = _judged_runs(plan, work_dir, jobs)
     bundle, fresh = plan.bundle, plan.fresh
     commit = git_state()
@@ -352,6 +367,33 @@ def simulator_predictions(
         preds += _seed_and_rate_predictions(plan, r, joint, src_base)
         if "exact" in plan.layers:
             preds += _exact_predictions(plan, r, verdicts, src_base)
+    margin_block = None
+    if margins:
+        pm = plan_margins(
+            bundle,
+            plan.spec,
+            plan.arm_keys,
+            plan.rates,
+            fresh,
+            plan.seeds if "exact" in plan.layers else [],
+            verdicts,
+            noise=noise,
+            tol=margin_tolerance,
+            max_change=margin_max_change,
+            jobs=jobs,
+        )
+        preds = with_margins(preds, pm, noise, margin_max_change)
+        margin_block = {
+            "tolerance": margin_tolerance,
+            "max_change": margin_max_change,
+            "knobs": {
+                "speed": "the cost's speed (the all-miss token reference moves with it)",
+                "lambda_ref": "the registered lambda_ref (arrival rates and the rule's references move with it)",
+            },
+            "noise": noise,
+            "simulated_runs": pm.simulated,
+            "reused": "the predictions' own runs at factor 1",
+        }
     see = [
         f"the test config {plan.test_path} and the configs it names (cell {bundle.cell.name}, workload "
         f"{bundle.workload.name})",
@@ -361,6 +403,11 @@ def simulator_predictions(
         see.append(
             f"simulated runs on the registered seeds' own frozen plans (seeds {plan.seeds}): the plans, not any engine "
             "run"
+        )
+    if margins:
+        see.append(
+            "for the flip margins, the same seeds simulated with the cost's speed and lambda_ref moved, and E0a's "
+            "per-seed rows (the noise)" + ("" if noise else ": no E0a was bound, so no knife-edge label")
         )
     see.append("no run of this test on the engine under test")
     params = {
@@ -373,6 +420,9 @@ def simulator_predictions(
         "band": band,
         "rule": plan.spec["name"],
     }
+    if margins:
+        params["margin_tolerance"] = margin_tolerance
+        params["margin_max_change"] = margin_max_change
     return make_file(
         name or f"{bundle.test.name}-simulator",
         preds,
@@ -383,7 +433,9 @@ def simulator_predictions(
         made_at=utc_precise(),
         description=f"Simulator predictions for test {bundle.test.name}: {n_seeds} fresh seeds per arm and rate",
         scoring_declaration="Probabilities call the side above one half; categorical predictions call their modal "
-        "state; values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds.",
+        "state; values hit inside their stated tolerance; the rate's PASS probability assumes independent seeds."
+        + (" Robust and knife-edge predictions (margin.label) are also scored apart." if margins else ""),
+        margins=margin_block,
     )
 
 

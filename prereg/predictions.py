@@ -44,6 +44,8 @@ SCOPES = ("run", "seed", "rate", "test", "measurement")
 SOURCES = ("simulator", "model_f", "entry_model", "transcribed", "declared")
 TOLERANCE_KEYS = ("abs", "rel", "rel_of_offset", "interval")
 DECLARABLE_BLINDNESS = ("blind by access only",)
+# How sure a simulator prediction is (prereg/margin_record.py): its `margin` block's label.
+MARGIN_LABELS = ("robust", "knife-edge", "unjudged")
 
 _TOP_KEYS = {
     "format",
@@ -57,6 +59,7 @@ _TOP_KEYS = {
     "could_see",
     "declared_blindness",
     "scoring_declaration",
+    "margins",
     "predictions",
 }
 _PRED_KEYS = {
@@ -75,6 +78,7 @@ _PRED_KEYS = {
     "transform",
     "comparators",
     "rule",
+    "margin",
 }
 _ABOUT_KEYS = {"scope", "arm", "rate", "seed", "target"}
 
@@ -131,6 +135,12 @@ class Prediction:
     payload: dict[str, Any]
     layer: str = "default"
     note: str = ""
+    margin: dict[str, Any] | None = None  # flip margins and their label (absent in files made before them)
+
+    @property
+    def margin_label(self) -> str | None:
+        """robust | knife-edge | unjudged, or None for a prediction without margins."""
+        return None if self.margin is None else str(self.margin["label"])
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -143,6 +153,8 @@ class Prediction:
             out["layer"] = self.layer
         out.update(self.payload)
         out["source"] = self.source
+        if self.margin is not None:
+            out["margin"] = self.margin
         if self.note:
             out["note"] = self.note
         return out
@@ -163,6 +175,7 @@ class PredictionFile:
     declared_blindness: dict[str, Any] | None = None
     scoring_declaration: str = ""
     path: str = ""
+    margins: dict[str, Any] | None = None  # how the margins were found: tolerance, largest change, noise
 
     def by_id(self) -> dict[str, Prediction]:
         return {p.id: p for p in self.predictions}
@@ -180,6 +193,8 @@ class PredictionFile:
             out["declared_blindness"] = self.declared_blindness
         if self.scoring_declaration:
             out["scoring_declaration"] = self.scoring_declaration
+        if self.margins is not None:
+            out["margins"] = self.margins
         out["predictions"] = [p.to_dict() for p in self.predictions]
         return out
 
@@ -234,6 +249,9 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
             blind,
             f"null or {{label: one of {list(DECLARABLE_BLINDNESS)}, statement: who read what, when}}",
         )
+    margins = doc.get("margins")
+    if margins is not None and (not isinstance(margins, dict) or not _is_num(margins.get("tolerance"))):
+        raise _err(path, "margins", margins, "null or a mapping with tolerance, max_change and noise (the bisection's)")
     preds_raw = doc.get("predictions")
     if not isinstance(preds_raw, list) or not preds_raw:
         raise _err(path, "predictions", preds_raw, "a non-empty list")
@@ -254,6 +272,7 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
         declared_blindness=blind,
         scoring_declaration=str(doc.get("scoring_declaration") or ""),
         path=path,
+        margins=margins,
     )
     for p in preds:
         if p.kind == "rule_probability":
@@ -291,9 +310,34 @@ def _parse_prediction(path: str, i: int, x: Any) -> Prediction:
         if k in x
     }
     _check_payload(path, where, kind, payload)
+    margin = x.get("margin")
+    if margin is not None:
+        _check_margin(path, where, margin)
     return Prediction(
-        pid, quantity, about, kind, dict(source), payload, str(x.get("layer") or "default"), str(x.get("note") or "")
+        pid,
+        quantity,
+        about,
+        kind,
+        dict(source),
+        payload,
+        str(x.get("layer") or "default"),
+        str(x.get("note") or ""),
+        margin,
     )
+
+
+def _check_margin(path: str, where: str, m: Any) -> None:
+    """A prediction's `margin` block: a label, the smallest margin, and per knob the changes (or null)."""
+    if not isinstance(m, dict) or m.get("label") not in MARGIN_LABELS:
+        raise _err(path, f"{where}.margin", m, f"a mapping with label one of {list(MARGIN_LABELS)}")
+    if not _is_num(m.get("margin")) or m["margin"] < 0:
+        raise _err(path, f"{where}.margin.margin", m.get("margin"), "the smallest flip margin, a relative change >= 0")
+    for knob in ("speed", "lambda_ref"):
+        k = m.get(knob)
+        if k is None:
+            continue
+        if not isinstance(k, dict) or not all(v is None or (_is_num(v) and v >= 0) for v in k.values()):
+            raise _err(path, f"{where}.margin.{knob}", k, "a mapping side -> relative change >= 0 or null")
 
 
 def _parse_about(path: str, where: str, a: Any) -> About:
@@ -488,6 +532,7 @@ def make_file(
     description: str = "",
     scoring_declaration: str = "",
     declared_blindness: Mapping[str, Any] | None = None,
+    margins: Mapping[str, Any] | None = None,
 ) -> PredictionFile:
     return PredictionFile(
         name=name,
@@ -500,6 +545,7 @@ def make_file(
         description=description,
         declared_blindness=None if declared_blindness is None else dict(declared_blindness),
         scoring_declaration=scoring_declaration,
+        margins=None if margins is None else dict(margins),
     )
 
 

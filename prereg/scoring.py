@@ -15,11 +15,11 @@ from a data file transcribed from a paper); the scorer only looks values up by (
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prereg.predictions import Prediction, PredictionFile, leaves_of
+from prereg.predictions import MARGIN_LABELS, Prediction, PredictionFile, leaves_of
 
 MISSING = object()
 
@@ -142,6 +142,9 @@ class Scored:
     log_score: float | None = None
     detail: str = ""
     blindness: str | None = None
+    margin_label: str | None = None  # robust | knife-edge | unjudged; None without margins
+    margin: float | None = None  # the smallest flip margin (a relative change)
+    margin_detail: str | None = None  # each knob's flipping sides against its noise
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -157,6 +160,8 @@ class Score:
     name: str
     scored: list[Scored]
     summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the same summaries over robust and knife-edge predictions apart (empty when none has margins)
+    by_margin: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def hits(self) -> list[Scored]:
@@ -205,10 +210,31 @@ def score_file(pf: PredictionFile, outcomes: Outcomes) -> Score:
     by_id = pf.by_id()
     out: list[Scored] = []
     for p in pf.predictions:
-        out.append(_score_one(p, outcomes, by_id))
+        s = _score_one(p, outcomes, by_id)
+        if p.margin is not None:
+            s.margin_label, s.margin, s.margin_detail = p.margin_label, float(p.margin["margin"]), margin_text(p.margin)
+        out.append(s)
     sc = Score(pf.name, out)
     sc.summary = summarize(out)
+    sc.by_margin = summarize_by_margin(out)
     return sc
+
+
+def _pct(v: Any) -> str:
+    return "none up to the largest change" if v is None else f"{100 * float(v):.3g}%"
+
+
+def margin_text(m: Mapping[str, Any]) -> str:
+    """A margin block in words: per knob, the change that flips each side and the noise."""
+    parts = []
+    for knob in ("speed", "lambda_ref"):
+        k = m.get(knob)
+        if not isinstance(k, Mapping):
+            continue
+        sides = ", ".join(f"{side} {_pct(v)}" for side, v in k.items() if side != "noise")
+        nz = k.get("noise")
+        parts.append(f"{knob}: {sides} (noise {'unknown' if nz is None else _pct(nz)})")
+    return "; ".join(parts)
 
 
 def _score_one(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Prediction]) -> Scored:
@@ -337,11 +363,22 @@ def _score_rule(p: Prediction, outcomes: Outcomes, by_id: Mapping[str, Predictio
     )
 
 
-def summarize(scored: Iterable[Scored]) -> dict[str, dict[str, Any]]:
-    """Per layer: counts of hits, misses, no call, no outcome; mean Brier and log score per kind."""
+def summarize_by_margin(scored: Iterable[Scored]) -> dict[str, dict[str, Any]]:
+    """`summarize` over robust, knife-edge and unjudged predictions apart (those with margins)."""
+    with_m = [s for s in scored if s.margin_label is not None]
+    got = summarize(with_m, key=lambda s: str(s.margin_label))
+    return {k: got[k] for k in sorted(got, key=lambda k: MARGIN_LABELS.index(k) if k in MARGIN_LABELS else 99)}
+
+
+def summarize(scored: Iterable[Scored], key: Callable[[Scored], str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per layer (or per `key(scored)`): counts of hits, misses, no call, no outcome; mean Brier and
+    log score per kind."""
     out: dict[str, dict[str, Any]] = {}
     for s in scored:
-        d = out.setdefault(s.layer, {"n": 0, "hit": 0, "miss": 0, "no call": 0, "no outcome": 0, "_b": {}, "_l": {}})
+        d = out.setdefault(
+            s.layer if key is None else key(s),
+            {"n": 0, "hit": 0, "miss": 0, "no call": 0, "no outcome": 0, "_b": {}, "_l": {}},
+        )
         d["n"] += 1
         d[s.result] += 1
         if s.brier is not None:

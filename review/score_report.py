@@ -57,7 +57,13 @@ class ScoreReport:
             ],
             "problems": self.problems,
             "scores": [
-                {"file": path, "name": sc.name, "summary": sc.summary, "scored": [s.to_json() for s in sc.scored]}
+                {
+                    "file": path,
+                    "name": sc.name,
+                    "summary": sc.summary,
+                    "by_margin": sc.by_margin,
+                    "scored": [s.to_json() for s in sc.scored],
+                }
                 for path, sc in self.scores
             ],
             "notes": self.notes,
@@ -130,8 +136,33 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _summary_table(head: str, summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    out = [
+        f"| {head} | n | hits | misses | no call | no outcome | Brier | log score |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for group, d in summary.items():
+        br = ", ".join(f"{k} {_fmt(v)}" for k, v in d["brier"].items()) or "—"
+        lg = ", ".join(f"{k} {_fmt(v)}" for k, v in d["log_score"].items()) or "—"
+        out.append(
+            f"| {group} | {d['n']} | {d['hit']} | {d['miss']} | {d['no call']} | {d['no outcome']} | {br} | {lg} |"
+        )
+    return out
+
+
+def _margin_cell(s: Any) -> str:
+    if s.margin_label is None:
+        return "—"
+    return f"{s.margin_label} ({_fmt(s.margin)}: {s.margin_detail})" if s.margin_detail else s.margin_label
+
+
 def _table(rows: list[Any]) -> list[str]:
-    out = ["| id | about | predicted | outcome | result | error / score | blindness |", "|---|---|---|---|---|---|---|"]
+    margins = any(s.margin_label is not None for s in rows)
+    out = [
+        "| id | about | predicted | outcome | result | error / score | blindness |"
+        + (" flip margin |" if margins else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if margins else ""),
+    ]
     for s in rows:
         extra = (
             f"err {_fmt(s.error)}"
@@ -140,7 +171,7 @@ def _table(rows: list[Any]) -> list[str]:
         )
         out.append(
             f"| {s.id} | {s.quantity} @ {s.about} | {s.predicted} | {_fmt(s.outcome)} | **{s.result.upper()}** | "
-            f"{extra} | {s.blindness or '—'} |"
+            f"{extra} | {s.blindness or '—'} |" + (f" {_margin_cell(s)} |" if margins else "")
         )
     return out
 
@@ -183,14 +214,17 @@ def markdown(rep: ScoreReport) -> str:
             "outcome",
             "",
         ]
-        L.append("| layer | n | hits | misses | no call | no outcome | Brier | log score |")
-        L.append("|---|---|---|---|---|---|---|---|")
-        for layer, d in sc.summary.items():
-            br = ", ".join(f"{k} {_fmt(v)}" for k, v in d["brier"].items()) or "—"
-            lg = ", ".join(f"{k} {_fmt(v)}" for k, v in d["log_score"].items()) or "—"
-            L.append(
-                f"| {layer} | {d['n']} | {d['hit']} | {d['miss']} | {d['no call']} | {d['no outcome']} | {br} | {lg} |"
-            )
+        L += _summary_table("layer", sc.summary)
+        if sc.by_margin:
+            L += [
+                "",
+                "### Robust and knife-edge predictions apart",
+                "",
+                "A prediction is knife-edge when a change of the cost's speed or of lambda_ref no larger than E0a's "
+                "seed spread flips its state (the label was frozen with it; docs/predictions.md).",
+                "",
+            ]
+            L += _summary_table("margin", sc.by_margin)
         L += ["", f"### Misses ({len(misses)})", ""]
         L += _table(misses) if misses else ["none"]
         L += ["", f"### Hits ({len(hits)})", ""]
@@ -227,10 +261,14 @@ def summary_lines(rep: ScoreReport) -> list[str]:
         out.append(f"  PROBLEM: {p}")
     for _path, sc in rep.scores:
         out.append(f"  {sc.name}: {len(sc.hits)} hits, {len(sc.misses)} misses")
-        for layer, d in sc.summary.items():
+        groups = list(sc.summary.items()) + [(f"{k} predictions", d) for k, d in sc.by_margin.items()]
+        for layer, d in groups:
             br = ", ".join(f"Brier({k}) {v:.3f}" for k, v in d["brier"].items())
             out.append(
                 f"    {layer}: {d['hit']} hit / {d['miss']} miss / {d['no call']} no call / {d['no outcome']} no "
                 "outcome" + (f"; {br}" if br else "")
             )
+        edge = [s.id for s in sc.scored if s.margin_label == "knife-edge"]
+        if edge:
+            out.append(f"    knife-edge: {', '.join(edge[:8])}{f' and {len(edge) - 8} more' if len(edge) > 8 else ''}")
     return out

@@ -100,18 +100,16 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
         )
         summ = sc.get("summary") or {}
         if summ:
-            srows = "".join(
-                f"<tr><td>{esc(layer)}</td>"
-                + "".join(
-                    f"<td class='num'>{esc(d.get(k))}</td>" for k in ("n", "hit", "miss", "no call", "no outcome")
-                )
-                + f"<td>{esc(', '.join(f'{k} {num(v)}' for k, v in (d.get('brier') or {}).items()) or '-')}</td></tr>"
-                for layer, d in summ.items()
-            )
+            out.append(_summary_table("layer", summ, ""))
+        by_margin = sc.get("by_margin") or {}
+        if by_margin:
             out.append(
-                "<table><thead><tr><th>layer</th><th>n</th><th>hits</th><th>misses</th><th>no call</th><th>no outcome"
-                f"</th><th>Brier</th></tr></thead><tbody>{srows}</tbody></table>"
+                "<p>Robust and knife-edge predictions apart: a prediction is <strong>knife-edge</strong> when a change "
+                "of the cost's speed or of lambda_ref no larger than E0a's seed spread flips its state (frozen with "
+                "it).</p>"
             )
+            out.append(_summary_table("flip margin", by_margin, "margins"))
+        margins = any(x.get("margin_label") for x in rows)
         body = []
         for x in rows:
             score = (
@@ -127,16 +125,45 @@ def score_report(rep: Mapping[str, Any], path: Path) -> str:
                 f"<tr><td><code>{esc(x.get('id'))}</code></td><td>{esc(x.get('quantity'))} @ {esc(x.get('about'))}</td>"
                 f"<td>{esc(x.get('layer'))}</td><td>{esc(x.get('predicted'))}</td><td>{esc(num(x.get('outcome')))}</td>"
                 f"<td>{badge(x.get('result'), str(x.get('result')).replace(' ', ''))}</td><td>{score}</td>"
-                f"<td>{badge(x.get('blindness') or 'unknown', _blind_cls(x.get('blindness')))}</td></tr>"
+                f"<td>{badge(x.get('blindness') or 'unknown', _blind_cls(x.get('blindness')))}</td>"
+                + (_margin_td(x) if margins else "")
+                + "</tr>"
             )
         out.append(
             "<div class='scroll'><table class='predictions'><thead><tr><th>id</th><th>about</th><th>layer</th>"
-            "<th>predicted</th><th>outcome</th><th>result</th><th>error / score</th><th>blindness</th></tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>"
+            "<th>predicted</th><th>outcome</th><th>result</th><th>error / score</th><th>blindness</th>"
+            + ("<th>flip margin</th>" if margins else "")
+            + f"</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
             if body
             else absent("this file scored no prediction")
         )
     return "\n".join(out)
+
+
+def _summary_table(head: str, summ: Mapping[str, Any], cls: str) -> str:
+    """Counts and mean Brier per group (a layer, or a margin label)."""
+    srows = "".join(
+        f"<tr><td>{esc(group)}</td>"
+        + "".join(f"<td class='num'>{esc(d.get(k))}</td>" for k in ("n", "hit", "miss", "no call", "no outcome"))
+        + f"<td>{esc(', '.join(f'{k} {num(v)}' for k, v in (d.get('brier') or {}).items()) or '-')}</td></tr>"
+        for group, d in summ.items()
+    )
+    return (
+        f"<table{f' class={chr(39)}{cls}{chr(39)}' if cls else ''}><thead><tr><th>{esc(head)}</th><th>n</th>"
+        "<th>hits</th><th>misses</th><th>no call</th><th>no outcome</th><th>Brier</th></tr></thead>"
+        f"<tbody>{srows}</tbody></table>"
+    )
+
+
+def _margin_td(x: Mapping[str, Any]) -> str:
+    """A prediction's flip margin: its label as a badge, the smallest margin, each knob's sides."""
+    label = x.get("margin_label")
+    if not label:
+        return "<td class='muted'>—</td>"
+    return (
+        f"<td>{badge(label, None if label in ('robust', 'knife-edge') else 'none')} {esc(num(x.get('margin')))} "
+        f"<span class='muted'>{esc(x.get('margin_detail') or '')}</span></td>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

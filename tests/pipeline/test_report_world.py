@@ -255,6 +255,9 @@ def test_the_page_holds_every_record(world: dict[str, Any], page: tuple[Path, st
     assert "slope &gt; slope_factor * (lam - lam_miss)" in text
     assert re.search(r"\(\d\.\d+(e-\d+)? &gt; \d\.\d+(e-\d+)?\)", text), "the two sides of a comparison are shown"
     assert "mf-burst-r1.35-s0-slope" in text and "blind in time" in text  # predictions scored, with blindness
+    # the simulator's predictions with their flip margins, and the scores of robust and knife-edge ones apart
+    assert "<th>flip margin</th>" in text and "<table class='margins'>" in text
+    assert re.search(r'class="badge (robust|knife-edge)"', text) and "sim-burst-r1.35-s0-state" in text
     assert "registration committed" in text and "prediction freeze on remote" in text and "run start" in text
     assert "36 checks" in text or "checks that hold" in text
     assert "101 (done)" in text and "104 (failed)" in text  # each run's job and its state
@@ -337,6 +340,7 @@ def test_the_page_renders_in_chromium_without_an_error(page: tuple[Path, str], r
     rows = {(t["section"], t["cls"]): t["rows"] for t in pr["tables"]}
     assert rows[("verdict", "states")] == 2 and rows[("runs", "runs")] == 4 and rows[("provenance", "timeline")] >= 10
     assert rows[("predictions", "predictions")] >= 5 and rows[("provenance", "checks")] >= 10
+    assert rows[("predictions", "margins")] >= 1  # robust / knife-edge scores apart
     md = [t for t in pr["tables"] if t["cls"] == "md"]
     assert [t["rows"] for t in md] == [2, 4]  # Table 7 layout (2 arms) and the per-run table (4 runs)
     assert all(t["rows"] > 0 for t in pr["tables"]), [t for t in pr["tables"] if not t["rows"]]

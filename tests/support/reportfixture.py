@@ -1,7 +1,8 @@
 """A small registered test directory built with the real parts, for `status` and the HTML report:
 a fixture repository with a bare remote, a committed and pushed registration, model F predictions
-frozen before the runs, a submission manifest (a real question to the remote), four short
-simulated runs bound to the registration, the registered verdict, and the scored predictions.
+and simulator predictions with their flip margins frozen before the runs, a submission manifest (a
+real question to the remote), four short simulated runs bound to the registration, the registered
+verdict, and the scored predictions.
 
 The pieces whose commands belong to other parts (the submission, the job script's binding) are
 written the way provfixture writes them; the rest goes through the project's own commands.
@@ -15,11 +16,14 @@ from typing import Any
 
 import orjson
 from support.gitfixture import git, make_repo
+from support.paths import REPO
 from support.provfixture import commit_registration, record_submission, run_all, write_test
 
 from cli.main import main
 from harness.config import load_test
 from runs.arms import run_name
+
+PAPER_E0A = REPO / "prereg" / "inputs" / "paper" / "sglang-a100-300k" / "e0a.yaml"
 
 
 def _bind_code(run: Path, commit: str) -> None:
@@ -31,6 +35,7 @@ def _bind_code(run: Path, commit: str) -> None:
 
 
 def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
+    from prereg.predict_sim import simulator_predictions
     from prereg.predict_theory import model_f_predictions
     from prereg.predictions import write_predictions
     from review.registered import registered_analysis
@@ -42,7 +47,12 @@ def build_world(root: Path, monkeypatch: Any) -> dict[str, Any]:
     reg_file = work / binding["path"]
     testdir = root / "results" / "tiny-e2"
     mf = write_predictions(model_f_predictions(test_path, registration=reg_file), work / "predictions" / "tiny-mf.yaml")
-    assert main(["predict", "freeze", str(mf), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
+    # the simulator's, with flip margins judged against the paper's E0a seed spread (BURST, one fresh seed: small)
+    sim = write_predictions(
+        simulator_predictions(test_path, registration=reg_file, n_seeds=1, arms=["burst"], e0a=PAPER_E0A),
+        work / "predictions" / "tiny-sim.yaml",
+    )
+    assert main(["predict", "freeze", str(mf), str(sim), "--tag", "pred-tiny", "--testdir", str(testdir)]) == 0
     time.sleep(1.1)  # run times are recorded to the second: the runs start strictly after the freeze
     grid = [(a, r, s) for a in bundle.arms for r in bundle.test.rates for s in bundle.test.seeds]
     jobs = [
