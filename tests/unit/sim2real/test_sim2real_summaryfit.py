@@ -24,11 +24,10 @@ from analysis.calibration_summaries import (
 )
 from harness.config import CellConfig, WorkloadConfig
 from harness.config.models import CostConfig
-from harness.errors import UsageError
 from runs.closed_runs import e0a as run_e0a
 from runs.closed_runs import run_closed
 from runs.closed_runs import stage_c as run_stage_c
-from sim2real.costfit import fit_from_runs, rows_from_runs
+from sim2real.costfit import CostFitError, fit_from_runs, rows_from_runs
 from sim2real.summaryfit import Simulator, cost_start, fit_summaries, summary_points, timing_start
 
 TRUE = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-3, "c_r": 2e-3}
@@ -183,16 +182,17 @@ def test_a_joint_fit_and_the_sources_hashes(tmp_path: Path, capsys: pytest.Captu
     assert all(abs(p["rel"]) < 0.05 for p in fit["points"] if p["fitted"])
 
 
-def test_the_fit_refuses_missing_inputs_with_what_it_needs(tmp_path: Path) -> None:
+def test_the_fit_refuses_missing_inputs_with_what_it_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cli.main import main
 
     (tmp_path / "empty").mkdir()
     base = ["calibrate", "costs", "--cell", "sglang-a100-300k", "--out", str(tmp_path / "o")]
-    with pytest.raises(UsageError, match=r"neither stage-c.yaml nor e0a.yaml is there"):
-        main([*base, "--engine", "sglang", "--inputs", str(tmp_path / "empty")])
-    with pytest.raises(UsageError, match=r"no per-request timings to fit; give --inputs DIR"):
-        main([*base, "--engine", "sglang"])
-    with pytest.raises(UsageError, match=r"is a sglang cell"):
-        main([*base, "--engine", "vllm", "--inputs", str(tmp_path / "empty")])
-    with pytest.raises(ValueError, match="no summary point to fit"):
+    for extra, message in (
+        (["--engine", "sglang", "--inputs", str(tmp_path / "empty")], "neither stage-c.yaml nor e0a.yaml is there"),
+        (["--engine", "sglang"], "no per-request timings to fit; give --inputs DIR"),
+        (["--engine", "vllm", "--inputs", str(tmp_path / "empty")], "is a sglang cell"),
+    ):
+        assert main([*base, *extra]) != 0
+        assert message in capsys.readouterr().err
+    with pytest.raises(CostFitError, match="no summary point to fit"):
         fit_summaries([], _simulator(), cost_start(CostConfig()), 8192)
