@@ -22,7 +22,7 @@ import yaml
 from analysis.calibration_summaries import E0a, InputError, StageC, load_summary
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config, load_cost_file
 from harness.errors import UsageError
-from runs.closed_runs import cache_off, run_closed
+from runs.closed_runs import cache_off, e0a, run_closed, stage_c
 from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs, rows_from_runs
@@ -129,19 +129,19 @@ def add_costs_stage(sub: Any) -> None:
 def _load_inputs(folder: Path) -> tuple[StageC | None, E0a | None, dict[str, Path]]:
     """The Stage C and E0a summaries of an inputs folder (either may be absent, not both)."""
     files: dict[str, Path] = {}
-    stage_c = e0a = None
+    sc = ea = None
     for stage in ("stage-c", "e0a"):
         p = folder / f"{stage}.yaml"
         if p.exists():
             files[stage] = p
             m = load_summary(p, stage)
             if isinstance(m, StageC):
-                stage_c = m
+                sc = m
             elif isinstance(m, E0a):
-                e0a = m
+                ea = m
     if not files:
         raise UsageError(f"--inputs {folder}: neither stage-c.yaml nor e0a.yaml is there; expected one or both")
-    return stage_c, e0a, files
+    return sc, ea, files
 
 
 def _err(message: str) -> None:
@@ -219,15 +219,17 @@ def _cmd_costs(args: argparse.Namespace) -> int:
         print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
         return 0
     try:
-        stage_c, e0a, files = _load_inputs(Path(args.inputs))
+        stage_c_s, e0a_s, files = _load_inputs(Path(args.inputs))
     except InputError as exc:
         raise UsageError(str(exc)) from None
-    points = summary_points(stage_c, e0a, hit_drop=args.hit_drop)
+    points = summary_points(stage_c_s, e0a_s, hit_drop=args.hit_drop)
     sim = Simulator(
         cell,
         workload,
-        (stage_c.protocol.warmup_s, stage_c.protocol.window_s) if stage_c else (0.0, 1.0),
-        (e0a.protocol.warmup_s, e0a.protocol.window_s) if e0a else (0.0, 1.0),
+        (stage_c_s.protocol.warmup_s, stage_c_s.protocol.window_s) if stage_c_s else (0.0, 1.0),
+        (e0a_s.protocol.warmup_s, e0a_s.protocol.window_s) if e0a_s else (0.0, 1.0),
+        stage_c,
+        e0a,
     )
     base = None
     try:

@@ -41,8 +41,6 @@ from scipy.optimize import least_squares
 from analysis.calibration_summaries import E0a, StageC, dir_sha256, e0a_values
 from harness.config import CellConfig, WorkloadConfig
 from harness.config.models import CostConfig
-from runs.closed_runs import e0a as run_e0a
-from runs.closed_runs import stage_c as run_stage_c
 from sim2real.costfit import PARAMS, CostFitError, TimingRows, cost_params, solve_rows
 
 FIXED_TERMS = ("a", "f0", "c_r", "d_r")
@@ -126,12 +124,18 @@ def summary_points(stage_c: StageC | None, e0a: E0a | None, *, hit_drop: float =
 
 @dataclass
 class Simulator:
-    """Plays summary points in the engine model with a given cost (virtual time, no engine)."""
+    """Plays summary points in the engine model with a given cost (virtual time, no engine).
+
+    `stage_c` and `e0a` are the calibration stages that play them (runs.closed_runs.stage_c and
+    .e0a, given by the command: a workflow package does not import the runs layer), called with the
+    cell, the workload, the populations or population, seeds, warm-up and window, and no engine."""
 
     cell: CellConfig
     workload: WorkloadConfig
     stage_c_times: tuple[float, float]  # warm-up, window
     e0a_times: tuple[float, float]
+    stage_c: Callable[..., Sequence[Any]]
+    e0a: Callable[..., Any]
     runs: int = 0  # simulated runs so far
 
     def values(self, cost: CostConfig, points: Sequence[SummaryPoint]) -> list[float]:
@@ -141,7 +145,7 @@ class Simulator:
         if c_pts:
             ns = sorted({p.n for p in c_pts})
             seeds = sorted({s for p in c_pts for s in p.seeds})
-            stats = run_stage_c(
+            stats = self.stage_c(
                 cell, self.workload, ns, seeds=seeds, warmup=self.stage_c_times[0], window=self.stage_c_times[1]
             )
             self.runs += len(stats)
@@ -150,7 +154,7 @@ class Simulator:
                 out[p.label] = float(np.mean(got))
         e_pts = [p for p in points if p.stage == "e0a" and p.measure != "check_mu_turns"]
         if e_pts:
-            e = run_e0a(
+            e = self.e0a(
                 cell,
                 self.workload,
                 seeds=list(e_pts[0].seeds),
@@ -164,7 +168,7 @@ class Simulator:
                 out[p.label] = float(getattr(e, p.measure))
         for p in points:
             if p.measure == "check_mu_turns":
-                s = run_stage_c(
+                s = self.stage_c(
                     cell.model_copy(update={"prefix_cache": False}),
                     self.workload,
                     [p.n],

@@ -82,7 +82,7 @@ def _summaries(folder: Path) -> tuple[StageC, E0a]:
 
 
 def _simulator() -> Simulator:
-    return Simulator(_cell(), WL, TIMES, TIMES)
+    return Simulator(_cell(), WL, TIMES, TIMES, run_stage_c, run_e0a)
 
 
 def test_the_timing_fit_recovers_the_per_request_term(tmp_path: Path) -> None:
