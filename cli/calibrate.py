@@ -26,7 +26,14 @@ from analysis.calibration import (
 )
 from cli.run import add_executor_options, sweep_executor
 from cli.sim2real import add_costs_stage
-from harness.config import DEFAULT_TOP_RATE, CellConfig, WorkloadConfig, config_ref, load_config
+from harness.config import (
+    DEFAULT_TOP_RATE,
+    CellConfig,
+    WorkloadConfig,
+    config_ref,
+    load_config,
+    load_cost_file,
+)
 from harness.errors import UsageError
 from runs.calibration import (
     E0A_CHECK_N,
@@ -91,6 +98,14 @@ def _floats(text: str) -> list[float]:
 
 def _cmd(args: Any) -> int:
     cell = load_config(config_ref(args.cell, "cells"), CellConfig)
+    if args.cost:
+        if args.engine not in ("sim", "emulator"):
+            raise UsageError(
+                f"--cost {args.cost}: a cost file sets the engine model's iteration costs (--engine sim or "
+                f"emulator); a real engine ({args.engine}) has its own speed"
+            )
+        # the cell as the engine model runs it with these costs: what a fitted cost predicts for the stage
+        cell = cell.model_copy(update={"cost": load_cost_file(args.cost), "cost_file": None})
     workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
     out = Path(args.out) if args.out else None
     engine = None
@@ -265,6 +280,12 @@ def register(cli: Any) -> None:
             choices=["sim", "sglang", "vllm", "emulator"],
             help="where to run: 'sim' = the engine model in virtual time; otherwise a fresh "
             "server per run, launched from the cell (see the real-engine options)",
+        )
+        q.add_argument(
+            "--cost",
+            default=None,
+            metavar="FILE",
+            help="sim / emulator: a cost file (kind: cost) in place of the cell's costs, e.g. a fitted one",
         )
         if name == "all":
             q.add_argument("--n", help="Stage C populations, comma-separated (default the nine of record)")

@@ -2,9 +2,10 @@
 
 - differential --engine vllm|sglang: the engine model against the engine's own scheduling and cache
   code on the default trace suite (needs AGENTLOAD_<ENGINE>_PYTHON); agreement per decision kind.
-- calibrate costs --engine vllm --cell CELL: short closed-population runs on the real engine (prefix
-  cache off unless --cache on), then the iteration-cost fit to the engine's per-request timings; a
-  cost file with the fit's residuals. --from-runs fits runs already made.
+- calibrate costs --engine vllm|sglang --cell CELL: the iteration-cost fit to the engine's per-request
+  timings (new short closed runs, or --from-runs), to the calibration summaries (--inputs: E0a and
+  Stage C, through the simulator), or to both jointly; a cost file with its sources' SHA-256, the
+  residuals per point and the points left out.
 - replay RUN_DIR_OR_FOLDER... [--cost FILE | --cost-from-meta]: each run's frozen plan, arm and cell
   through the simulator, and a parity report (Markdown, JSON, figure) against the real run, with both
   runs classed by the registered rule; a folder stands for every run under it (a whole test). Costs
@@ -22,16 +23,26 @@ from typing import Any
 
 import yaml
 
+from analysis.calibration_summaries import E0a, InputError, StageC, load_summary
 from analysis.rules import is_paired_form, load_rule
-from harness.config import CellConfig, WorkloadConfig, config_ref, load_config
+from harness.config import CellConfig, WorkloadConfig, config_ref, load_config, load_cost_file
 from harness.errors import AgentloadError, ConfigError, UsageError
 from prereg.registration import load_registration
-from runs.closed_runs import cache_off, run_closed
+from runs.closed_runs import cache_off, e0a, run_closed, stage_c
 from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
-from sim2real.costfit import CostFitError, fit_from_runs
+from sim2real.costfit import CostFitError, fit_from_runs, rows_from_runs
 from sim2real.replay import ForeignCostError, replay_costs, replay_run
 from sim2real.suite import run_suite, write_report
+from sim2real.summaryfit import (
+    Simulator,
+    SummaryFit,
+    cost_start,
+    fit_summaries,
+    sources,
+    summary_points,
+    timing_start,
+)
 from sim2real.traces import default_suite
 
 
@@ -55,16 +66,48 @@ def _cmd_differential(args: argparse.Namespace) -> int:
 # -- calibrate costs ---------------------------------------------------------------------------------
 def add_costs_stage(sub: Any) -> None:
     """The `costs` stage of `agentload calibrate` (the calibration command owns the parser)."""
-    help_ = "iteration-cost model fitted to the engine's own per-request timings (a cost file with residuals)"
+    help_ = (
+        "iteration-cost model fitted to the engine's per-request timings, the calibration summaries, or both "
+        "(a cost file with its sources' hashes and residuals)"
+    )
     q = sub.add_parser("costs", help=help_, description=help_)
     q.add_argument("--cell", required=True, help="cell config (name under configs/cells or a path)")
     q.add_argument("--workload", default="standard", help="workload config (default: standard)")
     q.add_argument(
         "--engine",
         default="vllm",
-        choices=["vllm"],
-        help="the engine whose timings are fitted (vLLM reports them per request)",
+        choices=["vllm", "sglang"],
+        help="the engine whose costs are fitted (new runs: vLLM reports per-request timings; SGLang's runs "
+        "without them are fitted from --inputs)",
     )
+    q.add_argument(
+        "--inputs",
+        default=None,
+        metavar="DIR",
+        help="calibration summaries (stage-c.yaml, e0a.yaml) to fit through the simulator; with runs that carry "
+        "timings the fit is joint",
+    )
+    q.add_argument(
+        "--base-cost",
+        default=None,
+        metavar="FILE",
+        help="summaries only: the cost whose shape is scaled (default: the cell's own costs)",
+    )
+    q.add_argument(
+        "--timing-weight",
+        type=float,
+        default=0.1,
+        help="joint fit: the timing rows' mean squared relative residual counts this many summary points (0.1: "
+        "they shape the cost, the summaries decide it; on a quota'd CPU the engine's own intervals miss the front "
+        "end's share of a request's cost)",
+    )
+    q.add_argument(
+        "--hit-drop",
+        type=float,
+        default=0.1,
+        help="Stage C points with a hit fraction this far below the curve's best are left out (0.1)",
+    )
+    q.add_argument("--max-evaluations", type=int, default=40, help="simulated evaluations of the summaries (40)")
     q.add_argument(
         "--n", default="8,32", help="comma-separated closed populations (default 8,32: low and high concurrency)"
     )
@@ -89,17 +132,55 @@ def add_costs_stage(sub: Any) -> None:
     q.set_defaults(func=_cmd_costs)
 
 
+def _load_inputs(folder: Path) -> tuple[StageC | None, E0a | None, dict[str, Path]]:
+    """The Stage C and E0a summaries of an inputs folder (either may be absent, not both)."""
+    files: dict[str, Path] = {}
+    sc = ea = None
+    for stage in ("stage-c", "e0a"):
+        p = folder / f"{stage}.yaml"
+        if p.exists():
+            files[stage] = p
+            m = load_summary(p, stage)
+            if isinstance(m, StageC):
+                sc = m
+            elif isinstance(m, E0a):
+                ea = m
+    if not files:
+        raise UsageError(f"--inputs {folder}: neither stage-c.yaml nor e0a.yaml is there; expected one or both")
+    return sc, ea, files
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _print_points(fit: SummaryFit) -> None:
+    print(f"{'point':34s} {'real':>10s} {'sim':>10s} {'rel':>7s}  fitted")
+    for r in fit.point_rows():
+        label = f"{r['stage']} n={r['n']} {r['measure']}"
+        why = "yes" if r["fitted"] else f"no: {r['left_out']}"
+        print(f"{label:34s} {r['real']:>10.4g} {r['simulated']:>10.4g} {r['rel']:>+7.3f}  {why}")
+
+
 def _cmd_costs(args: argparse.Namespace) -> int:
     cell = load_config(config_ref(args.cell, "cells"), CellConfig)
+    if cell.engine.name != args.engine:
+        raise UsageError(f"--engine {args.engine}: cell {cell.name!r} is a {cell.engine.name} cell")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
+    separate = cell.batching == "separate"
+    dirs: list[Path] = []
     if args.from_runs:
         dirs = [Path(d) for d in args.from_runs]
-    else:
-        workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
+    elif args.inputs is None:
+        if args.engine != "vllm":
+            raise UsageError(
+                f"--engine {args.engine}: its runs carry no per-request timings to fit; give --inputs DIR (the "
+                "calibration summaries) or --from-runs with runs that carry them"
+            )
         run_cell = cache_off(cell) if args.cache == "off" else cell
         options = options_from_args(args, cell_ref=args.cell)  # the vLLM adapter asks for per-request timings
-        dirs = []
         for n in _ints(args.n):
             for s in _ints(args.seeds):
                 d = out / f"costs-n{n}-s{s}"
@@ -117,28 +198,87 @@ def _cmd_costs(args: argparse.Namespace) -> int:
                     engine=options,
                 )
                 dirs.append(d)
+    name = args.name or f"{cell.name}-fitted"
+    path = out / f"{name}.yaml"
+    engine_label = f"{cell.engine.name} {cell.engine.version} ({cell.name})"
+    if args.inputs is None:
+        try:
+            fit = fit_from_runs(dirs, cell.chunked_prefill, separate=separate)
+        except CostFitError as exc:
+            raise UsageError(str(exc)) from None
+        doc = fit.cost_file(name, engine_label)
+        doc = owned_by(doc, cell.engine.name, cell.name)
+        doc["fit"]["sources"] = sources({}, dirs, None)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        assert fit.per_row is not None
+        fit.per_row.to_csv(out / f"{name}.residuals.csv", index=False)
+        p = fit.params
+        print(
+            f"a = {p['a'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, c_p = {p['c_p'] * 1e9:.4f} ns/pair, "
+            f"c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens of context, c_r = {p['c_r'] * 1e3:.4f} ms "
+            f"per request (f0 = 0, chunk {fit.chunk})"
+        )
+        for k, r in fit.residuals.items():
+            print(
+                f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  "
+                f"p90 |rel| {r['p90_abs_rel']:.3f}"
+            )
+        print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
+        return 0
     try:
-        fit = fit_from_runs(dirs, cell.chunked_prefill)
+        stage_c_s, e0a_s, files = _load_inputs(Path(args.inputs))
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    points = summary_points(stage_c_s, e0a_s, hit_drop=args.hit_drop)
+    sim = Simulator(
+        cell,
+        workload,
+        (stage_c_s.protocol.warmup_s, stage_c_s.protocol.window_s) if stage_c_s else (0.0, 1.0),
+        (e0a_s.protocol.warmup_s, e0a_s.protocol.window_s) if e0a_s else (0.0, 1.0),
+        stage_c,
+        e0a,
+    )
+    base = None
+    try:
+        timing = rows_from_runs(dirs, cell.chunked_prefill, separate=separate) if dirs else None
+        if timing is not None:
+            start = timing_start(timing)
+        else:
+            base = Path(args.base_cost) if args.base_cost else None
+            start = cost_start(load_cost_file(base) if base else cell.cost)
+        sfit = fit_summaries(
+            points,
+            sim,
+            start,
+            cell.chunked_prefill,
+            timing=timing,
+            timing_weight=args.timing_weight,
+            max_evaluations=args.max_evaluations,
+            log=_err,
+        )
     except CostFitError as exc:
         raise UsageError(str(exc)) from None
-    name = args.name or f"{cell.name}-fitted"
-    doc = fit.cost_file(name, f"{cell.engine.name} {cell.engine.version} ({cell.name})")
+    sfit.sources = sources(files, dirs, base)
+    doc = sfit.cost_file(name, engine_label)
     doc = owned_by(doc, cell.engine.name, cell.name)
-    path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    assert fit.per_row is not None
-    fit.per_row.to_csv(out / f"{name}.residuals.csv", index=False)
-    p = fit.params
+    if timing is not None:
+        timing.per_row(sfit.theta()).to_csv(out / f"{name}.residuals.csv", index=False)
+    p = sfit.params
     print(
-        f"a = {p['a'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, c_p = {p['c_p'] * 1e9:.4f} ns/pair, "
-        f"c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens of context (f0 = 0, chunk {fit.chunk})"
+        f"{sfit.method}: a = {p['a'] * 1e3:.4f} ms, f0 = {p['f0'] * 1e3:.4f} ms, b = {p['b'] * 1e6:.4f} us/token, "
+        f"c_p = {p['c_p'] * 1e9:.4f} ns/pair, c_d = {p['c_d'] * 1e3:.4f} ms per request per 8192 tokens, "
+        f"c_r = {p['c_r'] * 1e3:.4f} ms per request, d_r = {p.get('d_r', 0.0) * 1e3:.4f} ms per response "
+        f"({sfit.evaluations} evaluations, {sfit.sim_runs} simulated runs)"
     )
-    for k, r in fit.residuals.items():
-        print(
-            f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  p90 "
-            f"|rel| {r['p90_abs_rel']:.3f}"
-        )
-    print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
+    _print_points(sfit)
+    if timing is not None:
+        for k, r in timing.residuals(sfit.theta()).items():
+            print(
+                f"  timing {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  "
+                f"median |rel| {r['median_abs_rel']:.3f}"
+            )
+    print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

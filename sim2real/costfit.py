@@ -2,22 +2,32 @@
 
 Data: closed-population runs on the real engine whose turn rows carry the engine's timings of each
 request (vLLM's --enable-per-request-metrics: queued -> scheduled, scheduled -> first token, first
--> last token). Nothing else enters the fit: no hit fraction, no throughput, no backlog; the runs
-are made with the prefix cache off by default, so a request's computed tokens are its prompt.
+-> last token). No hit fraction, throughput or backlog enters this part of the fit (the summaries
+can be fitted with it: sim2real/summaryfit.py).
 
 Model (harness/config/cost.py, mixed iterations): one iteration costs
-    tau = a + b * tokens + c_p * pairs + c_d * context / 8192
+    tau = a + b * tokens + c_p * pairs + c_d * context / 8192 + c_r * requests
 over the tokens it computes (prefill chunks and one per decoding request), the causal pairs of its
-prefill chunks and the summed context of its decoders (f0, the floor of b * tokens, is set to 0:
-the fit cannot see it). Every request gives two observations:
+prefill chunks, the summed context of its decoders and the requests it admits for the first time
+(f0, the floor of b * tokens, is set to 0: the fit cannot see it). Why each term: a is the step's
+fixed work (the scheduler, the forward pass's launch, sampling: on the CPU engine most of a small
+step); b the per-token work of the layers; c_p attention over the prompt, cached prefix included,
+which is what a cached turn's prefill pays for its prefix; c_d attention over a decoder's context;
+c_r what a request costs outside the steps (the front end taking it in and answering it), which a
+quota'd CPU engine pays from the same CPU budget. Every request gives two observations:
 - its prefill: scheduled -> first token, the iterations that prefilled it (ceil(x / chunk) when it
-  runs alone);
+  runs alone) and its own admission;
 - its decode: first -> last token, exactly max_tokens - 1 iterations.
-Each observation's duration is the sum of its iterations' costs, so it is linear in (a, b, c_p, c_d)
+Each observation's duration is the sum of its iterations' costs, so it is linear in the parameters,
 with features accumulated from the timeline: its own tokens, pairs and context, plus every other
 request that overlapped it -- a decoding one adds one token (and its context) per iteration of the
-overlap, a prefilling one the share of its prompt tokens and pairs that fell in the overlap. The
-rows are weighted by 1/duration (relative errors) and solved by non-negative least squares.
+overlap, a prefilling one the share of its prompt tokens, pairs and admission that fell in the
+overlap (with separate prefill and decode batches, SGLang's, the share of its prefill iterations
+too). The rows are solved by non-negative least squares on relative errors, weighted by the
+*predicted* duration and iterated (IRLS): weighting by the observed duration, as this fit first did,
+favours the rows that happened to be short, and on a CPU engine under a quota, whose steps run
+either unthrottled (a few ms) or across a throttled period (~80 ms), that fitted the unthrottled
+speed and set a = 0.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from harness.config.cost import CostModel
 from harness.errors import RecordError
 from harness.recording.record import load_run
 
-PARAMS = ("a", "b", "c_p", "c_d")
+PARAMS = ("a", "b", "c_p", "c_d", "c_r")
 
 
 class CostFitError(RecordError):
@@ -83,17 +93,29 @@ def timeline(turns: pd.DataFrame) -> Timeline:
     return Timeline(sched, first, last, prompt - cached, cached, t["completion_tokens"].to_numpy(float), ttft, dec)
 
 
+def server_gap(turns: pd.DataFrame) -> float:
+    """The median of client latency - (queue + engine ttft + engine decode) over a run's completed
+    requests with engine timings: the time a request spends in the server outside the engine's own
+    intervals (the front end in and out; part of it, the wait for the running step to end, the engine
+    model has too)."""
+    t = turns[(turns["status"] == "ok") & turns["engine_ttft"].notna() & turns["engine_decode"].notna()]
+    gap = (t["done_time"] - t["send_time"]) - (t["queue_time"].fillna(0) + t["engine_ttft"] + t["engine_decode"])
+    return float(gap.median()) if len(gap) else math.nan
+
+
 def _overlap(lo: np.ndarray, hi: np.ndarray, u: float, v: float) -> np.ndarray:
     out: np.ndarray = np.clip(np.minimum(hi, v) - np.maximum(lo, u), 0.0, None)
     return out
 
 
-def design(tl: Timeline, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows [iterations, tokens, pairs, context/8192] per observation, the durations, and the row
-    kind (0 prefill, 1 decode)."""
+def design(tl: Timeline, chunk: int, separate: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows [iterations, tokens, pairs, context/8192, admissions] per observation, the durations, and
+    the row kind (0 prefill, 1 decode). `separate`: prefill and decode run in separate iterations
+    (SGLang's default), so a neighbour's prefill inside a decode interval adds its own iterations."""
     n = tl.sched.size
     pairs = tl.x * (tl.y + (tl.x + 1.0) / 2.0)
     pre_len = np.maximum(tl.first - tl.sched, 1e-9)
+    pre_steps = np.maximum(1.0, np.ceil(tl.x / chunk))
     dec_len = np.maximum(tl.last - tl.first, 1e-9)
     rows: list[list[float]] = []
     obs: list[float] = []
@@ -104,6 +126,7 @@ def design(tl: Timeline, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 u, v = tl.sched[i], tl.first[i]
                 steps = max(1.0, math.ceil(tl.x[i] / chunk))
                 tok, pr, ctx = tl.x[i], pairs[i], 0.0
+                adm = 1.0  # its own admission is charged in its first prefill iteration
                 dur = tl.ttft[i]
             else:
                 steps = tl.d[i] - 1.0
@@ -112,6 +135,7 @@ def design(tl: Timeline, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 u, v = tl.first[i], tl.last[i]
                 tok = steps
                 pr = 0.0
+                adm = 0.0
                 ctx = steps * (tl.x[i] + tl.y[i] + 1.0 + tl.d[i] / 2.0)
                 dur = tl.decode[i]
             if dur <= 0 or v <= u:
@@ -131,10 +155,48 @@ def design(tl: Timeline, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
             share = op / pre_len
             tok += float(np.sum(share * tl.x))
             pr += float(np.sum(share * pairs))
-            rows.append([steps, tok, pr, ctx / 8192.0])
+            adm += float(np.sum(share))
+            n_it = steps + (float(np.sum(share * pre_steps)) if separate and phase == 1 else 0.0)
+            rows.append([n_it, tok, pr, ctx / 8192.0, adm])
             obs.append(dur)
             kind.append(phase)
     return np.asarray(rows), np.asarray(obs), np.asarray(kind)
+
+
+@dataclass
+class TimingRows:
+    """The observations of a set of runs: design rows (PARAMS' columns), durations, kinds (0 prefill,
+    1 decode) and the runs they came from."""
+
+    A: np.ndarray
+    y: np.ndarray
+    kinds: np.ndarray
+    runs: list[str]
+    # per run, the median time a request spent in the server outside the engine's own intervals:
+    # client latency - (queue + engine ttft + engine decode); where d_r starts in a joint fit
+    gaps: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.y.size)
+
+    def rel(self, theta: np.ndarray) -> np.ndarray:
+        """Relative residuals (predicted - observed) / observed of the parameters `theta`."""
+        out: np.ndarray = (self.A @ theta - self.y) / self.y
+        return out
+
+    def residuals(self, theta: np.ndarray) -> dict[str, Any]:
+        rel = self.rel(theta)
+        return {"all": _stats(rel), "prefill": _stats(rel[self.kinds == 0]), "decode": _stats(rel[self.kinds == 1])}
+
+    def per_row(self, theta: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "kind": np.where(self.kinds == 0, "prefill", "decode"),
+                "observed": self.y,
+                "predicted": self.A @ theta,
+                "rel": self.rel(theta),
+            }
+        )
 
 
 @dataclass
@@ -154,6 +216,7 @@ class CostFit:
             c_p=self.params["c_p"],
             chunk=self.chunk,
             c_d=self.params["c_d"],
+            c_r=self.params.get("c_r", 0.0),
         )
 
     def cost_file(self, name: str, engine: str) -> dict[str, Any]:
@@ -166,16 +229,27 @@ class CostFit:
                 f"timings of {self.rows} observations in {len(self.runs)} closed run(s); no hit, throughput or backlog "
                 f"entered the fit. Median |relative residual| {self.residuals['all']['median_abs_rel']:.3f}."
             ),
-            "a": float(self.params["a"]),
-            "f0": 0.0,
-            "b": float(self.params["b"]),
-            "c_p": float(self.params["c_p"]),
-            "chunk": int(self.chunk),
-            "c_d": float(self.params["c_d"]),
-            "speed": 1.0,
-            "token_factor": 1.0,
+            **cost_params(self.params, self.chunk),
             "fit": {"runs": self.runs, "observations": self.rows, "residuals": self.residuals},
         }
+
+
+def cost_params(params: dict[str, float], chunk: int) -> dict[str, Any]:
+    """A cost file's parameters in its documented order (c_r written only when the fit set it)."""
+    out: dict[str, Any] = {
+        "a": float(params["a"]),
+        "f0": float(params.get("f0", 0.0)),
+        "b": float(params["b"]),
+        "c_p": float(params["c_p"]),
+        "chunk": int(chunk),
+        "c_d": float(params["c_d"]),
+        "speed": 1.0,
+        "token_factor": 1.0,
+    }
+    for key in ("c_r", "d_r"):  # written only when the fit set them
+        if params.get(key, 0.0) > 0:
+            out[key] = float(params[key])
+    return out
 
 
 def _stats(rel: np.ndarray) -> dict[str, float]:
@@ -189,37 +263,76 @@ def _stats(rel: np.ndarray) -> dict[str, float]:
     }
 
 
-def fit_costs(
-    turn_tables: Sequence[pd.DataFrame], chunk: int, *, names: Sequence[str] = (), min_rows: int = 20
-) -> CostFit:
-    """Fit (a, b, c_p, c_d) to the per-request timings of the given runs (one turn table each)."""
-    X, y, k = [], [], []
+def timing_rows(
+    turn_tables: Sequence[pd.DataFrame],
+    chunk: int,
+    *,
+    names: Sequence[str] = (),
+    separate: bool = False,
+    min_rows: int = 20,
+) -> TimingRows:
+    """The observations of the given runs (one turn table each); refused when too few."""
+    X, y, k, gaps = [], [], [], []
     for t in turn_tables:
-        rows, obs, kind = design(timeline(t), chunk)
+        rows, obs, kind = design(timeline(t), chunk, separate)
         if rows.size:
             X.append(rows)
             y.append(obs)
             k.append(kind)
+            gaps.append(server_gap(t))
     if not X:
         raise CostFitError("no usable observation in the runs")
-    A = np.vstack(X)
-    b = np.concatenate(y)
-    kinds = np.concatenate(k)
-    if len(b) < min_rows:
-        raise CostFitError(f"{len(b)} observations; at least {min_rows} are needed for a fit")
-    w = 1.0 / b
-    scale = np.maximum(np.abs(A * w[:, None]).max(axis=0), 1e-300)  # condition the columns
-    sol, _ = nnls((A * w[:, None]) / scale, b * w)
-    theta = sol / scale
-    pred = A @ theta
-    rel = (pred - b) / b
-    res = {"all": _stats(rel), "prefill": _stats(rel[kinds == 0]), "decode": _stats(rel[kinds == 1])}
-    per_row = pd.DataFrame(
-        {"kind": np.where(kinds == 0, "prefill", "decode"), "observed": b, "predicted": pred, "rel": rel}
+    tr = TimingRows(np.vstack(X), np.concatenate(y), np.concatenate(k), list(names), gaps)
+    if len(tr) < min_rows:
+        raise CostFitError(f"{len(tr)} observations; at least {min_rows} are needed for a fit")
+    return tr
+
+
+def solve_rows(tr: TimingRows, *, free: Sequence[str] = PARAMS, iterations: int = 8) -> np.ndarray:
+    """Non-negative least squares on relative errors, reweighted by the predicted durations (IRLS);
+    parameters not in `free` are held at 0. Returns theta in PARAMS' order."""
+    cols = [PARAMS.index(p) for p in free]
+    A = tr.A[:, cols]
+    b = tr.y
+    w = np.ones_like(b) / float(np.median(b))  # first pass: absolute errors (unbiased, if noisier)
+    sol = np.zeros(len(cols))
+    for _ in range(iterations):
+        Aw = A * w[:, None]
+        scale = np.maximum(np.abs(Aw).max(axis=0), 1e-300)  # condition the columns
+        x, _ = nnls(Aw / scale, b * w)
+        sol = x / scale
+        pred = A @ sol
+        w = 1.0 / np.maximum(pred, 0.05 * b)  # a row predicted near 0 must not take all the weight
+    theta = np.zeros(len(PARAMS))
+    theta[cols] = sol
+    return theta
+
+
+def fit_costs(
+    turn_tables: Sequence[pd.DataFrame],
+    chunk: int,
+    *,
+    names: Sequence[str] = (),
+    min_rows: int = 20,
+    separate: bool = False,
+    free: Sequence[str] = PARAMS,
+) -> CostFit:
+    """Fit the PARAMS in `free` to the per-request timings of the given runs (one turn table each)."""
+    tr = timing_rows(turn_tables, chunk, names=names, separate=separate, min_rows=min_rows)
+    theta = solve_rows(tr, free=free)
+    return CostFit(
+        dict(zip(PARAMS, map(float, theta))), chunk, len(tr), list(names), tr.residuals(theta), tr.per_row(theta)
     )
-    return CostFit(dict(zip(PARAMS, map(float, theta))), chunk, len(b), list(names), res, per_row)
 
 
-def fit_from_runs(run_dirs: Sequence[Path | str], chunk: int) -> CostFit:
+def fit_from_runs(
+    run_dirs: Sequence[Path | str], chunk: int, *, separate: bool = False, free: Sequence[str] = PARAMS
+) -> CostFit:
     tables = [load_run(d).turns for d in run_dirs]
-    return fit_costs(tables, chunk, names=[str(d) for d in run_dirs])
+    return fit_costs(tables, chunk, names=[str(d) for d in run_dirs], separate=separate, free=free)
+
+
+def rows_from_runs(run_dirs: Sequence[Path | str], chunk: int, *, separate: bool = False) -> TimingRows:
+    return timing_rows(
+        [load_run(d).turns for d in run_dirs], chunk, names=[str(d) for d in run_dirs], separate=separate
+    )

@@ -97,8 +97,9 @@ class Server:
     def _mixed_parts(self, h: float) -> tuple[float, float]:
         """(a, c_turn) of the mixed server: iteration intercept and token-proportional time per turn.
 
-        c_turn = b xbar + c_p pibar + (b + b_att)(d - 1) is read off `mixed_iteration` by scaling a
-        turn's tokens, pairs and decode context up N-fold (affine region) and taking the slope.
+        c_turn = b xbar + c_p pibar + (b + b_att)(d - 1) + c_r is read off `mixed_iteration` by scaling
+        a turn's tokens, pairs, decode context and its one admission up N-fold (affine region) and
+        taking the slope.
         """
         mom = self.mom
         x_miss, x_hit = mom.L, np.full_like(mom.L, mom.delta + 1)
@@ -113,7 +114,7 @@ class Server:
         ctx = dec * self.y_decode
 
         def it(n: float) -> float:
-            return self.cost.mixed_iteration(n * x_bar, n * pi_bar, n * dec, n * ctx)
+            return self.cost.mixed_iteration(n * x_bar, n * pi_bar, n * dec, n * ctx, n)
 
         a, c_turn = _affine(it, 1e4)
         return a, c_turn

@@ -24,6 +24,16 @@ class CostModel:
     c_d          decode attention cost per request per 8192 tokens of context
     speed        uniform GPU speed factor: every cost is divided by it
     token_factor multiplies only the token-proportional terms (b, c_p, c_d); the vLLM flavour's knob
+    c_r          per request, charged once, in the iteration that first admits it: the server's own
+                 work for one request outside the forward pass (the HTTP front end taking it in and
+                 answering it, the engine core creating it). On a GPU it runs beside the GPU and costs
+                 the batch nothing (0, the default); on a CPU engine under a quota the front end and
+                 the engine core draw on one CPU budget, so each request's share delays the
+                 iterations around it (docs/sim2real.md section 2)
+    d_r          seconds each response spends in the server after the engine finished the request,
+                 taking none of the engine's time: the front end's path out, and on a quota'd CPU the
+                 wait for the quota's next period. Not an iteration cost: the virtual-time driver
+                 hands each response to the client d_r after the engine finished it (0: at once)
     """
 
     a: float = 9.24e-3
@@ -34,9 +44,11 @@ class CostModel:
     c_d: float = 0.31e-3
     speed: float = 1.0
     token_factor: float = 1.0
+    c_r: float = 0.0
+    d_r: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("a", "f0", "b", "c_p", "c_d", "speed", "token_factor"):
+        for name in ("a", "f0", "b", "c_p", "c_d", "speed", "token_factor", "c_r", "d_r"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"cost model: {name} must be >= 0, got {getattr(self, name)!r}")
         if self.speed <= 0:
@@ -48,14 +60,16 @@ class CostModel:
     def prefill_time(self, x: float, y: float = 0.0) -> float:
         """GPU time to prefill x new tokens on a cached prefix of y tokens, as one request alone.
 
-        t_P(x, y) = a*max(1, x/B_c) + max(f0, b*x) + c_p*x*(y + (x+1)/2), all divided by speed.
-        The a*max(1, x/B_c) term charges one launch per chunk of the chunked prefill.
+        t_P(x, y) = a*max(1, x/B_c) + max(f0, b*x) + c_p*x*(y + (x+1)/2) + c_r, all divided by speed.
+        The a*max(1, x/B_c) term charges one launch per chunk of the chunked prefill; c_r is the
+        request's own per-request cost (charged where it is admitted).
         """
         tf = self.token_factor
         t = (
             self.a * max(1.0, x / self.chunk)
             + max(self.f0, tf * self.b * x)
             + tf * self.c_p * x * (y + (x + 1.0) / 2.0)
+            + self.c_r
         )
         return t / self.speed
 
@@ -73,23 +87,27 @@ class CostModel:
         return t / self.speed
 
     # -- batched iterations (engine model) ------------------------------------------------------
-    def prefill_iteration(self, new_tokens: int, pairs: float) -> float:
-        """One prefill iteration over chunks totalling `new_tokens`, with `pairs` causal pairs.
+    def prefill_iteration(self, new_tokens: int, pairs: float, requests: float = 0) -> float:
+        """One prefill iteration over chunks totalling `new_tokens`, with `pairs` causal pairs, that
+        admits `requests` requests for the first time.
 
         The engine sums x_i*(y_i + (x_i+1)/2) over the chunks of the batch into `pairs`, so one
         iteration pays one launch overhead; a single request's chunks over successive iterations
         reproduce prefill_time's a*ceil(x/B_c) + ... to within the chunk rounding.
         """
         tf = self.token_factor
-        t = self.a + max(self.f0, tf * self.b * new_tokens) + tf * self.c_p * pairs
+        t = self.a + max(self.f0, tf * self.b * new_tokens) + tf * self.c_p * pairs + self.c_r * requests
         return t / self.speed
 
-    def mixed_iteration(self, new_tokens: float, pairs: float, decoding: float, decode_context: float) -> float:
+    def mixed_iteration(
+        self, new_tokens: float, pairs: float, decoding: float, decode_context: float, requests: float = 0
+    ) -> float:
         """One mixed iteration (vLLM flavour): prefill chunks and one decode token per running request
         share a single launch and a single token budget.
 
         decode_context is the summed context of the decoding requests (so attention cost is exact
-        per request rather than through a mean).
+        per request rather than through a mean); `requests` are the requests the iteration admits
+        for the first time (each pays c_r once).
         The counts are floats: the fluid model (analysis/theory/entry.py) costs a mean iteration.
         """
         tf = self.token_factor
@@ -99,6 +117,7 @@ class CostModel:
             + max(self.f0, tf * self.b * tokens)
             + tf * self.c_p * pairs
             + tf * self.c_d * decode_context / 8192.0
+            + self.c_r * requests
         )
         return t / self.speed
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, model_serializer, model_validator
 
 from harness.config.cost import CostModel
 from harness.config.files import load_yaml, parse_config, resolve_path
@@ -81,6 +81,19 @@ class CostConfig(StrictModel):
     c_d: float = Field(0.31e-3, ge=0)
     speed: float = Field(1.0, gt=0)
     token_factor: float = Field(1.0, gt=0)
+    c_r: float = Field(0.0, ge=0, description="seconds per request, once, in the iteration that admits it")
+    d_r: float = Field(0.0, ge=0, description="seconds a response spends in the server outside the engine's steps")
+
+    @model_serializer(mode="wrap")
+    def _omit_zero_added_terms(self, handler: Any) -> Any:
+        # c_r and d_r came after cells, registrations and meta.json files were written: left out while
+        # 0, so their dumps (and every SHA-256 bound to them) keep their bytes; reading them back gives 0
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("c_r", "d_r"):
+                if data.get(key) == 0.0:
+                    data.pop(key)
+        return data
 
     def model(self) -> CostModel:
         return CostModel(**self.model_dump())

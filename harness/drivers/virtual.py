@@ -30,7 +30,7 @@ from harness.client.contract import Client, Command, Send, Timer, TurnResponse
 from harness.drivers.sinks import GaugeRecorder, write_gauge
 from harness.refengine.model import BaseEngine, EngineCompletion, EngineRequest
 
-_ENGINE, _TIMER, _GAUGE = 0, 1, 2
+_ENGINE, _TIMER, _GAUGE, _RESPONSE = 0, 1, 2, 3
 
 #: One event: (virtual time, push order, kind, payload: a timer's key or a gauge tick's index).
 Event = tuple[float, int, int, Any]
@@ -125,6 +125,8 @@ class Simulator:
                     self._on_engine(now)
                 elif kind == _TIMER:
                     self._apply(client.on_timer(now, payload))
+                elif kind == _RESPONSE:
+                    self._respond(now, payload)
                 else:
                     self._on_gauge(now, payload)
             if client.finished() and not engine.has_work() and not engine.busy:
@@ -173,23 +175,32 @@ class Simulator:
                 raise TypeError(f"unknown client command {c!r}")
 
     def _on_engine(self, now: float) -> None:
-        """The engine's iteration ended: each finished request goes back to the client."""
+        """The engine's iteration ended: each finished request goes back to the client (after the
+        cost's response delay d_r, if it has one: the server's path out, which takes no engine time)."""
+        delay = self.engine.cost.d_r
         for c in self.engine.complete(now):
-            self.res.ok += 1
-            r = TurnResponse(
-                c.req_id,
-                "ok",
-                self.sent_at.pop(c.req_id, c.submit_time),
-                now,
-                first_token_time=c.first_token_time,
-                output_ids=c.output_ids,
-                prompt_tokens=c.prompt_tokens,
-                cached_tokens=c.cached_tokens,
-                completion_tokens=c.completion_tokens,
-                http_status=200,
-                extra=_engine_timings(c),
-            )
-            self._apply(self.client.on_response(now, r))
+            if delay > 0:
+                self._push(now + delay, _RESPONSE, c)
+            else:
+                self._respond(now, c)
+
+    def _respond(self, now: float, c: EngineCompletion) -> None:
+        """A finished request's response reaches the client at `now`."""
+        self.res.ok += 1
+        r = TurnResponse(
+            c.req_id,
+            "ok",
+            self.sent_at.pop(c.req_id, c.submit_time),
+            now,
+            first_token_time=c.first_token_time,
+            output_ids=c.output_ids,
+            prompt_tokens=c.prompt_tokens,
+            cached_tokens=c.cached_tokens,
+            completion_tokens=c.completion_tokens,
+            http_status=200,
+            extra=_engine_timings(c),
+        )
+        self._apply(self.client.on_response(now, r))
 
     def _on_gauge(self, now: float, tick: int) -> None:
         values = self.engine.gauges()

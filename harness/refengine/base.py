@@ -77,6 +77,9 @@ class BaseEngine:
         self._seq = 0
         self._ids: set[int] = set()
         self.counters = {"prompt": 0, "cached": 0, "generated": 0, "preemptions": 0}
+        # requests admitted for the first time while the iteration being planned was formed: each pays
+        # the cost model's per-request term c_r once (a recompute after preemption does not)
+        self.admitted = 0
 
     # -- what a flavour provides -------------------------------------------------------------------
     def _plan(self, now: float, horizon: float | None) -> float | None:
@@ -190,6 +193,13 @@ class BaseEngine:
             tot += min(req.max_tokens - req.gen - (self.dstep - req.join), CLIP_MAX_NEW)
         return tot
 
+    def _take_admitted(self) -> int:
+        """The first admissions of the iteration being planned (then 0 for the next): what its cost's
+        per-request term is charged for."""
+        k = self.admitted
+        self.admitted = 0
+        return k
+
     # -- state transitions -----------------------------------------------------------------------
     def _start_prefill(self, req: Req, prefix: int) -> None:
         """`req` is admitted with `prefix` tokens cached: it runs, its prefill starts there."""
@@ -199,6 +209,7 @@ class BaseEngine:
         if req.cached < 0:
             req.cached = prefix
             req.admitted = self._now
+            self.admitted += 1
             self.counters["prompt"] += req.L
             self.counters["cached"] += prefix
         self.running[req.rid] = req

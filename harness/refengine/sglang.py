@@ -116,7 +116,7 @@ class SGLangEngine(BaseEngine):
             tokens, pairs = self._prefill_round(chunked, items)
         if items:
             self._pending = ("prefill", 0, items)
-            return now + self.cost.prefill_iteration(tokens, pairs)
+            return now + self.cost.prefill_iteration(tokens, pairs, self._take_admitted())
         if self.n_decode:
             if self._unfiltered:
                 self._unfiltered = 0
@@ -151,7 +151,7 @@ class SGLangEngine(BaseEngine):
         if R:
             self.kv.grow(R)
         self._pending = ("mixed", 1 if R else 0, items)
-        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
+        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum), self._take_admitted())
 
     def _plan_decode(self, now: float, horizon: float | None) -> float:
         """Decode iterations over every decoding request, fused up to the next finish (or one, if

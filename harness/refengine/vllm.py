@@ -100,7 +100,7 @@ class VLLMEngine(BaseEngine):
         if not items and not R:
             return None
         self._pending = ("mixed", 1 if R else 0, items)
-        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum))
+        return now + self.cost.mixed_iteration(tokens, pairs, R, float(self.ctx_sum), self._take_admitted())
 
     def _admit(self, budget: int, items: list[tuple[Req, int]]) -> tuple[int, float]:
         """Admit waiting requests in queue order into `budget` prefill tokens (chunks cut at the
