@@ -276,6 +276,25 @@ def error_message(body: bytes) -> str:
     return str(data)[:300]
 
 
+def answer_object(http_status: int, body: bytes) -> dict[str, Any]:
+    """A turn's answer as a JSON object, or the ResponseError each dialect's parser raises for a
+    non-2xx status (with the engine's own message), a body that is not JSON, or not an object."""
+    if not 200 <= http_status < 300:
+        raise ResponseError(error_message(body), http_status)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise ResponseError("malformed JSON", http_status) from None
+    if not isinstance(data, dict):
+        raise ResponseError("response is not a JSON object", http_status)
+    return data
+
+
+def is_id_list(ids: Any) -> bool:
+    """Whether an answer's token ids are a list of plain integers (a bool is not a token id)."""
+    return isinstance(ids, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in ids)
+
+
 # ---------------------------------------------------------------------------------------------
 # the adapter
 # ---------------------------------------------------------------------------------------------
@@ -435,14 +454,7 @@ class EngineAdapter(abc.ABC):
         return COMPLETIONS_PATH, orjson.dumps(body)
 
     def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn:
-        if not 200 <= http_status < 300:
-            raise ResponseError(error_message(body), http_status)
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise ResponseError("malformed JSON", http_status) from None
-        if not isinstance(data, dict):
-            raise ResponseError("response is not a JSON object", http_status)
+        data = answer_object(http_status, body)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise ResponseError("missing choices[0]", http_status)
@@ -450,7 +462,7 @@ class EngineAdapter(abc.ABC):
         ids = choice.get("token_ids")
         if ids is None:
             raise ResponseError("missing choices[0].token_ids (was return_token_ids honoured?)", http_status)
-        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+        if not is_id_list(ids):
             raise ResponseError("choices[0].token_ids is not a list of integers", http_status)
         usage = data.get("usage")
         if not isinstance(usage, dict):

@@ -38,8 +38,9 @@ from harness.servers.base import (
     FlushError,
     ParsedTurn,
     ResponseError,
+    answer_object,
     as_int,
-    error_message,
+    is_id_list,
     with_launch_extras,
 )
 from harness.servers.metrics import SGLANG_RULES
@@ -133,16 +134,9 @@ class SGLangAdapter(EngineAdapter):
     def parse_completion(self, http_status: int, body: bytes) -> ParsedTurn:
         """/generate's answer: `output_ids` and `meta_info` (prompt, completion and cached tokens,
         the finish reason, and the timings `sglang_timings` reads)."""
-        if not 200 <= http_status < 300:
-            raise ResponseError(error_message(body), http_status)
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise ResponseError("malformed JSON", http_status) from None
-        if not isinstance(data, dict):
-            raise ResponseError("response is not a JSON object", http_status)
+        data = answer_object(http_status, body)
         ids = data.get("output_ids")
-        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+        if not is_id_list(ids):
             raise ResponseError("output_ids is missing or not a list of integers", http_status)
         meta = data.get("meta_info")
         if not isinstance(meta, dict):
