@@ -45,7 +45,7 @@ from provenance.portable import portable_argv
 from provenance.proofs import prove
 from review.records import read_manifest, read_run, registration_view
 from review.testdir import find_verdicts
-from review.timeline import discover_freezes
+from review.timeline import discover_freezes, repo_for
 
 FORMAT = "agentload-evidence"
 MANIFEST = "bundle.json"
@@ -87,17 +87,6 @@ def _need(missing: list[str], ok: bool, what: str) -> bool:
     if not ok:
         missing.append(what)
     return ok
-
-
-def _repo(testdir: Path, repo: Repo | None) -> Repo | None:
-    if repo is not None:
-        return repo
-    for start in (testdir, Path.cwd()):
-        try:
-            return Repo.containing(start)
-        except GitError:
-            continue
-    return None
 
 
 def _run_files(run: Path, missing: list[str]) -> list[Path]:
@@ -159,7 +148,7 @@ def pack(
         f"a registered verdict (registered-verdict.json) in {td} or below it: run `agentload analyze --registration "
         f"REG {td / 'runs'} --out {td / 'analysis'}` (or `jobs collect` without --no-analysis)",
     )
-    git = _repo(td, repo)
+    git = repo_for(td, repo)
     if git is None:
         missing.append(
             f"a git repository holding {td} or the current folder: run `evidence pack` inside the repository the test "

@@ -191,7 +191,9 @@ def run_times(
     return out
 
 
-def _repo_for(testdir: Path, repo: Repo | None) -> Repo | None:
+def repo_for(testdir: Path, repo: Repo | None = None) -> Repo | None:
+    """The repository a test is judged against: the one given, else the one holding the test
+    directory, else the current directory's; None outside any repository."""
     if repo is not None:
         return repo
     for start in (testdir, Path.cwd()):
@@ -403,7 +405,7 @@ def build_timeline(
 ) -> Timeline:
     """Everything the labels rest on, for one test directory."""
     td = Path(testdir)
-    repo = _repo_for(td, repo)
+    repo = repo_for(td, repo)
     manifest = read_manifest(td)
     accounting = read_accounting(td)
     runs = find_runs(td)

@@ -41,7 +41,7 @@ from provenance.git import GitError, Repo
 from provenance.meta import sha256_file
 from provenance.proofcheck import verify_proof
 from review.records import iso
-from review.timeline import Timeline, build_timeline
+from review.timeline import Timeline, build_timeline, repo_for
 
 
 @dataclass
@@ -137,7 +137,7 @@ def verify_test(
     tl = build_timeline(td, repo=repo)
     v.timeline = tl
     facts = tl.registration
-    repo = repo or _repo(td)
+    repo = repo_for(td, repo)
     # -- registration -----------------------------------------------------------------------
     ref = facts.ref
     if ref is None:
@@ -299,15 +299,6 @@ def verify_test(
             f"{iso(facts.committed_at)} vs {iso(rc.checked_at)}",
         )
     return v
-
-
-def _repo(td: Path) -> Repo | None:
-    for start in (td, Path.cwd()):
-        try:
-            return Repo.containing(start)
-        except GitError:
-            continue
-    return None
 
 
 def _code_check(repo: Repo, meta: Mapping[str, Any], reg_commit: str) -> tuple[bool, str]:
