@@ -5,32 +5,23 @@ report, and the parity report classes every run of a test folder and its replay 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
+from support.sim2real_cells import short_e2_bundle
 
 from cli.main import main
-from harness.config import load_test
+from harness.config import TestBundle
 from runs.arms import execute_run
 from sim2real.replay import ForeignCostError, replay_run
 
 COST = {"a": 9.24e-3, "f0": 1.26e-3, "b": 62.6e-6, "c_p": 2.24e-9, "chunk": 8192, "c_d": 0.31e-3}
 
 
-def _short_bundle():  # type: ignore[no-untyped-def]
+def _short_bundle() -> TestBundle:
     """The E2 SGLang test on a 700 s protocol, its rule's spans cut to fit (the runs record them)."""
-    bundle = load_test("configs/tests/e2-sglang-300k.yaml")
-    short = bundle.protocol.model_copy(
-        update={
-            "duration": 700.0,
-            "burst": bundle.protocol.burst.model_copy(update={"time": 200.0, "size": 20}),
-            "window": bundle.protocol.window.model_copy(update={"start": 100.0, "end": 700.0}),
-        }
-    )
-    test = bundle.test.model_copy(update={"rule_params": {"min_window": 500.0, "recovered_span": 200.0}})
-    return replace(bundle, protocol=short, test=test)
+    return short_e2_bundle({"min_window": 500.0, "recovered_span": 200.0})
 
 
 @pytest.fixture(scope="module")

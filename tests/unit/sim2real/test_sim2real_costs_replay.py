@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from support.sim2real_cells import closed_cell, short_e2_bundle
 
-from harness.config import CellConfig, WorkloadConfig, load_cost_file, load_test
+from harness.config import CellConfig, WorkloadConfig, load_cost_file
 from runs.closed_runs import run_closed
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs
@@ -20,23 +21,7 @@ TRUE = {"a": 4e-3, "f0": 0.0, "b": 3e-6, "c_p": 2e-10, "chunk": 8192, "c_d": 1e-
 
 
 def _cell(**kw: object) -> CellConfig:
-    base = {
-        "name": "t",
-        "engine": {"name": "vllm", "version": "0.32.0"},
-        "model": "m",
-        "gpu": "g",
-        "kv_pool_tokens": 131072,
-        "page_size": 32,
-        "chunked_prefill": 8192,
-        "max_running": 64,
-        "prefix_cache": False,
-        "waiting_prefix_refresh": False,
-        "batching": "mixed",
-        "context_length": 8192,
-        "cost": TRUE,
-    }
-    base.update(kw)
-    return CellConfig(**base)
+    return closed_cell(TRUE, max_running=64, prefix_cache=False, **kw)
 
 
 WL = WorkloadConfig(
@@ -73,18 +58,7 @@ def test_fit_refuses_runs_without_engine_timings(tmp_path: Path) -> None:
 def test_replay_plays_the_runs_own_plan_and_parity_compares(tmp_path: Path) -> None:
     from runs.arms import execute_run
 
-    bundle = load_test("configs/tests/e2-sglang-300k.yaml")
-    # a short protocol: the replay must follow the run's meta.json, not the test file
-    short = bundle.protocol.model_copy(
-        update={
-            "duration": 700.0,
-            "burst": bundle.protocol.burst.model_copy(update={"time": 200.0, "size": 20}),
-            "window": bundle.protocol.window.model_copy(update={"start": 100.0, "end": 700.0}),
-        }
-    )
-    from dataclasses import replace
-
-    b = replace(bundle, protocol=short)
+    b = short_e2_bundle()  # a short protocol: the replay must follow the run's meta.json, not the test file
     run = Path(execute_run(b, "burst", 1.35, 0, "sim", tmp_path / "run").run_dir)
     rep = replay_run(run, tmp_path / "replay")
     meta = json.loads((rep / "meta.json").read_text())

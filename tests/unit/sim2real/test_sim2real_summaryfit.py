@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.sim2real_cells import closed_cell
 
 from analysis.calibration_summaries import (
     E0a,
@@ -40,23 +41,7 @@ WL = WorkloadConfig(
 
 
 def _cell(cost: dict[str, float] | None = None, **kw: object) -> CellConfig:
-    base = {
-        "name": "t",
-        "engine": {"name": "vllm", "version": "0.32.0"},
-        "model": "m",
-        "gpu": "g",
-        "kv_pool_tokens": 131072,
-        "page_size": 32,
-        "chunked_prefill": 8192,
-        "max_running": 16,
-        "prefix_cache": True,
-        "waiting_prefix_refresh": False,
-        "batching": "mixed",
-        "context_length": 8192,
-        "cost": cost or TRUE,
-    }
-    base.update(kw)
-    return CellConfig(**base)
+    return closed_cell(cost or TRUE, max_running=16, prefix_cache=True, **kw)
 
 
 def _summaries(folder: Path) -> tuple[StageC, E0a]:
