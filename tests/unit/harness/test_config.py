@@ -150,10 +150,11 @@ def test_cell_values() -> None:
         e0a.lambda_ref,
         e0a.all_miss_token_rate,
     )  # calibrated under the pin
-    pfit = c.pop("vllm-cpu-tiny-65k-fitted")
-    assert pfit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == pinned.model_dump(
-        exclude={"name", "description", "cost", "cost_file"}
-    )
+    for name in ("vllm-cpu-tiny-65k-fitted", "vllm-cpu-tiny-65k-fit2"):  # the cell with each of its fitted costs
+        pfit = c.pop(name)
+        assert pfit.cost_file and pfit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == (
+            pinned.model_dump(exclude={"name", "description", "cost", "cost_file"})
+        )
     fitted = c.pop("vllm-cpu-tiny-131k-fitted")  # the same cell with its fitted cost model (the simulator's prediction)
     same = {"name", "description", "cost", "cost_file"}
     assert (
@@ -408,6 +409,36 @@ def test_the_pinned_cpu_rule_is_e2_cpu_with_the_population_threshold_of_its_runn
     cell = load_config("cells/vllm-cpu-tiny-65k", CellConfig)
     paper_outstanding, paper_cap = 20, 20  # E2: RECOVERED needs fewer than 20 outstanding, with the paper's cap of 20
     assert pinned["params"]["recovered_outstanding"] == pytest.approx(paper_outstanding * cell.max_running / paper_cap)
+
+
+def test_the_quarter_rule_is_the_pinned_rule_with_the_times_of_its_protocol() -> None:
+    """e2-cpu-65k-quarter judges protocols/e2-cpu-quarter.yaml: its time parameters are that protocol's
+    (RECOVERED's span kept at e2-cpu's 6 s), every other value is e2-cpu-65k's."""
+    from analysis.rules import load_rule
+
+    pinned = load_rule(CONFIG_ROOT / "rules" / "e2-cpu-65k.yaml")
+    quarter = load_rule(CONFIG_ROOT / "rules" / "e2-cpu-65k-quarter.yaml")
+    for k in ("states", "flags", "roles", "seed", "group", "test", "version"):
+        assert quarter[k] == pinned[k], k
+    times = ("min_window", "backlog_bin", "recovered_span")
+    assert {k: v for k, v in quarter["params"].items() if k not in times} == {
+        k: v for k, v in pinned["params"].items() if k not in times
+    }
+    proto, base = (
+        load_config("protocols/e2-cpu-quarter", ProtocolConfig),
+        load_config("protocols/e2-cpu", ProtocolConfig),
+    )
+    assert tuple(quarter["params"][k] for k in times) == (proto.min_window, proto.backlog_bin, proto.recovered_span)
+    assert (proto.min_window, proto.backlog_bin, proto.hit_bin) == pytest.approx(
+        (base.min_window * 0.25, base.backlog_bin * 0.25, base.hit_bin * 0.25)
+    )
+    assert proto.recovered_span == base.recovered_span  # kept: 1.5 s held too few turns to judge RECOVERED by
+    assert proto.burst.time == pytest.approx(base.burst.time * 0.25)
+    post, base_post = proto.duration - proto.burst.time, base.duration - base.burst.time
+    assert post == pytest.approx(base_post * 0.25 * 3)
+    assert (proto.window.start - proto.burst.time) / post == pytest.approx(
+        (base.window.start - base.burst.time) / base_post
+    )
 
 
 def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> None:
