@@ -122,6 +122,7 @@ def _cmd_design(args: argparse.Namespace) -> int:
         width_factors=_floats(args.width_factors),
         cap_fractions=_floats(args.cap_fractions),
         fractions=_fractions(args.fractions),
+        kept_times=tuple(k.strip() for k in args.keep_times.split(",") if k.strip()),
     )
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if set(seeds) & set(ctx.seeds):
@@ -182,6 +183,7 @@ def _cmd_design(args: argparse.Namespace) -> int:
             "width_factors": list(grid.width_factors),
             "cap_fractions": list(grid.cap_fractions),
             "fractions": [[list(f) for f in g] for g in grid.fractions],
+            "kept_times": list(grid.kept_times),
         },
     }
     if args.out:
@@ -233,6 +235,13 @@ def add_design_command(sub: Any) -> None:
         help="seconds a real run needs beyond its duration: start, pin, smoke, canary, stop (default 75)",
     )
     d.add_argument("--time-factors", default="1", help="every protocol and rule time x these (default 1)")
+    d.add_argument(
+        "--keep-times",
+        default="",
+        help="protocol times the time factors leave unscaled, comma-separated, of min_window, backlog_bin, hit_bin, "
+        "recovered_span (e.g. recovered_span: a RECOVERED span scaled down holds too few turns to judge a hit "
+        "fraction by; default none)",
+    )
     d.add_argument(
         "--post-factors", default="1,1.5,2,3,4,6,8", help="the time after the burst x these (default 1,1.5,2,3,4,6,8)"
     )

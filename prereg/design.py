@@ -61,6 +61,7 @@ from prereg.registration import RegistrationError
 from prereg.template import FillParams, Template, load_template, resolve_rule
 
 TIME_PARAMS = ("min_window", "backlog_bin", "recovered_span")  # the rule's times, scaled with its protocol
+SCALED_TIMES = ("min_window", "backlog_bin", "hit_bin", "recovered_span")  # the protocol's times a time factor scales
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,12 @@ class Design:
     width_factor: float
     cap_fraction: float
     fractions: tuple[tuple[int, int], ...]
+    # protocol times the time factor leaves as the template's: a span a rule estimates a fraction over
+    # (RECOVERED's hit) holds fewer turns when scaled, so its call gets noisier than the design step sees
+    kept: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "time_factor": self.time_factor,
             "post_factor": self.post_factor,
             "burst": self.burst,
@@ -83,11 +87,15 @@ class Design:
             "cap_fraction": self.cap_fraction,
             "fractions": [list(f) for f in self.fractions],
         }
+        if self.kept:
+            out["kept_times"] = list(self.kept)
+        return out
 
     def label(self) -> str:
         fr = "/".join(f"{a}/{b}" for a, b in self.fractions)
+        kept = f" ({', '.join(self.kept)} kept)" if self.kept and self.time_factor != 1.0 else ""
         return (
-            f"t x{self.time_factor:g} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} "
+            f"t x{self.time_factor:g}{kept} post x{self.post_factor:g} burst {self.burst} span x{self.width_factor:g} "
             f"cap@{self.cap_fraction:g} at {fr}"
         )
 
@@ -193,8 +201,9 @@ def _r(x: float) -> float:
 
 
 def protocol_for(base: ProtocolConfig, d: Design) -> ProtocolConfig:
-    """The template's protocol with the design's knobs: every time x time_factor, the time after the
-    burst x post_factor (the judged window keeps its share of it), the burst's size and span."""
+    """The template's protocol with the design's knobs: every time x time_factor (but the design's kept
+    ones), the time after the burst x post_factor (the judged window keeps its share of it), the burst's
+    size and span."""
     post = base.duration - base.burst.time
     share = (base.window.start - base.burst.time) / post  # where the window starts in the post-burst time (0.6 in E2)
     tb = base.burst.time * d.time_factor
@@ -211,10 +220,7 @@ def protocol_for(base: ProtocolConfig, d: Design) -> ProtocolConfig:
                 "width": _r(base.burst.width * d.time_factor * d.width_factor),
             },
             "window": {"start": _r(tb + share * P), "end": _r(tb + P)},
-            **{
-                k: _r(getattr(base, k) * d.time_factor)
-                for k in ("min_window", "backlog_bin", "hit_bin", "recovered_span")
-            },
+            **{k: _r(getattr(base, k) * (1.0 if k in d.kept else d.time_factor)) for k in SCALED_TIMES},
         }
     )
     return parse_config(data, ProtocolConfig, f"design {d.label()}")
@@ -462,11 +468,19 @@ class Grid:
         ((1, 5), (2, 5)),
         ((1, 4), (3, 4)),
     )
+    kept_times: tuple[str, ...] = ()  # protocol times not scaled by the time factors (Design.kept)
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.kept_times if k not in SCALED_TIMES]
+        if bad:
+            raise ConfigError(
+                f"kept_times: {bad} are not protocol times a time factor scales; expected some of {SCALED_TIMES}"
+            )
 
     def designs(self, base_burst: int) -> list[Design]:
         bursts = sorted({max(1, round(base_burst * b)) for b in self.burst_factors}, reverse=True)
         return [
-            Design(t, p, b, w, c, fr)
+            Design(t, p, b, w, c, fr, tuple(self.kept_times))
             for t in self.time_factors
             for p in self.post_factors
             for b in bursts

@@ -105,6 +105,36 @@ def test_design_knobs_map_onto_a_protocol_and_its_rule() -> None:
     assert not short.ok and "no valid protocol" in short.reasons[0]
 
 
+def test_a_kept_time_stays_the_templates_and_the_65k_proposal_with_it_is_the_registered_protocol() -> None:
+    """protocols/e2-cpu-quarter.yaml is the design step's proposal for the 65k template with RECOVERED's
+    span kept at 6 s: the knobs reproduce it (and its rule's times) from the template's protocol."""
+    from harness.config import ProtocolConfig, load_config
+    from harness.errors import ConfigError
+    from prereg.design import Grid
+
+    inputs = ROOT / "prereg" / "inputs" / "vllm-cpu-tiny-65k"
+    ctx = load_context(
+        inputs,
+        ROOT / "prereg" / "templates" / "e2-vllm-cpu-tiny-65k.yaml",
+        ROOT / "configs" / "costs" / "vllm-cpu-tiny-65k-fit2.yaml",
+    )
+    d = Design(0.25, 3.0, 120, 1.0, 0.95, ((1, 4), (1, 2)), ("recovered_span",))
+    p = protocol_for(ctx.protocol, d)
+    want = load_config("protocols/e2-cpu-quarter", ProtocolConfig)
+    keys = ("duration", "burst", "window", "min_window", "backlog_bin", "hit_bin", "recovered_span", "gauge_interval")
+    assert {k: getattr(p, k) for k in keys} == {k: getattr(want, k) for k in keys}
+    scaled = protocol_for(ctx.protocol, Design(0.25, 3.0, 120, 1.0, 0.95, ((1, 4), (1, 2))))
+    assert scaled.recovered_span == pytest.approx(1.5) and p.recovered_span == ctx.protocol.recovered_span == 6.0
+    assert rule_for(ctx.rule, p)["params"]["recovered_span"] == 6.0
+    assert d.to_json()["kept_times"] == ["recovered_span"] and "recovered_span kept" in d.label()
+    fe = formula_eval(ctx, d)
+    assert fe.ok and fe.multiples == [1.25, 1.5] and fe.cap == 32
+    assert fe.budget_s == pytest.approx(0.8 * (118.5 - 6.0 - 6.0))  # the kept span comes out of CAPPED's budget
+    assert all(g.kept == ("recovered_span",) for g in Grid(kept_times=("recovered_span",)).designs(640))
+    with pytest.raises(ConfigError, match="kept_times"):
+        Grid(kept_times=("duration",))
+
+
 # ------------------------------------------------------------------------- the design record
 def _record(ctx_template: Path, inputs: Path, decisive: bool = True) -> dict:
     import hashlib
