@@ -191,6 +191,27 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def grid_figure(rows: int, cols: int, *, col_width: float = 6.2, height: float = 6.4, **subplots: Any) -> Any:
+    """(figure, axes[rows][cols]) on matplotlib's Agg canvas without pyplot.
+
+    Why not pyplot: nothing here is interactive, and pyplot's import and figure manager cost a
+    command about a quarter of a second; `savefig` renders a plain Figure to PNG through Agg."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(col_width * cols, height))
+    return fig, fig.subplots(rows, cols, squeeze=False, **subplots)
+
+
+def save_grid(fig: Any, path: Any, *, dpi: int, top: float = 0.9, bottom: float = 0.095) -> None:
+    """Fixed margins, then the PNG. Why not tight_layout: it measures every tick label's text to
+    place the axes (about 0.6 s of a 1-2 s `analyze`), and these grids have the same labels every
+    time: a y label and its ticks on the left, a title per column, the legend over them, a one-line
+    note under the x label."""
+    width = float(fig.get_size_inches()[0])
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, top=top, bottom=bottom, wspace=0.16, hspace=0.1)
+    fig.savefig(path, dpi=dpi)
+
+
 def hit_backlog_figure(
     verdict: Mapping[str, Any],
     analyzed: Sequence[Any],
@@ -201,14 +222,10 @@ def hit_backlog_figure(
 ) -> Any:
     """Fig. 1 layout for any arms: per rate a column, hit fraction (per hit_bin) on top, sessions in the
     system (log) below, one line per run coloured by arm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     rates = list(verdict["registered_rates"]) or [None]
-    fig, axes = plt.subplots(2, len(rates), figsize=(6.2 * len(rates), 6.4), sharex=True, squeeze=False)
+    fig, axes = grid_figure(2, len(rates), sharex=True)
     colors = arm_colors(verdict["arms"])
     for j, rate in enumerate(rates):
         top, bot = axes[0][j], axes[1][j]
@@ -231,7 +248,5 @@ def hit_backlog_figure(
     fig.legend(handles=handles, loc="upper center", ncol=max(1, len(handles)), frameon=False)
     if title:
         fig.text(0.5, 0.005, title, ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_grid(fig, path, dpi=110)
     return path

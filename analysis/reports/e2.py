@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from analysis.openloop import report_lines
+from analysis.reports.common import grid_figure, save_grid
 
 ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
 # Labels the per-seed strings use (Table 7 style); NOBURST's RECOVERED reads as G(ood).
@@ -172,15 +173,11 @@ ARM_STYLES = {"CAPPED": (0, (4, 2))}  # dashed: once its gate has drained, CAPPE
 
 def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path | str) -> Path:
     """Fig. 1 layout: one column per rate; top hit fraction per window, bottom sessions in system (log)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     rates = list(verdict["registered_rates"])
     meta_any = verdict.get("references", {})
-    fig, axes = plt.subplots(2, max(1, len(rates)), figsize=(6.2 * max(1, len(rates)), 6.4), sharex=True, squeeze=False)
+    fig, axes = grid_figure(2, max(1, len(rates)), sharex=True)
     runs = [a for a in analyzed if a.series is not None]
     proto = next((a.meta["protocol"] for a in runs if a.meta), None)
     for j, rate in enumerate(rates):
@@ -214,8 +211,6 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path | str
     if handles:  # no run with data (all failed): an empty figure, not a crash
         fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False)
     fig.text(0.5, 0.005, "one line per seed; shaded: evaluation window; dashed: burst", ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_grid(fig, path, dpi=120)
     return path
