@@ -358,7 +358,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             parity.compare(
                 rd,
                 sim_dir,
-                bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac),
+                bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac, args.hit_noise_z),
                 spec=spec,
                 rule_source=source,
             )
@@ -404,4 +404,11 @@ def register(cli: Any) -> None:
     p.add_argument("--backlog-abs", type=float, default=5.0, help="backlog band, sessions (default 5)")
     p.add_argument("--backlog-rel", type=float, default=0.20, help="backlog band, relative (default 0.20)")
     p.add_argument("--band-frac", type=float, default=0.80, help="share of bins that must lie in band (default 0.80)")
+    p.add_argument(
+        "--hit-noise-z",
+        type=float,
+        default=2.0,
+        help="the hit band widens to this many binomial standard errors of a bin's difference where that is more "
+        "than --hit-tol (short bins hold few turns); 0: the fixed band (default 2)",
+    )
     p.set_defaults(func=_cmd_replay)
