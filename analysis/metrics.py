@@ -217,19 +217,32 @@ def hit_fraction(turns: pd.DataFrame, start: float, end: float, threshold: float
     return float(turn_hits(t, threshold)[m].sum() / n) if n else NAN
 
 
-def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float, followup: bool = False) -> np.ndarray:
+def hit_bin_counts(
+    turns: pd.DataFrame, edges: np.ndarray, threshold: float, followup: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(completed turns, hits) per bin of `edges`, by the turns' done time: the two counts a bin's hit
+    fraction is made of (sim2real/parity.py also needs the denominators, for a bin's sampling noise)."""
     t = completed_turns(turns)
-    out = np.full(len(edges) - 1, NAN)
     if t.empty:
-        return out
+        zero = np.zeros(len(edges) - 1)
+        return zero, zero.copy()
     done = column(t, "done_time")
     hits = turn_hits(t, threshold).astype(float)
     keep = np.ones(len(t), bool) if not followup else column(t, "turn") > 1
     n, _ = np.histogram(done[keep], bins=edges)
     h, _ = np.histogram(done[keep], bins=edges, weights=hits[keep])
+    return n.astype(float), h
+
+
+def hit_fraction_from_counts(n: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """A bin's hit fraction, NaN where it holds no turn."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(n > 0, h / np.maximum(n, 1), NAN)
+        out: np.ndarray = np.where(n > 0, h / np.maximum(n, 1), NAN)
     return out
+
+
+def hit_fraction_bins(turns: pd.DataFrame, edges: np.ndarray, threshold: float, followup: bool = False) -> np.ndarray:
+    return hit_fraction_from_counts(*hit_bin_counts(turns, edges, threshold, followup))
 
 
 def uncached_tokens(turns: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -480,7 +480,7 @@ class Grid:
     def designs(self, base_burst: int) -> list[Design]:
         bursts = sorted({max(1, round(base_burst * b)) for b in self.burst_factors}, reverse=True)
         return [
-            Design(t, p, b, w, c, fr, tuple(self.kept_times))
+            Design(t, p, b, w, c, fr, self.kept_times)
             for t in self.time_factors
             for p in self.post_factors
             for b in bursts

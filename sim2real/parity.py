@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import column, completed_turns, hit_fraction_bins, interval_bin_means, system_intervals
+from analysis.metrics import hit_bin_counts, hit_fraction_from_counts, interval_bin_means, system_intervals
 from harness.recording.record import load_run
 from harness.recording.schema import HIT_THRESHOLD
 from sim2real.states import compare_states
@@ -70,14 +70,6 @@ def _last(gauges: pd.DataFrame, col: str) -> float:
         return math.nan
     v = gauges[col].dropna()
     return float(v.iloc[-1]) if len(v) else math.nan
-
-
-def _turn_counts(turns: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
-    """Completed turns per hit bin (the denominators of hit_fraction_bins)."""
-    t = completed_turns(turns)
-    return (
-        np.histogram(column(t, "done_time"), bins=edges)[0].astype(float) if not t.empty else np.zeros(len(edges) - 1)
-    )
 
 
 def _hit_tolerance(bands: Bands, hit_r: np.ndarray, hit_s: np.ndarray, n_r: np.ndarray, n_s: np.ndarray) -> np.ndarray:
@@ -118,11 +110,12 @@ def compare(
 
     he = _edges(duration, hb)
     be = _edges(duration, bb)
-    hit_r, hit_s = hit_fraction_bins(real.turns, he, HIT_THRESHOLD), hit_fraction_bins(sim.turns, he, HIT_THRESHOLD)
+    (n_r, h_r), (n_s, h_s) = hit_bin_counts(real.turns, he, HIT_THRESHOLD), hit_bin_counts(sim.turns, he, HIT_THRESHOLD)
+    hit_r, hit_s = hit_fraction_from_counts(n_r, h_r), hit_fraction_from_counts(n_s, h_s)
     bl_r = interval_bin_means(*system_intervals(real.sessions), be)
     bl_s = interval_bin_means(*system_intervals(sim.sessions), be)
     both = ~np.isnan(hit_r) & ~np.isnan(hit_s)
-    hit_tol = _hit_tolerance(bands, hit_r, hit_s, _turn_counts(real.turns, he), _turn_counts(sim.turns, he))
+    hit_tol = _hit_tolerance(bands, hit_r, hit_s, n_r, n_s)
     hit_in = float(np.mean(np.abs(hit_r - hit_s)[both] <= hit_tol[both])) if both.any() else math.nan
     tol = np.maximum(bands.backlog_abs, bands.backlog_rel * bl_r)
     bl_in = float(np.mean(np.abs(bl_r - bl_s) <= tol))
