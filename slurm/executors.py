@@ -6,7 +6,11 @@ is `slurm.job.JobEntry`, pickled by reference; the sbatch script exports PYTHONP
 checkout and starts in it, so the job imports the checkout's code, which is what its code check
 compares with the registration's commit. `--signal=URG@lead` replaces submitit's USR2 warning: the
 engine server gets every signal the job's processes get, and SIGURG (ignored by default) does not
-kill it, while the job turns it into a graceful INTERRUPTED end (slurm/job.py).
+kill it, while the job turns it into a graceful INTERRUPTED end (slurm/job.py). Jobs are submitted
+held (`--hold`) and released once submitit has returned: submitit creates a job's log folder
+(`<folder>/<job id>/`) only after sbatch has answered, and a task the scheduler starts at once
+cannot open its stdout there and dies unrun ("No output/error stream produced"; seen on an idle
+local cluster, where the first array task started 0.08 s after submission).
 
 Local: the same job entry (`python -m slurm.job --spec FILE`) as subprocesses of the submitting
 command, at most `parallel` at a time, in submission order; ids are `local-N`, times are the local
@@ -31,6 +35,24 @@ from typing import Any
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
 from slurm.job_options import JobOptions
 from slurm.parsers import JobState
+
+#: sbatch's `--hold`: every job waits for `release_held` (why: the module's docstring).
+HOLD: dict[str, Any] = {"hold": True}
+
+
+def release_held(job_ids: Sequence[str]) -> None:
+    """Release what was submitted with HOLD, once submitit has made the jobs' log folders: the
+    array's id once for its tasks, a plain job's own id."""
+    from slurm.scheduler import SchedulerError, release
+
+    ids = list(dict.fromkeys(j.partition("_")[0] for j in job_ids))
+    try:
+        release(ids)
+    except SchedulerError as exc:
+        raise SchedulerError(
+            f"job(s) {', '.join(ids)} were submitted held and could not be released; they wait until "
+            f"`scontrol release {','.join(ids)}` (or `scancel {' '.join(ids)}` to drop them)\n{exc}"
+        ) from exc
 
 
 def _utc() -> str:
@@ -82,7 +104,11 @@ def sbatch_parameters(*, time_min: int, warning_lead_s: int, checkout: Path, com
         job_name=job_name,
         comment=comment,
         setup=sbatch_setup(checkout, job.job_env),
-        additional_parameters={"chdir": str(checkout), "signal": f"{WARNING_SIGNAL.name[3:]}@{int(warning_lead_s)}"},
+        additional_parameters={
+            "chdir": str(checkout),
+            "signal": f"{WARNING_SIGNAL.name[3:]}@{int(warning_lead_s)}",
+            **HOLD,
+        },
         **job_parameters(job),
     )
 
@@ -119,6 +145,7 @@ def submit_slurm(specs: Sequence[JobSpec], executor: Any) -> list[dict[str, Any]
     """Submit every spec as one array; one record per job, in order."""
     with executor.batch():
         jobs = [executor.submit(JobEntry(s.to_json())) for s in specs]
+    release_held([str(j.job_id) for j in jobs])
     after = _utc()
     out = []
     for spec, job in zip(specs, jobs):

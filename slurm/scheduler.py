@@ -12,6 +12,8 @@ Public interface:
   same with the time limit, partition and nodes.
 - `job_states(ids)`: current `JobState` of each job (`squeue`, then `sacct` for jobs the controller
   has forgotten).
+- `release(ids)`: `scontrol release` of jobs submitted held (slurm/executors.py: submitit makes a
+  job's log folder only after sbatch returns, so a job started at once could not open its stdout).
 - `accounting(job_ids=None, comment=None, since=None)`: typed `AccountingRow`s from
   `sacct --parsable2 --noheader -X --format=...` (run with `SLURM_TIME_FORMAT=%s`: zone-free epoch
   timestamps); `wait_for_accounting(ids)` waits until those rows are final (`AccountingRow.settled`:
@@ -58,6 +60,7 @@ __all__ = [
     "accounting",
     "job_facts",
     "job_states",
+    "release",
     "run_command",
     "time_left_s",
     "wait_for_accounting",
@@ -162,6 +165,17 @@ def _ids(job_ids: Iterable[int | str]) -> list[str]:
         if not re.fullmatch(r"\d+(?:_\d+)?", j):
             raise ValueError(f"not a Slurm job id: {j!r}")
     return out
+
+
+def release(job_ids: Iterable[int | str], *, runner: Runner | None = None) -> None:
+    """Release held jobs (`scontrol release ID,...`; an array's id releases all its tasks)."""
+    ids = _ids(job_ids)
+    if not ids:
+        return
+    argv = ["scontrol", "release", ",".join(ids)]
+    result = _call(argv, runner)
+    if result.returncode != 0:
+        _raise_for(result, argv, f"releasing held job(s) {', '.join(ids)}")
 
 
 def accounting(

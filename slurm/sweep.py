@@ -26,7 +26,7 @@ import harness
 from harness.errors import UsageError
 from slurm.accounting_export import write_accounting_export
 from slurm.budget import parse_time_minutes
-from slurm.executors import job_parameters, sbatch_setup
+from slurm.executors import HOLD, job_parameters, release_held, sbatch_setup
 from slurm.job_options import JobOptions, job_options_from_args
 from slurm.parsers import JobState
 from slurm.scheduler import SchedulerError, accounting, wait_for_accounting
@@ -80,7 +80,8 @@ class SlurmSweep:
         root = _code_root()
         ex = submitit.SlurmExecutor(folder=self.folder / "%j", python=self.job.python or sys.executable)
         ex.update_parameters(time=self.time_min, job_name=self.name, setup=sbatch_setup(root, self.job.job_env),
-                             additional_parameters={"chdir": str(root)}, **job_parameters(self.job))  # fmt: skip
+                             additional_parameters={"chdir": str(root), **HOLD},  # released in map()
+                             **job_parameters(self.job))  # fmt: skip
         return ex
 
     def map(
@@ -92,6 +93,7 @@ class SlurmSweep:
         ex = self._executor()
         columns = list(zip(*calls))
         jobs = ex.map_array(fn, *columns)
+        release_held([str(j.job_id) for j in jobs])  # submitted held: their log folders exist now
         self.job_ids += [str(j.job_id) for j in jobs]
         array_id = str(jobs[0].job_id).split("_")[0]
         self.echo(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -408,6 +409,7 @@ def test_sweeps_on_the_cluster_equal_the_local_runs(
     from analysis.rules import load_rule
 
     d = project["tmp"] / "sweep"
+    shutil.rmtree(d, ignore_errors=True)  # a rerun (the wallclock marker) starts over in the shared project
     d.mkdir()
     (d / "sweep.yaml").write_text(yaml.safe_dump(SWEEP_PROTOCOL))
     e2 = load_rule("e2")

@@ -274,6 +274,7 @@ def test_submission_plan_and_refusals(project: dict[str, Any], tmp_path: Path) -
         f"#SBATCH --signal=URG@{dry['time_limit']['warning_lead_s']}",
         "export HF_HOME=/scratch/hf",
         f"#SBATCH --chdir={work}",
+        "#SBATCH --hold",  # released once submitit has made the job's log folder
         "submitit.core._submit",
     ):
         assert line in script, (line, script)

@@ -361,3 +361,33 @@ def test_wait_for_accounting_counts_array_tasks() -> None:
     two = one + "4_1|wrap|1796110588|1796110589|1796110590|COMPLETED|0:0|vm|UNLIMITED|00:00:01|\n"
     runner = SequenceRunner([one, two])
     assert len(S.wait_for_accounting([4], count=2, poll_s=0.0, runner=runner)) == 2
+
+
+def test_release_of_held_jobs_and_its_failure() -> None:
+    """Jobs are submitted held (slurm/executors.py HOLD) and released by id; an array's id once."""
+    fake = FakeRunner({"scontrol": ok("")})
+    S.release(["32", "40"], runner=fake)
+    assert fake.calls[0][0] == ["scontrol", "release", "32,40"]
+    S.release([], runner=fake)  # nothing held: no command
+    assert len(fake.calls) == 1
+    with pytest.raises(ValueError, match="not a Slurm job id"):
+        S.release(["32; rm"], runner=fake)
+    down = FakeRunner({"scontrol": CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller")})
+    with pytest.raises(S.SchedulerUnavailable, match="releasing held job"):
+        S.release(["32"], runner=down)
+
+
+def test_release_held_names_the_jobs_and_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm import executors
+
+    seen: list[list[str]] = []
+
+    def refuse(ids: list[str], **_: object) -> None:
+        seen.append(list(ids))
+        raise S.SchedulerError("scontrol release failed")
+
+    monkeypatch.setattr(S, "release", refuse)
+    with pytest.raises(S.SchedulerError, match=r"scontrol release 32.*scancel 32"):
+        executors.release_held(["32_0", "32_1", "32_2"])
+    assert seen == [["32"]]  # the array once, not task by task
+    assert executors.HOLD == {"hold": True}
