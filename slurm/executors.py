@@ -35,6 +35,7 @@ from typing import Any
 from slurm.job import WARNING_SIGNAL, JobEntry, JobSpec
 from slurm.job_options import JobOptions
 from slurm.parsers import JobState
+from slurm.scheduler import SchedulerError, release
 
 #: sbatch's `--hold`: every job waits for `release_held` (why: the module's docstring).
 HOLD: dict[str, Any] = {"hold": True}
@@ -43,8 +44,6 @@ HOLD: dict[str, Any] = {"hold": True}
 def release_held(job_ids: Sequence[str]) -> None:
     """Release what was submitted with HOLD, once submitit has made the jobs' log folders: the
     array's id once for its tasks, a plain job's own id."""
-    from slurm.scheduler import SchedulerError, release
-
     ids = list(dict.fromkeys(j.partition("_")[0] for j in job_ids))
     try:
         release(ids)

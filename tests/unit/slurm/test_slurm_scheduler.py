@@ -386,7 +386,7 @@ def test_release_held_names_the_jobs_and_what_to_do(monkeypatch: pytest.MonkeyPa
         seen.append(list(ids))
         raise S.SchedulerError("scontrol release failed")
 
-    monkeypatch.setattr(S, "release", refuse)
+    monkeypatch.setattr(executors, "release", refuse)
     with pytest.raises(S.SchedulerError, match=r"scontrol release 32.*scancel 32"):
         executors.release_held(["32_0", "32_1", "32_2"])
     assert seen == [["32"]]  # the array once, not task by task
