@@ -93,9 +93,10 @@ class SlurmSweep:
         ex = self._executor()
         columns = list(zip(*calls))
         jobs = ex.map_array(fn, *columns)
-        release_held([str(j.job_id) for j in jobs])  # submitted held: their log folders exist now
-        self.job_ids += [str(j.job_id) for j in jobs]
-        array_id = str(jobs[0].job_id).split("_")[0]
+        ids = [str(j.job_id) for j in jobs]
+        release_held(ids)  # submitted held: their log folders exist now
+        self.job_ids += ids
+        array_id = ids[0].split("_")[0]
         self.echo(
             f"submitted {len(jobs)} task(s) of {getattr(fn, '__name__', fn)} as SLURM array {array_id} (folder "
             f"{self.folder})"
