@@ -8,8 +8,9 @@ changes, the radix admission check without lock/unlock, Philox keys without a Se
 in-place output ids replaced stepping one at a time, full lookups and direct sums; then the radix
 tree's touches and locks per path segment (tests/radix_reference.py keeps the direct form), SGLang
 lookups from a session's last turn, checkpoints without copies and a session's turn keys derived
-from what they share replaced node-by-node walks, root walks, copies and a key per turn (the direct
-forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of
+from what they share replaced node-by-node walks, root walks, copies and a key per turn; then a
+session's ids drawn in one block (harness/workload/blockdraw.py) replaced a bounded draw per turn
+(the direct forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of
 runs of the registered tests twice: once with the reference code swapped in
 (tests/blockpool_reference.py's pool, the former BlockKV methods and token generator, kept below),
 once as the code is, alternating, and checks that every
@@ -39,12 +40,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "tests" / "unit" / "harness")]
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
 from radix_reference import RadixCache as ReferenceRadix  # noqa: E402
 from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
 
+from harness.client import session as sessionmod  # noqa: E402
 from harness.config import load_test  # noqa: E402
 from harness.recording.schema import RunStatus  # noqa: E402
 from harness.refengine import kv as kvmod  # noqa: E402
@@ -152,6 +154,11 @@ def _ref_turn_generator(token_seed: int, turn: int) -> Any:
     return draws._generator(draws._TOKEN_DOMAIN, token_seed & 0xFFFFFFFF, token_seed >> 32, turn)
 
 
+def _ref_session_turn_ids(workload: Any, spec: Any) -> list[Any]:
+    """A session's ids drawn turn by turn with numpy's bounded draw (before the block draw)."""
+    return [draws.turn_tokens(workload, spec, k) for k in range(1, spec.n_turns + 1)]
+
+
 def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
     node = req.node if req is not None else None
     if node is None or not self.caching:
@@ -180,6 +187,7 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (sglangmod.SGLangEngine, "_decode_offset", _direct_decode_left),
     (requestmod, "output_ids", _direct_output_ids),
     (draws, "_turn_generator", _ref_turn_generator),
+    (sessionmod, "session_turn_ids", _ref_session_turn_ids),
     (draws, "_philox_key", _numpy_key),
 ]
 

@@ -65,6 +65,7 @@ class ClosedClient:
         m = self._machines[sid]
         ok = response.status == "ok"
         outcome = m.on_output(response.output_ids, ok)
+        extra = response.extra or {}
         self.sink.turn(
             session=sid,
             kind="closed",
@@ -77,9 +78,9 @@ class ClosedClient:
             cached_tokens=response.cached_tokens,
             completion_tokens=response.completion_tokens,
             n_output_ids=None if response.output_ids is None else len(response.output_ids),
-            queue_time=(response.extra or {}).get("queue_time"),
-            engine_ttft=(response.extra or {}).get("engine_ttft"),
-            engine_decode=(response.extra or {}).get("engine_decode"),
+            queue_time=extra.get("queue_time"),
+            engine_ttft=extra.get("engine_ttft"),
+            engine_decode=extra.get("engine_decode"),
             status=response.status,
             http_status=response.http_status,
             error=response.error,

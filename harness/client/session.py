@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.config import WorkloadConfig
-from harness.workload.draws import SessionSpec, turn_tokens
+from harness.workload.blockdraw import session_turn_ids
+from harness.workload.draws import SessionSpec
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _EMPTY.flags.writeable = False
@@ -45,7 +46,19 @@ class TurnOutcome:
 class SessionMachine:
     """Walks one frozen SessionSpec. Holds the growing prompt; knows nothing of clocks or sockets."""
 
-    __slots__ = ("_buf", "_len", "_prev_len", "phase", "prompt", "sid", "spec", "tool_extra", "turn", "workload")
+    __slots__ = (
+        "_buf",
+        "_ids",
+        "_len",
+        "_prev_len",
+        "phase",
+        "prompt",
+        "sid",
+        "spec",
+        "tool_extra",
+        "turn",
+        "workload",
+    )
 
     def __init__(self, sid: int, spec: SessionSpec, workload: WorkloadConfig) -> None:
         self.sid = sid
@@ -58,6 +71,9 @@ class SessionMachine:
         self._prev_len = 0
         self._buf: np.ndarray = _EMPTY  # the context: its first _len ids are the prompt and outputs so far
         self._len = 0
+        # every turn's client ids (session_turn_ids: drawn in one block at turn 1, the ids
+        # turn_tokens gives turn by turn); dropped when the session ends
+        self._ids: list[np.ndarray] = []
 
     @property
     def n_turns(self) -> int:
@@ -70,7 +86,9 @@ class SessionMachine:
         if self.turn >= self.spec.n_turns:
             raise RuntimeError(f"session {self.sid} has no turn after {self.turn}")
         self.turn += 1
-        new = turn_tokens(self.workload, self.spec, self.turn)
+        if self.turn == 1:
+            self._ids = session_turn_ids(self.workload, self.spec)
+        new = self._ids[self.turn - 1]
         if self.turn == 1:
             # room for the last turn's prompt if the server returns decode_tokens ids a turn
             wl = self.workload
@@ -98,11 +116,13 @@ class SessionMachine:
             raise RuntimeError(f"session {self.sid}: response while {self.phase.value}")
         if not ok or output_ids is None:
             self.phase = Phase.FAILED
+            self._ids = []
             return TurnOutcome(done=True)
         if self.turn >= self.spec.n_turns:
             self.phase = Phase.DONE
             self.prompt = self._buf = _EMPTY  # free the context
             self._len = 0
+            self._ids = []
             return TurnOutcome(done=True)
         self._append(np.asarray(output_ids, dtype=np.int32))
         self.prompt = self._buf[: self._len]

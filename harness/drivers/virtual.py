@@ -150,7 +150,8 @@ class Simulator:
         end = engine.step(self.now, horizon if horizon < horizon_end else horizon_end)
         if end is not None:
             self.res.iterations += 1
-            self._push(end, _ENGINE, None)
+            self.seq += 1  # _push, written out: the loop's most frequent event
+            heapq.heappush(heap, (end, self.seq, _ENGINE, None))
 
     # ------------------------------------------------------------------ events
     def _apply(self, cmds: Sequence[Command]) -> None:

@@ -158,12 +158,14 @@ class RadixCache:
     def lock(self, node: Node) -> None:
         """A request was admitted on the path ending at `node`: protect it from eviction."""
         root = self.root
+        taken = 0
         while node is not root:
             node.lock += 1
             if node.lock > 1:
-                return  # it was locked already, and so is every node above it
-            self.evictable -= node.n
+                break  # it was locked already, and so is every node above it
+            taken += node.n
             node = node.parent  # type: ignore[assignment]
+        self.evictable -= taken
 
     def unlock(self, node: Node) -> None:
         """Only `node` itself can become an unlocked leaf: every node above it keeps the child the

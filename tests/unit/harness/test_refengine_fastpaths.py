@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from test_refengine_model import cell, toks
 
+from harness.config import WorkloadConfig, load_config
 from harness.refengine.model import EngineModel, EngineRequest
 from harness.refengine.radix import RadixCache
 from harness.refengine.request import output_ids
 from harness.refengine.separate import CLIP_MAX_NEW
-from harness.workload.draws import _TOKEN_DOMAIN, _philox_key
+from harness.workload import blockdraw
+from harness.workload.draws import _TOKEN_DOMAIN, STREAM_BASE, _philox_key, _scratch_philox, draw_session, turn_tokens
 
 
 # -- the Philox keys of the token and session streams -----------------------------------------------
@@ -56,6 +58,57 @@ def test_token_key_is_numpys_seed_sequence() -> None:
 def test_philox_key_refuses_what_numpy_refuses() -> None:
     with pytest.raises(ValueError):
         _philox_key((1, -2))
+
+
+# -- a session's ids drawn in one block ---------------------------------------------------------------
+def _counting_fallback(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the blocks the block draw hands back to numpy (a rejected word among their first n)."""
+    calls: list[int] = []
+    numpy_draw = blockdraw._numpy_draw
+
+    def counted(key: tuple[int, int], n: int, low: int, high: int) -> np.ndarray:
+        calls.append(n)
+        return numpy_draw(key, n, low, high)
+
+    monkeypatch.setattr(blockdraw, "_numpy_draw", counted)
+    return calls
+
+
+def test_session_turn_ids_are_turn_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every turn of 300 sessions of the workload of record, then of workloads with odd sizes and
+    other id ranges; some turns have a rejected word (they go to numpy) and are equal too."""
+    fallbacks = _counting_fallback(monkeypatch)
+    wl = load_config("workloads/standard", WorkloadConfig)
+    odd = WorkloadConfig.model_validate({**wl.model_dump(), "first_prompt": 7, "tool_tokens": 1})
+    narrow = WorkloadConfig.model_validate({**wl.model_dump(), "tool_tokens": 33, "token_ids": {"low": 0, "high": 3}})
+    for w, sessions in ((wl, 300), (odd, 40), (narrow, 40)):
+        for i in range(sessions):
+            spec = draw_session(w, 5, STREAM_BASE, i)
+            got = blockdraw.session_turn_ids(w, spec)
+            assert len(got) == spec.n_turns
+            for k in range(1, spec.n_turns + 1):
+                want = turn_tokens(w, spec, k)
+                assert got[k - 1].dtype == np.int32 and np.array_equal(got[k - 1], want), (i, k)
+    assert len(fallbacks) >= 3  # the rejection path ran (about 1 turn in 250 of the workload of record)
+
+
+@pytest.mark.parametrize(
+    "low, high",
+    [(4, 32000), (0, 1_610_612_736), (-5, 7), (0, 2), (-(2**31), 2**31 - 1), (-(2**31), 2**31), (0, 1), (9, 10)],
+)
+def test_bounded_blocks_are_numpys_integers(monkeypatch: pytest.MonkeyPatch, low: int, high: int) -> None:
+    """The bounded map against numpy's own draw: ranges that reject a quarter of all words
+    (0..1.5 * 2**30), the full int32 range and the ones numpy treats apart (one or two values)."""
+    fallbacks = _counting_fallback(monkeypatch)
+    rng = np.random.default_rng(low & 0xFFFF ^ high)
+    keys = [(int(rng.integers(0, 2**63)), int(rng.integers(0, 2**63))) for _ in range(60)]
+    sizes = [int(rng.integers(1, 9 if i % 2 else 400)) for i in range(60)]  # short blocks: some take no rejection
+    got = blockdraw.bounded_int32_blocks(keys, sizes, low, high)
+    for key, n, g in zip(keys, sizes, got, strict=True):
+        want = _scratch_philox(*key).integers(low, high, size=n, dtype=np.int32)
+        assert g.dtype == np.int32 and np.array_equal(g, want), (key, n)
+    if (low, high) == (0, 1_610_612_736):
+        assert 30 < len(fallbacks) < 60  # every long block rejects a word, not every short one
 
 
 # -- the engine's stand-in outputs --------------------------------------------------------------------
