@@ -22,7 +22,7 @@ import bisect
 import numpy as np
 
 from harness.config import WorkloadConfig
-from harness.workload.draws import SessionSpec, _scratch_philox, _token_key
+from harness.workload.draws import SessionSpec, _scratch_philox, _token_keys
 
 _U32 = 1 << 32
 
@@ -64,6 +64,6 @@ def _numpy_draw(key: tuple[int, int], n: int, low: int, high: int) -> np.ndarray
 def session_turn_ids(workload: WorkloadConfig, spec: SessionSpec) -> list[np.ndarray]:
     """The client-generated ids of each turn of `spec` (index 0: turn 1): `turn_tokens(workload,
     spec, k)` for k = 1..n_turns, drawn in one block."""
-    keys = [_token_key(spec.token_seed, k) for k in range(1, spec.n_turns + 1)]
+    keys = _token_keys(spec.token_seed, range(1, spec.n_turns + 1))
     sizes = [workload.first_prompt] + [workload.tool_tokens] * (spec.n_turns - 1)
     return bounded_int32_blocks(keys, sizes, workload.token_ids.low, workload.token_ids.high)

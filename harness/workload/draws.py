@@ -171,6 +171,41 @@ def _token_key(token_seed: int, turn: int) -> tuple[int, int]:
     return (st[0] | st[1] << 32, st[2] | st[3] << 32)
 
 
+def _token_keys(token_seed: int, turns: range) -> list[tuple[int, int]]:
+    """`[_token_key(token_seed, t) for t in turns]` with the session's shared part and the hash
+    constants read once, and each turn's steps written out in full (a session's keys are all
+    derived when its ids are drawn in one block: harness/workload/blockdraw.py)."""
+    p0, p1, p2, h03, h13, h23 = _token_pool(token_seed)
+    (x3, m3), (x13, m13), (x14, m14), (x15, m15) = _SS_A[3], _SS_A[13], _SS_A[14], _SS_A[15]
+    (b0, n0), (b1, n1), (b2, n2), (b3, n3) = _SS_B
+    ml, mr, mask = _MIX_L, _MIX_R, _M32
+    keys = []
+    for turn in turns:
+        v = ((turn ^ x3) * m3) & mask
+        p3 = v ^ (v >> 16)
+        r = (ml * p3 - mr * h03) & mask
+        p3 = r ^ (r >> 16)
+        r = (ml * p3 - mr * h13) & mask
+        p3 = r ^ (r >> 16)
+        r = (ml * p3 - mr * h23) & mask
+        p3 = r ^ (r >> 16)
+        v = ((p3 ^ x13) * m13) & mask
+        r = (ml * p0 - mr * (v ^ (v >> 16))) & mask
+        o0 = r ^ (r >> 16)
+        v = ((p3 ^ x14) * m14) & mask
+        r = (ml * p1 - mr * (v ^ (v >> 16))) & mask
+        o1 = r ^ (r >> 16)
+        v = ((p3 ^ x15) * m15) & mask
+        r = (ml * p2 - mr * (v ^ (v >> 16))) & mask
+        o2 = r ^ (r >> 16)
+        v0 = ((o0 ^ b0) * n0) & mask
+        v1 = ((o1 ^ b1) * n1) & mask
+        v2 = ((o2 ^ b2) * n2) & mask
+        v3 = ((p3 ^ b3) * n3) & mask
+        keys.append((v0 ^ (v0 >> 16) | (v1 ^ (v1 >> 16)) << 32, v2 ^ (v2 >> 16) | (v3 ^ (v3 >> 16)) << 32))
+    return keys
+
+
 def _generator(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=np.array(_philox_key(key), dtype=np.uint64)))
 

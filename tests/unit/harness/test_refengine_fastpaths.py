@@ -52,6 +52,10 @@ def test_token_key_is_numpys_seed_sequence() -> None:
         for turn in [1, 2, *rng.integers(3, 65, size=3).tolist(), 0, 2**32 - 1]:
             want = _numpy_key((_TOKEN_DOMAIN, seed & 0xFFFFFFFF, seed >> 32, int(turn)))
             assert draws._token_key(seed, int(turn)) == want, (seed, turn)
+        turns = range(0, 66)  # a session's keys at once (the block draw's), the cap and beyond
+        assert draws._token_keys(seed, turns) == [
+            _numpy_key((_TOKEN_DOMAIN, seed & 0xFFFFFFFF, seed >> 32, t)) for t in turns
+        ]
     assert 0 < len(draws._TOKEN_POOLS) <= draws._TOKEN_POOLS_MAX
 
 
