@@ -27,6 +27,7 @@ Each check prints holds / BREAK with the reason; the exit status is non-zero on 
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -120,7 +121,23 @@ def _diff(a: Any, b: Any, where: str = "") -> list[str]:
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{where}[{i}]")]
+    if _same_float(a, b):
+        return []
     return [] if a == b else [f"{where}: bundled {a!r:.80}, recomputed {b!r:.80}"]
+
+
+#: How far a recomputed statistic may sit from the bundled one and still be the same number. A
+#: reviewer's numpy (its version, the SIMD path its CPU takes) may sum in another order, so a
+#: least-squares slope recomputed from the very same records moved in its last digit (1 unit in
+#: 2^52) between two machines of one kind; states, outcomes, counts and strings stay exact.
+FLOAT_RTOL = 1e-12
+
+
+def _same_float(a: Any, b: Any) -> bool:
+    """Both floats (not bools, not ints: counts stay exact) within FLOAT_RTOL of each other."""
+    if not (isinstance(a, float) and isinstance(b, float)):
+        return False
+    return math.isclose(a, b, rel_tol=FLOAT_RTOL, abs_tol=0.0) or (math.isnan(a) and math.isnan(b))
 
 
 def _manifest(bundle: Path) -> dict[str, Any]:

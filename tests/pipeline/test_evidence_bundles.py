@@ -112,6 +112,20 @@ def test_a_changed_verdict_is_not_the_recomputed_one(demo: Path) -> None:
     assert f"verdict: bundled {v['verdict']!r}, recomputed {was!r}" in b, res.text()
 
 
+def test_a_recomputed_statistic_may_move_in_its_last_digits_but_no_further() -> None:
+    """The bundled verdict and the recomputed one are compared field by field: a float may differ
+    by rounding (another numpy sums in another order: a slope moved by 2 units in the last place
+    between two machines of one kind), a count, a state or a float beyond rounding may not."""
+    from review.evidence_check import _diff
+
+    slope = 0.9466777797601096
+    assert _diff({"stats": {"slope": slope}}, {"stats": {"slope": 0.9466777797601094}}) == []
+    assert _diff({"x": float("nan")}, {"x": float("nan")}) == []
+    assert _diff({"stats": {"slope": slope}}, {"stats": {"slope": slope * (1 + 1e-9)}})
+    assert _diff({"n": 3}, {"n": 4}) and _diff({"state": "TRAPPED"}, {"state": "INDETERMINATE"})
+    assert _diff({"n": 3}, {"n": 3.0000000000000004})  # a count is not rounded: compared exactly
+
+
 def test_a_missing_registration_proof_breaks_the_registration(demo: Path) -> None:
     doc = orjson.loads((demo / "bundle.json").read_bytes())
     commit = doc["registration"]["commit"]
