@@ -46,6 +46,8 @@ from runs.calibration import (
     e0a,
     e0b,
     stage_c,
+    write_e0a_file,
+    write_stage_c_file,
 )
 from runs.realrun import add_engine_arguments, options_from_args
 
@@ -161,6 +163,7 @@ def _cmd(args: Any) -> int:
         if mapper is not None:
             print(f"SLURM accounting of the arrays: {mapper.export_accounting(out / 'provenance')}", file=sys.stderr)
         return 0
+    written: tuple[Path, str] | None = None  # the stage's summary in the registration's input format
     if args.stage == "stage-c":
         stats = stage_c(
             cell,
@@ -176,22 +179,53 @@ def _cmd(args: Any) -> int:
         )
         print(_fmt_curve(stats))
         result: Any = [s.as_dict() for s in stats]
+        if out is not None:
+            written = write_stage_c_file(
+                cell,
+                workload,
+                stats,
+                out,
+                ns=_ints(args.n) if args.n else STAGE_C_NS,
+                seeds=_ints(args.seeds or "0"),
+                warmup=args.warmup,
+                window=args.window,
+                engine=engine,
+                engine_name=args.engine,
+            )
     elif args.stage == "e0a":
+        per_seed: list[Any] = []
+        e0a_seeds, e0a_n, check_n = _ints(args.seeds or "0,1,2"), int(args.n or E0A_N), args.check_n or None
         summary = e0a(
             cell,
             workload,
-            seeds=_ints(args.seeds or "0,1,2"),
-            n=int(args.n or E0A_N),
-            check_n=args.check_n or None,
+            seeds=e0a_seeds,
+            n=e0a_n,
+            check_n=check_n,
             out_dir=out,
             warmup=args.warmup,
             window=args.window,
             engine=engine,
+            runs=per_seed,
             resume=args.resume,
             mapper=mapper,
         )
         print(_fmt_e0a(summary))
         result = summary.as_dict()
+        if out is not None:
+            written = write_e0a_file(
+                cell,
+                workload,
+                per_seed,
+                summary,
+                out,
+                seeds=e0a_seeds,
+                n=e0a_n,
+                check_n=check_n,
+                warmup=args.warmup,
+                window=args.window,
+                engine=engine,
+                engine_name=args.engine,
+            )
     else:
         lam = args.lambda_ref or cell.lambda_ref
         if lam is None:
@@ -225,6 +259,8 @@ def _cmd(args: Any) -> int:
             json.dumps({"cell": cell.name, "stage": args.stage, "result": result}, indent=2)
         )
         print(f"wrote {out / (args.stage + '.json')}", file=sys.stderr)
+    if written is not None:
+        print(f"wrote {written[0]}  sha256 {written[1]}  (the registration's input format)", file=sys.stderr)
     return 0
 
 

@@ -83,6 +83,8 @@ __all__ = [
     "e0b_protocol",
     "load_note",
     "stage_c",
+    "write_e0a_file",
+    "write_stage_c_file",
 ]
 
 
@@ -273,3 +275,73 @@ def load_note(run_dirs: Sequence[Path]) -> str:
     if shares:
         note += f", engine CPU share {min(shares):.2f}-{max(shares):.2f} of a core"
     return note
+
+
+# -- one stage's summary ---------------------------------------------------------------------
+def write_stage_c_file(
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    stats: list[WindowStats],
+    out: Path | str,
+    *,
+    ns: Sequence[int],
+    seeds: Sequence[int],
+    warmup: float,
+    window: float,
+    engine: Any,
+    engine_name: str,
+) -> tuple[Path, str]:
+    """stage-c.yaml for a Stage C run on its own (`calibrate stage-c --out`), in the very format
+    `calibrate all` writes: a cell calibrated stage by stage (a slow real engine, where E0b is not
+    worth its hours yet) still gets the summary that `prereg`, the design step and the cell's
+    references read, bound to its run directories by hash. Returns (path, SHA-256)."""
+    out = Path(out)
+    dirs = [Path(c[6]) for c in stage_c_calls(cell, workload, ns, seeds, out, warmup, window, engine, True)]
+    src = (
+        f"agentload calibrate stage-c --cell {cell.name} --engine {engine_name}: n={list(ns)} seeds {list(seeds)} "
+        f"({warmup:g} s + {window:g} s)"
+    )
+    data = stage_c_summary(
+        cell.name, stats, warmup=warmup, window=window, run_dirs=dirs, folder=out, source=src + load_note(dirs)
+    )
+    path = out / "stage-c.yaml"
+    return path, write_summary(data, path)
+
+
+def write_e0a_file(
+    cell: CellConfig,
+    workload: WorkloadConfig,
+    per_seed: list[WindowStats],
+    summary: E0aSummary,
+    out: Path | str,
+    *,
+    seeds: Sequence[int],
+    n: int,
+    check_n: int | None,
+    warmup: float,
+    window: float,
+    engine: Any,
+    engine_name: str,
+) -> tuple[Path, str]:
+    """e0a.yaml for an E0a run on its own (`calibrate e0a --out`), as `calibrate all` writes it
+    (why: write_stage_c_file). Returns (path, SHA-256)."""
+    out = Path(out)
+    calls, _ = e0a_calls(cache_off(cell), workload, seeds, n, check_n, out, warmup, window, engine, True)
+    dirs = [Path(c[6]) for c in calls]
+    src = (
+        f"agentload calibrate e0a --cell {cell.name} --engine {engine_name}: n={n} seeds {list(seeds)} "
+        f"check n={check_n} ({warmup:g} s + {window:g} s)"
+    )
+    data = e0a_summary_dict(
+        cell.name,
+        per_seed,
+        summary,
+        n=n,
+        warmup=warmup,
+        window=window,
+        run_dirs=dirs,
+        folder=out,
+        source=src + load_note(dirs),
+    )
+    path = out / "e0a.yaml"
+    return path, write_summary(data, path)

@@ -126,3 +126,26 @@ def test_calibrate_all_refuses_recorded_e0b_runs_a_new_e0a_would_orphan_before_s
     with pytest.raises(ConfigError, match=r"e0b-m0\.5-s0: holds a COMPLETED run that is not the E0b run at 0\.5 x"):
         calibrate_all(fast_cell(), WL, out, top_rate=40.0, e0b_duration=12.0, rise_span=6.0, resume=True, **kw, **FAST)
     assert not list((out / "runs").glob("stage-c-*")) and not list((out / "runs").glob("e0a-*"))  # nothing ran
+
+
+def test_one_stage_writes_its_summary_in_the_registrations_input_format(tmp_path: Path) -> None:
+    """`calibrate stage-c` and `calibrate e0a` on their own write stage-c.yaml and e0a.yaml as
+    `calibrate all` does: a cell calibrated stage by stage still gets the inputs the cell's
+    references and `prereg` read, each run directory bound by hash, and the same numbers as the
+    stage's JSON result."""
+    from analysis.calibration_summaries import E0a, StageC, e0a_values
+
+    cell, wl = _files(tmp_path)
+    out = tmp_path / "out"
+    assert _calibrate(cell, wl, out, "stage-c", "--n", "4,8") == 0
+    assert _calibrate(cell, wl, out, "e0a", "--n", "4", "--seeds", "0,1", "--check-n", "8") == 0
+    sc = load_summary(out / "stage-c.yaml", "stage-c")
+    assert isinstance(sc, StageC) and [p.n for p in sc.points] == [4, 8]
+    assert [d.path for d in sc.run_dirs] == ["stage-c-n4-s0", "stage-c-n8-s0"]
+    ea = load_summary(out / "e0a.yaml", "e0a")
+    assert isinstance(ea, E0a) and [r.seed for r in ea.per_seed] == [0, 1] and ea.check is not None
+    assert [d.path for d in ea.run_dirs] == ["e0a-n4-s0", "e0a-n4-s1", "e0a-n8-s0"]
+    result = json.loads((out / "e0a.json").read_text())["result"]
+    values = e0a_values(ea, "e0a.yaml")
+    assert values.lambda_ref == pytest.approx(result["lambda_ref"], rel=1e-12)
+    assert values.all_miss_token_rate == pytest.approx(result["all_miss_token_rate"], rel=1e-12)
