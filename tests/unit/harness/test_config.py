@@ -132,6 +132,21 @@ def test_cell_values() -> None:
         "0.5.22",
     )
     assert sg.lambda_ref is None and sg.all_miss_token_rate is None
+    sg16 = c.pop("sglang-cpu-tiny-16k")  # the speed-pinned CPU SGLang cell of the trap run (docs/sglang-cpu-trap.md)
+    assert (sg16.kv_pool_tokens, sg16.page_size, sg16.max_running, sg16.context_length) == (16384, 1, 8, 8192)
+    assert sg16.model_dump(include={"device", "mem_fraction_static", "attention_backend", "engine"}) == (
+        sg.model_dump(include={"device", "mem_fraction_static", "attention_backend", "engine"})
+    )
+    pin16 = sg16.engine_speed_pin
+    assert pin16 is not None and sg16.engine_cpu_quota is not None
+    assert pin16.min_cpu_quota <= sg16.engine_cpu_quota <= pin16.max_cpu_quota < 2 and pin16.tolerance < 0.15
+    assert "--sleep-on-idle" in sg16.launch_extras  # an idle SGLang scheduler otherwise spins a core
+    from analysis.calibration_summaries import E0a, load_summary
+
+    e0a16_file = load_summary(CONFIG_ROOT.parent / "prereg" / "inputs" / sg16.name / "e0a.yaml", "e0a")
+    assert isinstance(e0a16_file, E0a)  # calibrated stage by stage: an E0a, no E0b yet
+    e0a16 = e0a_values(e0a16_file, sg16.name)
+    assert (sg16.lambda_ref, sg16.all_miss_token_rate) == (e0a16.lambda_ref, e0a16.all_miss_token_rate)
     pinned = c.pop(
         "vllm-cpu-tiny-65k"
     )  # the speed-pinned CPU cell: its speed, not its share (harness/servers/speedpin.py)
@@ -465,3 +480,33 @@ def test_the_cpu_test_names_its_rule_and_plans_above_the_paper_top_rate() -> Non
     # 2.0: the cell's unthrottled calibration reached past 2.0, and the plans keep that stream)
     e0b = load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / b.cell.name).e0b
     assert reg.top_rate > 2.0 and e0b.protocol.top_rate == reg.top_rate
+
+
+def test_the_sglang_cpu_rule_and_protocol_are_e2_cpu_with_the_cap_burst_and_span_of_their_cell() -> None:
+    """e2-cpu-sglang-16k judges protocols/e2-cpu-sglang.yaml on sglang-cpu-tiny-16k: e2-cpu's times,
+    its population threshold scaled like the cell's running cap, RECOVERED's span the protocol's
+    (longer, for the count of turns it holds); the protocol is e2-cpu's but for its burst and span."""
+    from analysis.rules import load_rule
+
+    cpu, sg = (
+        load_rule(CONFIG_ROOT / "rules" / "e2-cpu.yaml"),
+        load_rule(CONFIG_ROOT / "rules" / "e2-cpu-sglang-16k.yaml"),
+    )
+    for k in ("states", "flags", "roles", "seed", "group", "test", "version"):
+        assert sg[k] == cpu[k], k
+    changed = ("recovered_outstanding", "recovered_span")
+    assert {k: v for k, v in sg["params"].items() if k not in changed} == {
+        k: v for k, v in cpu["params"].items() if k not in changed
+    }
+    cell = load_config("cells/sglang-cpu-tiny-16k", CellConfig)
+    paper_outstanding, paper_cap = 20, 20
+    assert sg["params"]["recovered_outstanding"] == pytest.approx(paper_outstanding * cell.max_running / paper_cap)
+    proto, base = (
+        load_config("protocols/e2-cpu-sglang", ProtocolConfig),
+        load_config("protocols/e2-cpu", ProtocolConfig),
+    )
+    assert proto.recovered_span == sg["params"]["recovered_span"] > base.recovered_span
+    assert proto.burst.size == 4 * cell.max_running
+    same = {"name", "description", "burst", "recovered_span"}
+    assert proto.model_dump(exclude=same) == base.model_dump(exclude=same)
+    assert proto.burst.model_dump(exclude={"size"}) == base.burst.model_dump(exclude={"size"})
