@@ -35,8 +35,10 @@ LONGEST_PROMPT = {"vllm": CONTEXT - 1, "sglang": CONTEXT - 7}
 # What each engine answers to a flush while a request runs (measured on SGLang 0.5.22 and vLLM 0.32).
 FLUSH_REFUSED = {"sglang": (400, b"Flush cache failed.\n"), "vllm": (200, b'{"success":false}')}
 # Decode tokens of the request a flush is sent under: on a quiet machine the CPU vLLM finishes 64
-# tokens of the tiny model before the flush's reply comes back, so its request decodes longer.
-FLUSH_DECODE = {"vllm": 512, "sglang": 64}
+# tokens of the tiny model before the flush's reply comes back, so its request decodes longer; 512
+# were not enough in a full CI session on an AVX2-only host (every one of 5 tries, twice, ended
+# before its flush landed), so it decodes 1,024 (3,000 + 1,024 tokens, within the 8,192 context).
+FLUSH_DECODE = {"vllm": 1024, "sglang": 64}
 FLUSH_TRIES = 5
 # Plan seconds a fixed-horizon run gets, per engine: the real SGLang serves the tiny model 10-25x
 # slower than vLLM on this CPU (torch-native attention, Python decode steps of 0.1-1.6 s on a loaded
@@ -246,17 +248,24 @@ def case_flush_refused_while_running(live: Live) -> None:
     success false); SGLang's ?timeout= waits for the request to end; after it the canary passes."""
 
     async def go(http: aiohttp.ClientSession) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"missed": []}
         for attempt in range(FLUSH_TRIES):  # a request may finish between the gauge read and the flush
             prompt = ids(3000, seed=200 + attempt)
+            t0 = time.monotonic()
             task = asyncio.create_task(
                 live.adapter.complete(http, live.url, prompt, FLUSH_DECODE[live.flavor], live.model_name)
             )
             if not await _until_running(live, http, task):
                 await task
+                out["missed"].append(f"try {attempt}: never seen running ({time.monotonic() - t0:.2f} s)")
                 continue
-            status, body, _ = await _raw_flush(live, http)
+            seen = time.monotonic() - t0
+            status, body, secs = await _raw_flush(live, http)
             if task.done():
+                out["missed"].append(
+                    f"try {attempt}: seen running at {seen:.2f} s, the flush ({status} {body!r}) answered"
+                    f" in {secs:.2f} s, after the request ended"
+                )
                 continue
             out["refused"] = (status, body)
             if live.flavor == "sglang":
@@ -271,7 +280,7 @@ def case_flush_refused_while_running(live: Live) -> None:
 
     out = run(with_http(go))
     tag(live, f"flush while running: {out}")
-    assert "refused" in out, f"no request was still running when the flush was answered ({FLUSH_TRIES} tries)"
+    assert "refused" in out, f"no request was still running when the flush was answered: {out['missed']}"
     status, body = out["refused"]
     want_status, want_body = FLUSH_REFUSED[live.flavor]
     assert status == want_status and body.replace(b" ", b"") == want_body.replace(b" ", b""), (status, body)
