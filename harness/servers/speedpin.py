@@ -12,7 +12,8 @@ last reply is the rate, and the quota is moved until the rate is within `toleran
 first in proportion (a CPU-bound engine's rate grows about linearly with its quota), then along
 the power law the last two probes give (a secant in log-log; on a shared host the speed a quota
 gives drifts with the others' load, so only the latest probes count). A host that cannot reach
-the rate at `max_cpu_quota` is refused with what it reached (SpeedPinError, an EngineStartError);
+the rate at `max_cpu_quota` is refused with what it reached (SpeedPinError, an EngineStartError),
+at once when even the fastest growth the search trusts (ALPHA_MAX) could not get it there;
 so is one still too fast at `min_cpu_quota`, and a search that does not settle in `max_steps`.
 The cache is flushed after the probe, so the canary that follows checks that nothing is left.
 
@@ -41,6 +42,14 @@ if TYPE_CHECKING:
 
 PROBE_SEED = 0x5EED_0F_5BEED  # probe prompts: a fixed generator, a fresh draw per step
 WARMUP_STEP = 1 << 20  # the unmeasured warm-up's draw (never a step of the search)
+# How a CPU engine's rate may grow with its quota, rate ~ quota^alpha: the secant between two probes
+# is trusted inside this range (outside it the pair is noise or drift). Measured on the CPU SGLang,
+# 0.89 from 0.6 to 1.0 CPU and 1.20 from 1.0 to 1.4 (a small quota is throttled in bursts, so the
+# rate can grow a little faster than the quota); ALPHA_MAX also bounds what the largest quota could
+# give, so a host that falls short even at that growth is refused after its first probe, not after
+# walking up to the largest quota (three probes, about 1.5 minutes, on an AVX2-only EPYC serving an
+# AVX-512 host's cell).
+ALPHA_MIN, ALPHA_MAX = 0.3, 1.5
 
 
 class SpeedPinError(EngineStartError):
@@ -86,6 +95,16 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
             last.quota,
             f"{last.token_rate:.0f} tokens/s at {last.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%})",
         )
+    if 0 < last.token_rate < T * (1 - pin.tolerance) and last.quota < hi * (1 - 1e-9):
+        reach = last.token_rate * (hi / last.quota) ** ALPHA_MAX
+        if reach < T * (1 - pin.tolerance):
+            return Decision(
+                "refused",
+                None,
+                f"host too slow: the probe read {last.token_rate:.0f} uncached tokens/s at {last.quota:.3g} CPU; "
+                f"even growing as quota^{ALPHA_MAX:g} it would reach at most {reach:.0f} at the largest allowed "
+                f"quota {hi:g} CPU, below the cell's {T:.0f} - {pin.tolerance:.0%}",
+            )
     if last.token_rate < T and last.quota >= hi * (1 - 1e-9):
         return Decision(
             "refused",
@@ -117,7 +136,7 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
         p0, p1 = steps[-2], steps[-1]
         if p0.quota != p1.quota and p0.token_rate > 0 and p1.token_rate > 0:
             a = math.log(p1.token_rate / p0.token_rate) / math.log(p1.quota / p0.quota)
-            if 0.3 <= a <= 1.5:  # a flat or inverted pair is noise (or drift), not the engine: keep proportional
+            if ALPHA_MIN <= a <= ALPHA_MAX:  # a flat or inverted pair is noise (or drift), not the engine
                 alpha = a
     ratio = T / last.token_rate if last.token_rate > 0 else 2.0
     q = last.quota * min(max(ratio ** (1.0 / alpha), 0.5), 2.0)  # at most a factor of two a step

@@ -17,7 +17,15 @@ import pytest
 from harness.config import CellConfig, SpeedPin, config_ref, load_config, parse_config
 from harness.errors import ConfigError
 from harness.servers.base import EngineStartError, ParsedTurn
-from harness.servers.speedpin import SpeedPinError, Step, next_quota, pin_speed, probe_prompts, search_quota
+from harness.servers.speedpin import (
+    ALPHA_MAX,
+    SpeedPinError,
+    Step,
+    next_quota,
+    pin_speed,
+    probe_prompts,
+    search_quota,
+)
 
 PIN = SpeedPin(token_rate=5000.0, tolerance=0.04, max_cpu_quota=1.5, min_cpu_quota=0.1, source="test")
 
@@ -72,11 +80,38 @@ def test_a_noisy_probe_still_settles() -> None:
 
 
 def test_a_host_too_slow_at_the_largest_quota_is_refused_with_what_it_reached() -> None:
-    res = search_quota(saturating(cap=4000.0, q0=0.3), PIN, start=0.5)
+    # 4,725 tokens/s at 1.5 CPU, short of 5,000 - 4%; near enough on the way up (1,575 at 0.5, 3,150 at
+    # 1.0) that no probe can rule it out early (test_..._refused_after_one_probe covers that)
+    res = search_quota(linear(3150.0), PIN, start=0.5)
     assert not res.pinned and res.quota is None
     assert res.steps[-1].quota == PIN.max_cpu_quota
     assert "host too slow" in res.reason and f"{res.steps[-1].token_rate:.0f} uncached tokens/s" in res.reason
     assert "1.5 CPU" in res.reason
+
+
+def test_a_host_that_cannot_reach_the_target_even_at_the_fastest_growth_is_refused_after_one_probe() -> None:
+    """An AVX2-only EPYC serving an AVX-512 host's cell: 2,900 tokens/s at 0.5 CPU against 21,000.
+    Even growing as quota^ALPHA_MAX it would give 2,900 x 3^1.5 = 15,070 at 1.5 CPU: refused now,
+    without walking up to the largest quota."""
+    pin = PIN.model_copy(update={"token_rate": 21000.0, "tolerance": 0.06})
+    res = search_quota(linear(5800.0), pin, start=0.5)
+    assert not res.pinned and len(res.steps) == 1 and res.steps[0].quota == 0.5
+    assert "host too slow" in res.reason and "2900 uncached tokens/s at 0.5 CPU" in res.reason
+    assert f"at most {2900 * 3**ALPHA_MAX:.0f}" in res.reason and "1.5 CPU" in res.reason
+
+
+def test_a_host_that_could_reach_the_target_at_the_fastest_trusted_growth_is_searched() -> None:
+    """The bound is the search's own: a host whose rate does grow as quota^ALPHA_MAX up to the target
+    at the largest quota gets its probes and is pinned; a first probe 3% below that curve is still
+    probed further (the tolerance is 4%), one just short of the tolerance's reach is refused."""
+    hi, T = PIN.max_cpu_quota, PIN.token_rate
+    c = T / hi**ALPHA_MAX  # rate(hi) = T exactly
+    res = search_quota(lambda q: c * q**ALPHA_MAX, PIN, start=0.5)
+    assert res.pinned and len(res.steps) > 1, res.reason
+    first = Step(0.5, c * 0.5**ALPHA_MAX * 0.97)  # a first probe 3% slow: within the tolerance's reach
+    assert next_quota([first], PIN, start=0.5).action == "measure"
+    short = Step(0.5, T * (1 - PIN.tolerance) / (hi / 0.5) ** ALPHA_MAX * 0.99)  # just out of reach
+    assert next_quota([short], PIN, start=0.5).action == "refused"
 
 
 def test_a_host_too_fast_at_the_smallest_quota_is_refused() -> None:
@@ -169,7 +204,7 @@ def test_pin_speed_on_a_live_fake_sets_the_quota_and_flushes_after() -> None:
 
 
 def test_pin_speed_refuses_a_slow_host_with_an_engine_start_error() -> None:
-    eng = _FakeEngine(per_core=50000.0 / 3.0)  # would need 3 CPUs; at most 1.5 allowed
+    eng = _FakeEngine(per_core=50000.0 / 1.7)  # would need 1.7 CPUs; at most 1.5 allowed
     with pytest.raises(SpeedPinError) as info:
         asyncio.run(pin_speed(eng, "http://x", PIN_FAST, 0.5, "m", eng.set_quota))  # type: ignore[arg-type]
     assert isinstance(info.value, EngineStartError) and info.value.reason == "speed_pin"
