@@ -28,10 +28,10 @@ import pandas as pd
 from analysis import family_metrics as F
 from analysis import metrics as M
 from analysis.expr import RUN_NAN_PREFIXES, Env, Evaluator, ordered
+from analysis.quantities import LITERAL_ARGS, METRIC_ARGS
 from harness.errors import RuleError
 
 NAN = float("nan")
-LITERAL_ARGS = ("kind", "unit")
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,10 @@ MEASURES: dict[str, Metric] = {
         ("final_bin", "rise_span"),
     ),
 }
+
+
+# Every metric's arguments are analysis.quantities.METRIC_ARGS' (what a spec is checked against).
+assert {k: m.args for k, m in MEASURES.items()} == METRIC_ARGS, "MEASURES and METRIC_ARGS name other arguments"
 
 
 def measure_all(spec_measures: Any, tables: RunTables, env: Mapping[str, Any]) -> dict[str, Any]:

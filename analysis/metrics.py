@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from analysis.arrays import FloatArray
+from analysis.quantities import WINDOW_STATISTICS as WINDOW_STATISTICS  # re-exported: run_statistics's keys
 from harness.errors import RuleError
 
 NAN = float("nan")
@@ -347,33 +348,8 @@ def run_statistics(
     }
 
 
-# The keys of run_statistics, in its order (tests/unit/analysis/test_rules_e2.py checks they agree):
-# the names a rule spec may read of every run's window (analysis/quantities.py).
-WINDOW_STATISTICS = (
-    "window_start",
-    "window_end",
-    "window_len",
-    "hit",
-    "followup_hit",
-    "token_rate",
-    "backlog_mean",
-    "backlog_end",
-    "slope",
-    "hit_last",
-    "outstanding_last",
-    "outstanding_end",
-    "sessions_completed_rate",
-    "turns_completed_rate",
-    "base_arrivals_window",
-    "base_arrival_rate_window",
-    "sessions",
-    "refused",
-    "failed_sessions",
-    "failed_turns",
-    "gate_waited",
-    "gate_mean_wait",
-    "gate_last_held",
-)
+# The keys of run_statistics, in its order (tests/unit/analysis/test_rules_e2.py checks they agree),
+# are analysis.quantities.WINDOW_STATISTICS (re-exported above).
 
 
 def outstanding_bins(

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def lateness_summary(values: Iterable[float], bound: float | None) -> dict[str, Any]:
     """n, p50, p99 and max of start lateness (seconds), and whether p99 is within `bound`.
 
     `within_bound` is None when there is nothing to judge (no arrival played, or no bound)."""
+    import numpy as np  # here, not at the top: the verdict layout (analysis.paired) and `status` need no numpy
+
     arr = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
     n = int(arr.size)
     p50 = float(np.quantile(arr, 0.5)) if n else None
@@ -68,7 +70,7 @@ def run_open_loop(meta: Mapping[str, Any], sessions: pd.DataFrame) -> dict[str, 
     if "start_lateness" not in sessions.columns:
         return None
     bound = (meta.get("open_loop") or {}).get("bound_p99_s")
-    vals = sessions["start_lateness"].to_numpy(dtype=float, na_value=np.nan)
+    vals = sessions["start_lateness"].to_numpy(dtype=float, na_value=math.nan)
     kind = sessions["kind"].to_numpy()
     return open_loop_summary(
         vals[kind == "base"].tolist(), vals[kind == "burst"].tolist(), None if bound is None else float(bound)

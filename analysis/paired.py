@@ -16,9 +16,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from analysis.metrics import WINDOW_STATISTICS
 from analysis.openloop import verdict_block
-from analysis.quantities import RATIOS
+from analysis.quantities import RATIOS, WINDOW_STATISTICS
 from analysis.rules import arm_expectation, is_paired_form
 from analysis.stages import COUNTED, StagedRun
 

@@ -8,7 +8,35 @@ refused when it is loaded, naming the field, instead of failing (or reading NaN)
 
 from __future__ import annotations
 
-from analysis.metrics import WINDOW_STATISTICS
+# The keys of analysis.metrics.run_statistics, in its order (tests/unit/analysis/test_rules_e2.py checks
+# they agree): the names a rule spec may read of every run's window. They are defined here, not beside
+# run_statistics, so that checking a spec (analysis/rulecheck.py) reads them without importing numpy and
+# pandas: `status` and every registration load check specs, and neither computes a statistic.
+WINDOW_STATISTICS = (
+    "window_start",
+    "window_end",
+    "window_len",
+    "hit",
+    "followup_hit",
+    "token_rate",
+    "backlog_mean",
+    "backlog_end",
+    "slope",
+    "hit_last",
+    "outstanding_last",
+    "outstanding_end",
+    "sessions_completed_rate",
+    "turns_completed_rate",
+    "base_arrivals_window",
+    "base_arrival_rate_window",
+    "sessions",
+    "refused",
+    "failed_sessions",
+    "failed_turns",
+    "gate_waited",
+    "gate_mean_wait",
+    "gate_last_held",
+)
 
 # The references: nominal arrival rate, lambda_miss (= the cell's lambda_ref), the E0a all-miss
 # token rate, the rate multiple and lambda_ref itself.
@@ -27,3 +55,29 @@ RUN_QUANTITIES = frozenset((*REFERENCES, *WINDOW_STATISTICS, *RATIOS, *RUN_FACTS
 RUN_ENV = ("status", "counted", "arm", "rate", "seed")
 GROUP_BASE = ("rate", "n_seeds", "n_decided", "n_undecided")
 TEST_BASE = ("n_groups", "n_runs")
+
+# The metrics a spec's measure may name (analysis/measures.py `MEASURES`, their estimators), each
+# with every argument a measure must give it, and the arguments that are literal words, not
+# numbers. Here, beside the other names, so that checking a spec (analysis/rulecheck.py, on every
+# registration load, `status` included) does not import the estimators and their numpy and pandas.
+METRIC_ARGS: dict[str, tuple[str, ...]] = {
+    "followup_hit": ("start", "end"),
+    "hit": ("start", "end"),
+    "completions": ("start", "end", "unit"),
+    "token_rate": ("start", "end"),
+    "backlog_slope": ("start", "end", "width"),
+    "backlog_mean": ("start", "end"),
+    "in_system_at": ("at",),
+    "outstanding_at": ("at", "paused"),
+    "outstanding_mean": ("start", "end", "paused"),
+    "mean_prompt": ("start", "end"),
+    "gap_slope": ("start", "end", "width"),
+    "wave": ("kind",),
+    "plan_arrival_rate": ("start", "end", "kind", "unit"),
+    "tiled_followup": ("start", "end", "width"),
+    "persistence": ("trigger_end", "stop", "width", "step", "onset_max", "escape_min"),
+    "trigger": ("kind",),
+    "gate": (),
+    "e0b": ("final_bin", "rise_span"),
+}
+LITERAL_ARGS = ("kind", "unit")

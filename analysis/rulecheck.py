@@ -8,7 +8,7 @@ with the field named:
   analysis/expr.py);
 * a spec without the parameters every run's window statistics read (`REQUIRED_PARAMS`), or those
   its report reads (analysis/reports `REPORT_PARAMS`);
-* a measure that does not give every argument its metric takes (analysis/measures.py `MEASURES`);
+* a measure that does not give every argument its metric takes (analysis/quantities.py `METRIC_ARGS`);
 * a condition that reads a name which is neither a parameter, nor a quantity every run has
   (analysis/quantities.py), nor a name the spec defines before it (a measure, a derived quantity,
   a label, a role's run, a seed quantity, an aggregate). A parameter removed from a spec is so
@@ -21,8 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from analysis.expr import names, ordered, parse
-from analysis.measures import LITERAL_ARGS, MEASURES
-from analysis.quantities import GROUP_BASE, PREFIXES, RUN_ENV, RUN_QUANTITIES, TEST_BASE
+from analysis.quantities import GROUP_BASE, LITERAL_ARGS, METRIC_ARGS, PREFIXES, RUN_ENV, RUN_QUANTITIES, TEST_BASE
 from analysis.reports import REPORT_PARAMS
 from analysis.stages import AGGREGATES, TEST_FUNCTIONS
 from harness.errors import RuleError
@@ -118,11 +117,11 @@ def _check_params(name: str, params: Mapping[str, Any], report: str | None) -> N
 
 def _check_measures(name: str, section: Any) -> None:
     for mname, m in ordered(section, f"{name}.measures"):
-        if not isinstance(m, Mapping) or m.get("metric") not in MEASURES:
+        if not isinstance(m, Mapping) or m.get("metric") not in METRIC_ARGS:
             raise RuleError(
-                f"rule spec {name!r}: measure {mname!r}: metric must be one of {sorted(MEASURES)}, got {m!r}"
+                f"rule spec {name!r}: measure {mname!r}: metric must be one of {sorted(METRIC_ARGS)}, got {m!r}"
             )
-        want = MEASURES[m["metric"]].args
+        want = METRIC_ARGS[m["metric"]]
         given = [k for k in m if k != "metric"]
         missing = [k for k in want if k not in given]
         unknown = [k for k in given if k not in want]

@@ -20,6 +20,7 @@ import yaml
 from analysis.rulecheck import validate_staged
 from analysis.stages import StagedRun, judge_staged, judge_staged_run
 from harness.config import check_finite
+from harness.config.files import safe_load
 from harness.errors import RuleError
 
 # ---------------------------------------------------------------------------------------------
@@ -42,7 +43,7 @@ def _read_spec(source: str | Path) -> dict[str, Any]:
     p = Path(source)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         try:
-            data = yaml.safe_load(p.read_text())
+            data = safe_load(p.read_text())
         except OSError as exc:
             raise RuleError(f"rule spec {str(source)!r}: cannot read: {exc.strerror}") from None
         except yaml.YAMLError as exc:

@@ -107,7 +107,7 @@ COMMANDS: list[Command] = [
         "status",
         "judge",
         "where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks",
-        "cli.review",
+        "cli.status",
     ),
     Command(
         "report",

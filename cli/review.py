@@ -1,45 +1,28 @@
-"""Commands of the review: `analyze` (a verdict from run directories, plain or as registered),
-`status TESTDIR` (where a test stands) and `report TESTDIR [--html]` (its report: the Markdown
-beside the verdict, or one self-contained HTML page).
+"""Commands of the review: `analyze` (a verdict from run directories, plain or as registered) and
+`report TESTDIR [--html]` (its report: the Markdown beside the verdict, or one self-contained HTML
+page). `status TESTDIR` is cli/status.py's: it judges nothing, so it does not import the judge.
 
-`status` and `report` read the test directory through review.testdir, which reads each record
-through the reader of the part that writes it; none of them runs anything, so a reviewer can use
-them on a copied test directory.
+`report` reads the test directory through review.testdir, which reads each record through the
+reader of the part that writes it; none of them runs anything, so a reviewer can use them on a
+copied test directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from analysis.judge import add_ref_options, refs_override, report_runs
 from cli.commands import CLI
-from provenance.git import Repo
+from cli.status import open_test
 from review.html import write_html
 from review.registered import cmd
-from review.status import collect_status, format_status
-from review.testdir import open_testdir
-
-
-def _open(args: argparse.Namespace) -> Any:
-    repo = None
-    if getattr(args, "repo", None):
-        repo = Repo.containing(Path(args.repo))
-    return open_testdir(args.testdir, repo=repo, registration=getattr(args, "registration", None))
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    st = collect_status(_open(args), ask_scheduler=not args.no_scheduler)
-    print(json.dumps(st.to_json(), indent=2, default=str) if args.json else format_status(st))
-    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    td = _open(args)
+    td = open_test(args)
     if args.html:
         out = write_html(td, args.out)
         print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained; open it in a browser)")
@@ -57,29 +40,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(cli: CLI) -> None:
-    """Add `analyze`, `status` and `report` to the agentload command."""
+    """Add `analyze` and `report` to the agentload command."""
     _register_analyze(cli)
-    s = cli.command(
-        "status",
-        group="judge",
-        help="where a test stands: registration and label, predictions, jobs, runs bound, verdict, provenance breaks",
-    )
-    s.add_argument("testdir", help="the test directory (submission.json, runs/, provenance/, the verdict)")
-    s.add_argument("--json", action="store_true", help="print the status as JSON")
-    s.add_argument(
-        "--no-scheduler",
-        action="store_true",
-        help="do not ask the scheduler; job states from the accounting export only",
-    )
-    s.add_argument(
-        "--registration",
-        help="the registration file, for a test not yet submitted (its status and the label jobs submitted now would "
-        "get)",
-    )
-    s.add_argument(
-        "--repo", help="repository holding the registration and freezes (default: the test directory's, else .)"
-    )
-    s.set_defaults(func=_cmd_status)
 
     r = cli.command(
         "report",

@@ -43,7 +43,7 @@ import orjson
 import yaml
 
 from harness.errors import RecordError
-from prereg.registration import RegistrationError, registration_from_data
+from prereg.registration import RegistrationError, registration_document, registration_from_data
 
 MANIFEST = "submission.json"
 ACCOUNTING = "provenance/accounting.json"
@@ -328,7 +328,7 @@ def registration_view(data: bytes, where: str) -> RegistrationView:
     """The registration's bytes through the project's one loader (prereg.registration), reduced
     to what the timeline and the verifier read. A file that loader refuses is a RecordError."""
     try:
-        doc = yaml.safe_load(data)
+        doc = registration_document(data)
     except yaml.YAMLError as exc:
         raise RecordError(f"{where}: not valid YAML ({exc})") from None
     try:

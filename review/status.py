@@ -32,7 +32,7 @@ from typing import Any
 
 from harness.recording.schema import RunStatus
 from prereg.labels import label_now
-from review.registered import bind_run
+from review.binding import bind_run
 from review.status_model import (
     CATEGORIES,
     FreezeLine,

@@ -209,7 +209,9 @@ def save_grid(fig: Any, path: Any, *, dpi: int, top: float = 0.9, bottom: float 
     note under the x label."""
     width = float(fig.get_size_inches()[0])
     fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, top=top, bottom=bottom, wspace=0.16, hspace=0.1)
-    fig.savefig(path, dpi=dpi)
+    # zlib level 2, not PIL's default 6: the same pixels, about half the encoding time (~0.08 s of a
+    # 1488 x 768 grid) for a file ~6% larger
+    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 2})
 
 
 def hit_backlog_figure(

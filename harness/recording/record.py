@@ -465,7 +465,9 @@ def load_run(run_dir: Path | str, verify: bool = False) -> RunData:
         if pq_path.exists() and t in recorded:
             if verify and _sha256(pq_path) != recorded[t]["sha256"]:
                 raise RunFormatError(f"{pq_path}: SHA-256 differs from meta.json; the file changed after the run")
-            table = _conform(pq.read_table(pq_path), SCHEMAS[t], pq_path)
+            # ParquetFile.read, not pq.read_table: the same table from one file without the dataset
+            # discovery read_table sets up for each (a third of the read time of a run's small files)
+            table = _conform(pq.ParquetFile(pq_path).read(), SCHEMAS[t], pq_path)
         else:
             partial = True
             table, n = _read_table(d / f"{t}.jsonl", t)
