@@ -46,11 +46,18 @@ RATIOS = ("token_ratio", "slope_threshold", "completions_ref", "base_arrivals_re
 # What decides whether a run counts (a spec's `run.count_if`).
 RUN_FACTS = ("run.completed", "run.plan_ok", "run.cell_ok", "run.bound", "run.cell")
 OTHER = ("duration", "wall_s", "cap", "arm_key")
+# The engine speed pin (harness/servers/speedpin.py, a CPU cell's `engine_speed_pin`): the probe's
+# token rate over the cell's target when the pin settled before the run, and in the recheck after it
+# (the same probe at the same quota, once the engine is idle). NaN where the cell has no pin, the
+# server was not pinned (an attached one), or the recheck did not probe (an engine still busy):
+# a rule's `run.count_if` can require the speed to have held to the end, e.g. within the band its
+# TRAPPED state allows the token rate (the SGLang CPU rule, configs/rules/e2-cpu-sglang-16k.yaml).
+SPEED_PIN = ("pin_start", "pin_after")
 # The arm's perturbation and the protocol (flattened: arm.gate.t_on, protocol.burst.time) and the
 # frozen predictions (pred.slope): names under these may be absent and read as NaN.
 PREFIXES = ("arm.", "protocol.", "pred.")
 
-RUN_QUANTITIES = frozenset((*REFERENCES, *WINDOW_STATISTICS, *RATIOS, *RUN_FACTS, *OTHER))
+RUN_QUANTITIES = frozenset((*REFERENCES, *WINDOW_STATISTICS, *RATIOS, *RUN_FACTS, *OTHER, *SPEED_PIN))
 # What the seed stage reads of each role's run beside its quantities (analysis.stages.StagedRun.env).
 RUN_ENV = ("status", "counted", "arm", "rate", "seed")
 GROUP_BASE = ("rate", "n_seeds", "n_decided", "n_undecided")

@@ -83,6 +83,21 @@ def run_refs(meta: Mapping[str, Any], override: Mapping[str, float] | None) -> d
     }
 
 
+def speed_pin_quantities(meta: Mapping[str, Any]) -> dict[str, float]:
+    """`pin_start` and `pin_after` (analysis/quantities.py SPEED_PIN) from a run's meta.json: the
+    pin's probe over its target before the run and in the after-run recheck; NaN when absent."""
+    pin = meta.get("engine_speed_pin") or {}
+    after = pin.get("after") if isinstance(pin.get("after"), Mapping) else {}
+
+    def ratio(v: Any) -> float:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else NAN
+
+    return {
+        "pin_start": ratio(pin.get("ratio")) if pin.get("pinned") else NAN,
+        "pin_after": ratio(after.get("ratio")),
+    }
+
+
 def run_quantities(
     run_dir: Path | str,
     spec: Mapping[str, Any],
@@ -125,6 +140,7 @@ def run_quantities(
     flatten("arm", meta.get("arm_config") or {}, q)
     flatten("protocol", {k: v for k, v in p.items() if k != "name"}, q)
     q["cap"] = meta.get("cap")
+    q.update(speed_pin_quantities(meta))
     plan_sha = (meta.get("plan") or {}).get("sha256")
     file_sha = _sha(Path(run_dir) / str((meta.get("plan") or {}).get("file") or "plan.parquet"))
     cell = (meta.get("cell") or {}).get("name")

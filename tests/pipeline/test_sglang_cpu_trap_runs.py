@@ -27,7 +27,10 @@ CELL = "sglang-cpu-tiny-16k"
 def test_the_sglang_cpu_trap_runs_are_in_their_states_by_the_rule(tmp_path: Path) -> None:
     """The states docs/sglang-cpu-trap.md reports, recomputed: BURST trapped and NOBURST good on seed 1
     at 1.25 (the by-hand demonstration), and the rest of the 2 x 3 seeds as they fell (BURST's token
-    rate under the rule's band at 1.5; two BURST runs escaped the trap)."""
+    rate under the rule's band at 1.5). The two BURST runs that escaped the trap were played by an
+    engine whose after-run recheck read 1.43 and 1.40 x the pinned speed: the rule (version 2) does
+    not count them, so their seeds are undecided (FAILED, with the condition that failed), 1.25 is
+    INCOMPLETE rather than FAIL, and 1.5 still FAILs on its two counted INDETERMINATE seeds."""
     out = tmp_path / "analysis"
     # a paired test's analyze exits 0 only on PASS (analysis/judge.py exit_status)
     assert main(["analyze", "--test", str(TEST), str(RUNS), "--out", str(out)]) == 1
@@ -35,10 +38,17 @@ def test_the_sglang_cpu_trap_runs_are_in_their_states_by_the_rule(tmp_path: Path
     assert verdict["rule"] == "e2-cpu-sglang-16k"
     states = {r["rate"]: r["seeds"] for r in verdict["rates"]}
     assert states[1.25]["1"] == {"burst": "TRAPPED", "noburst": "RECOVERED"}
-    assert [states[1.25][s]["burst"] for s in "012"] == ["INDETERMINATE", "TRAPPED", "RECOVERED"]
-    assert [states[1.5][s]["burst"] for s in "012"] == ["RECOVERED", "INDETERMINATE", "INDETERMINATE"]
+    assert [states[1.25][s]["burst"] for s in "012"] == ["INDETERMINATE", "TRAPPED", "FAILED"]
+    assert [states[1.5][s]["burst"] for s in "012"] == ["FAILED", "INDETERMINATE", "INDETERMINATE"]
     assert all(states[r][s]["noburst"] == "RECOVERED" for r in (1.25, 1.5) for s in "012")
-    assert [r["verdict"] for r in verdict["rates"]] == ["FAIL", "FAIL"] and verdict["verdict"] == "FAIL"
+    assert [r["verdict"] for r in verdict["rates"]] == ["INCOMPLETE", "FAIL"] and verdict["verdict"] == "FAIL"
+    runs = {(r["arm"], r["rate"], r["seed"]): r for r in verdict["runs"]}
+    for key, after in ((("burst", 1.25, 2), 1.434), (("burst", 1.5, 0), 1.397)):
+        meta = orjson.loads((RUNS / f"BURST-r{key[1]:g}-s{key[2]}" / "meta.json").read_bytes())
+        assert round(meta["engine_speed_pin"]["after"]["ratio"], 3) == after  # what the recheck read
+        assert "abs(pin_after - 1) <= recheck_tolerance" in runs[key]["reason"], runs[key]
+    # every counted run's speed held within the band (0.87-1.07 x the target after the run)
+    assert sum(1 for r in verdict["runs"] if r["state"] != "FAILED") == 10
 
 
 def test_the_runs_were_judged_with_the_cells_e0a_references_under_its_pin() -> None:

@@ -492,12 +492,16 @@ def test_the_sglang_cpu_rule_and_protocol_are_e2_cpu_with_the_cap_burst_and_span
         load_rule(CONFIG_ROOT / "rules" / "e2-cpu.yaml"),
         load_rule(CONFIG_ROOT / "rules" / "e2-cpu-sglang-16k.yaml"),
     )
-    for k in ("states", "flags", "roles", "seed", "group", "test", "version"):
+    for k in ("states", "flags", "roles", "seed", "group", "test"):
         assert sg[k] == cpu[k], k
-    changed = ("recovered_outstanding", "recovered_span")
+    changed = ("recovered_outstanding", "recovered_span", "recheck_tolerance")
     assert {k: v for k, v in sg["params"].items() if k not in changed} == {
         k: v for k, v in cpu["params"].items() if k not in changed
     }
+    # version 2: a run counts only if the pinned speed held to the end, within TRAPPED's token band
+    assert sg["version"] == 2 and "recheck_tolerance" not in cpu["params"] and "run" not in cpu
+    assert sg["params"]["recheck_tolerance"] == sg["params"]["rate_tolerance"]
+    assert sg["run"] == {"count_if": ["isnan(pin_after) or abs(pin_after - 1) <= recheck_tolerance"]}
     cell = load_config("cells/sglang-cpu-tiny-16k", CellConfig)
     paper_outstanding, paper_cap = 20, 20
     assert sg["params"]["recovered_outstanding"] == pytest.approx(paper_outstanding * cell.max_running / paper_cap)
