@@ -383,3 +383,42 @@ def test_window_statistics_names_every_statistic() -> None:
     """The names a spec may read of every run (analysis/quantities.py) are run_statistics' keys."""
     turns, sessions = synth(backlog0=10, slope=0.0, hit=0.9, token_rate=1000.0)
     assert tuple(run_statistics(turns, sessions, None, SPEC)) == WINDOW_STATISTICS
+
+
+def test_the_speed_pins_probe_and_recheck_are_run_quantities_nan_where_absent() -> None:
+    """pin_start / pin_after (analysis/quantities.py SPEED_PIN) from meta.json's engine_speed_pin: the
+    ratios when the pin settled and the recheck probed; NaN for a cell without a pin, a server that
+    was not pinned (attached), a refused pin, and a recheck that did not probe (engine still busy)."""
+    import math
+
+    from analysis.quantities import RUN_QUANTITIES, SPEED_PIN
+    from analysis.staged_analysis import speed_pin_quantities
+
+    assert set(SPEED_PIN) <= RUN_QUANTITIES
+    pinned = {"applied": True, "pinned": True, "ratio": 1.041, "after": {"token_rate": 8245.0, "ratio": 1.434}}
+    assert speed_pin_quantities({"engine_speed_pin": pinned}) == {"pin_start": 1.041, "pin_after": 1.434}
+    busy = {**pinned, "after": {"skipped": "not probed: the engine was still busy 30 s after the run"}}
+    q = speed_pin_quantities({"engine_speed_pin": busy})
+    assert q["pin_start"] == 1.041 and math.isnan(q["pin_after"])
+    for meta in (
+        {},
+        {"engine_speed_pin": None},
+        {"engine_speed_pin": {"applied": False, "reason": "attached server"}},
+        {"engine_speed_pin": {"applied": True, "pinned": False, "ratio": None, "reason": "host too slow"}},
+        {"engine_speed_pin": {**pinned, "after": {"error": "ClientConnectorError"}, "pinned": False}},
+    ):
+        assert all(math.isnan(v) for v in speed_pin_quantities(meta).values()), meta
+
+
+def test_a_rule_can_refuse_to_count_a_run_whose_pinned_speed_did_not_hold() -> None:
+    """e2-cpu-sglang-16k version 2's count_if, evaluated on the quantities alone: a recheck within
+    recheck_tolerance (or none) counts, one outside it does not, whatever the state would be."""
+    from analysis.expr import evaluate
+    from analysis.rules import load_rule
+
+    spec = load_rule("e2-cpu-sglang-16k")
+    (cond,) = spec["run"]["count_if"]
+    tol = spec["params"]["recheck_tolerance"]
+    for after, counts in ((1.0, True), (0.871, True), (1.15, True), (1.434, False), (0.84, False)):
+        assert bool(evaluate(cond, {"pin_after": after, "recheck_tolerance": tol})) is counts, after
+    assert bool(evaluate(cond, {"pin_after": float("nan"), "recheck_tolerance": tol}))
