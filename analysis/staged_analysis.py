@@ -87,7 +87,8 @@ def speed_pin_quantities(meta: Mapping[str, Any]) -> dict[str, float]:
     """`pin_start` and `pin_after` (analysis/quantities.py SPEED_PIN) from a run's meta.json: the
     pin's probe over its target before the run and in the after-run recheck; NaN when absent."""
     pin = meta.get("engine_speed_pin") or {}
-    after = pin.get("after") if isinstance(pin.get("after"), Mapping) else {}
+    raw = pin.get("after")
+    after: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
 
     def ratio(v: Any) -> float:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else NAN
