@@ -3,6 +3,7 @@ verdict has always had (Table 7).
 
 The staged engine judges E2 like every other family (analysis/rulespecs/e2.yaml); this module only
 lays its results out, deciding nothing: per run its state (the `state` label, or MISSING, FAILED,
+NOT-COUNTED,
 INVALID), whether the arm's expected state holds, the flags and the window statistics; per rate the
 group's outcome, its good seeds and each seed's states; the test's outcome. Whoever reads an E2
 verdict (the Table 7 report, the kill conditions, `status`, the HTML page, prediction scoring)
@@ -43,10 +44,12 @@ def _num(v: Any) -> Any:
 
 def paired_state(run: StagedRun) -> str:
     """The run's E2 state: its state label when it counts; else MISSING, INVALID (window shorter
-    than min_window) or FAILED (any other status: failed, interrupted, partial, refused)."""
+    than min_window), NOT-COUNTED (it completed, but a condition of the rule's `run.count_if` does
+    not hold: e.g. the pinned speed did not hold to the end) or FAILED (any other status: failed,
+    interrupted, partial, refused)."""
     if run.status == COUNTED:
         return str(run.labels["state"])
-    return run.status if run.status in ("MISSING", "INVALID") else "FAILED"
+    return run.status if run.status in ("MISSING", "INVALID", "NOT-COUNTED") else "FAILED"
 
 
 def paired_run(spec: Mapping[str, Any], run: StagedRun) -> dict[str, Any]:

@@ -183,8 +183,8 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
             out.put(k, key, bool(v), src)
         if "good" not in a["flags"]:
             out.put("good", key, a["state"] == "RECOVERED", src)
-        if a["state"] in ("FAILED", "INVALID"):
-            continue  # a run that did not complete gives a state, not statistics to score
+        if a["state"] in ("FAILED", "INVALID", "NOT-COUNTED"):
+            continue  # a run that did not complete (or does not count) gives a state, not statistics to score
         stats = dict(a["stats"])
         if wanted:
             stats.update(interval_quantities(d, wanted, float(spec["params"]["backlog_bin"])))

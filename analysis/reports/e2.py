@@ -26,6 +26,7 @@ STATE_LETTER = {
     "FAILED": "F",
     "MISSING": "-",
     "INVALID": "X",
+    "NOT-COUNTED": "X",
 }
 
 

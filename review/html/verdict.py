@@ -122,7 +122,7 @@ def _state_class(r: Mapping[str, Any]) -> str:
         return "good"
     if (
         r.get("good") is False
-        or r.get("state") in ("FAILED", "MISSING", "INVALID")
+        or r.get("state") in ("FAILED", "MISSING", "INVALID", "NOT-COUNTED")
         or r.get("status") not in (None, "complete")
     ):
         return "bad"

@@ -29,7 +29,7 @@ def test_the_sglang_cpu_trap_runs_are_in_their_states_by_the_rule(tmp_path: Path
     at 1.25 (the by-hand demonstration), and the rest of the 2 x 3 seeds as they fell (BURST's token
     rate under the rule's band at 1.5). The two BURST runs that escaped the trap were played by an
     engine whose after-run recheck read 1.43 and 1.40 x the pinned speed: the rule (version 2) does
-    not count them, so their seeds are undecided (FAILED, with the condition that failed), 1.25 is
+    not count them, so their seeds are undecided (NOT-COUNTED, with the condition that failed), 1.25 is
     INCOMPLETE rather than FAIL, and 1.5 still FAILs on its two counted INDETERMINATE seeds."""
     out = tmp_path / "analysis"
     # a paired test's analyze exits 0 only on PASS (analysis/judge.py exit_status)
@@ -38,8 +38,8 @@ def test_the_sglang_cpu_trap_runs_are_in_their_states_by_the_rule(tmp_path: Path
     assert verdict["rule"] == "e2-cpu-sglang-16k"
     states = {r["rate"]: r["seeds"] for r in verdict["rates"]}
     assert states[1.25]["1"] == {"burst": "TRAPPED", "noburst": "RECOVERED"}
-    assert [states[1.25][s]["burst"] for s in "012"] == ["INDETERMINATE", "TRAPPED", "FAILED"]
-    assert [states[1.5][s]["burst"] for s in "012"] == ["FAILED", "INDETERMINATE", "INDETERMINATE"]
+    assert [states[1.25][s]["burst"] for s in "012"] == ["INDETERMINATE", "TRAPPED", "NOT-COUNTED"]
+    assert [states[1.5][s]["burst"] for s in "012"] == ["NOT-COUNTED", "INDETERMINATE", "INDETERMINATE"]
     assert all(states[r][s]["noburst"] == "RECOVERED" for r in (1.25, 1.5) for s in "012")
     assert [r["verdict"] for r in verdict["rates"]] == ["INCOMPLETE", "FAIL"] and verdict["verdict"] == "FAIL"
     runs = {(r["arm"], r["rate"], r["seed"]): r for r in verdict["runs"]}
@@ -48,7 +48,7 @@ def test_the_sglang_cpu_trap_runs_are_in_their_states_by_the_rule(tmp_path: Path
         assert round(meta["engine_speed_pin"]["after"]["ratio"], 3) == after  # what the recheck read
         assert "abs(pin_after - 1) <= recheck_tolerance" in runs[key]["reason"], runs[key]
     # every counted run's speed held within the band (0.87-1.07 x the target after the run)
-    assert sum(1 for r in verdict["runs"] if r["state"] != "FAILED") == 10
+    assert sum(1 for r in verdict["runs"] if r["state"] != "NOT-COUNTED") == 10
 
 
 def test_the_runs_were_judged_with_the_cells_e0a_references_under_its_pin() -> None:

@@ -11,7 +11,15 @@ from analysis.rules import arm_expectation, load_rule
 from prereg.registration import load_registration
 
 ROOT = REPO
-LETTER = {"T": "TRAPPED", "I": "INDETERMINATE", "D": "DRAINING", "G": "RECOVERED", "R": "RECOVERED", "-": "MISSING"}
+LETTER = {
+    "T": "TRAPPED",
+    "I": "INDETERMINATE",
+    "D": "DRAINING",
+    "G": "RECOVERED",
+    "R": "RECOVERED",
+    "-": "MISSING",
+    "X": "NOT-COUNTED",
+}
 
 
 def _verdict(table: dict[float, dict[str, str]]) -> dict[str, Any]:
@@ -98,6 +106,18 @@ def test_missing_runs_leave_a_condition_undetermined() -> None:
     k = _kill(
         {
             1.35: {"burst": "TTT", "noburst": "G--", "capped": "R--"},
+            1.65: {"burst": "TTT", "noburst": "GGG", "capped": "RRR"},
+        }
+    )
+    assert k["K1"] is None and k["K3"] is None and k["K2"] is False
+
+
+def test_runs_that_do_not_count_leave_a_condition_undetermined_like_missing_ones() -> None:
+    """A run the rule's count_if refused (NOT-COUNTED: e.g. its pinned speed did not hold) is no
+    evidence either way: NOBURST's two not-counted seeds neither trigger K1 nor clear it."""
+    k = _kill(
+        {
+            1.35: {"burst": "TTT", "noburst": "GXX", "capped": "RXX"},
             1.65: {"burst": "TTT", "noburst": "GGG", "capped": "RRR"},
         }
     )
