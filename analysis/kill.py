@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-ABSENT = ("MISSING", "FAILED", "INVALID", "NOT-COUNTED")
+from analysis.paired import UNJUDGED as ABSENT
 
 
 def _state(verdict: Mapping[str, Any], rate: float, seed: int, arm: str) -> str:

@@ -2,9 +2,8 @@
 verdict has always had (Table 7).
 
 The staged engine judges E2 like every other family (analysis/rulespecs/e2.yaml); this module only
-lays its results out, deciding nothing: per run its state (the `state` label, or MISSING, FAILED,
-NOT-COUNTED,
-INVALID), whether the arm's expected state holds, the flags and the window statistics; per rate the
+lays its results out, deciding nothing: per run its state (the `state` label, or one of UNJUDGED),
+whether the arm's expected state holds, the flags and the window statistics; per rate the
 group's outcome, its good seeds and each seed's states; the test's outcome. Whoever reads an E2
 verdict (the Table 7 report, the kill conditions, `status`, the HTML page, prediction scoring)
 reads this layout, which is also what the code of an earlier commit writes when it judges a
@@ -42,6 +41,13 @@ def _num(v: Any) -> Any:
     return v
 
 
+# The E2 states of a run with no judged state: missing, its window shorter than min_window, not
+# counted by the rule's `run.count_if`, or failed (any other status). Whoever reads the layout (the
+# kill conditions, prediction scoring, the HTML page) treats them alike: no evidence for or against
+# the arm's expectation.
+UNJUDGED = ("MISSING", "FAILED", "INVALID", "NOT-COUNTED")
+
+
 def paired_state(run: StagedRun) -> str:
     """The run's E2 state: its state label when it counts; else MISSING, INVALID (window shorter
     than min_window), NOT-COUNTED (it completed, but a condition of the rule's `run.count_if` does
@@ -49,7 +55,7 @@ def paired_state(run: StagedRun) -> str:
     interrupted, partial, refused)."""
     if run.status == COUNTED:
         return str(run.labels["state"])
-    return run.status if run.status in ("MISSING", "INVALID", "NOT-COUNTED") else "FAILED"
+    return run.status if run.status in UNJUDGED else "FAILED"
 
 
 def paired_run(spec: Mapping[str, Any], run: StagedRun) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from analysis.metrics import (
     present_sessions,
     system_intervals,
 )
-from analysis.paired import paired_rates, paired_run
+from analysis.paired import UNJUDGED, paired_rates, paired_run
 from analysis.rules import load_rule
 from analysis.staged_analysis import run_quantities
 from analysis.stages import StagedRun, judge_staged
@@ -183,7 +183,7 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
             out.put(k, key, bool(v), src)
         if "good" not in a["flags"]:
             out.put("good", key, a["state"] == "RECOVERED", src)
-        if a["state"] in ("FAILED", "INVALID", "NOT-COUNTED"):
+        if a["state"] in UNJUDGED:
             continue  # a run that did not complete (or does not count) gives a state, not statistics to score
         stats = dict(a["stats"])
         if wanted:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.expr import evaluate
+from analysis.paired import UNJUDGED
 from analysis.rules import arm_expectations, is_paired_form
 from review.html.figures import run_state
 
@@ -120,11 +121,7 @@ def _expectations(spec: Mapping[str, Any]) -> dict[str, list[str]]:
 def _state_class(r: Mapping[str, Any]) -> str:
     if r.get("good") is True:
         return "good"
-    if (
-        r.get("good") is False
-        or r.get("state") in ("FAILED", "MISSING", "INVALID", "NOT-COUNTED")
-        or r.get("status") not in (None, "complete")
-    ):
+    if r.get("good") is False or r.get("state") in UNJUDGED or r.get("status") not in (None, "complete"):
         return "bad"
     return "other"
 
