@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BUDGET_S = 900.0
 
-from analysis.rules import STATE_LETTER  # noqa: E402 - the judge's own letters for the per-seed strings
+from analysis.reports.common import LETTER  # noqa: E402 - the reports' own letters for the per-seed strings
 
 # The paper's real-engine outcome per test (rules-digest sec. 6), for the closing comparison.
 PAPER = {
@@ -61,7 +61,7 @@ def summary(v: dict) -> str:
     if "rates" in v:  # the paired E2 form
         parts = []
         for r in v["rates"]:
-            b = "".join(STATE_LETTER.get(v2.get("burst", "MISSING"), "?") for _, v2 in sorted(r["seeds"].items()))
+            b = "".join(LETTER.get(v2.get("burst", "MISSING"), "?") for _, v2 in sorted(r["seeds"].items()))
             parts.append(f"{r['rate']:g} {r['verdict']} ({b})")
         return f"{v['verdict']}: " + "; ".join(parts)
     parts = []

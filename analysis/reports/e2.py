@@ -14,20 +14,9 @@ from typing import Any
 import numpy as np
 
 from analysis.openloop import report_lines
-from analysis.reports.common import grid_figure, save_grid
+from analysis.reports.common import LETTER, grid_figure, save_grid
 
 ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
-# Labels the per-seed strings use (Table 7 style); NOBURST's RECOVERED reads as G(ood).
-STATE_LETTER = {
-    "TRAPPED": "T",
-    "RECOVERED": "R",
-    "DRAINING": "D",
-    "INDETERMINATE": "I",
-    "FAILED": "F",
-    "MISSING": "-",
-    "INVALID": "X",
-    "NOT-COUNTED": "X",
-}
 
 
 def markdown(verdict: Mapping[str, Any]) -> str:
@@ -48,9 +37,11 @@ def _rng(vals: Sequence[float], fmt: str) -> str:
 
 
 def _letter(arm: str, state: str) -> str:
+    """A run's state as the per-seed strings write it (Table 7 style, the letters every report uses:
+    analysis.reports.common.LETTER); NOBURST's RECOVERED reads as G(ood)."""
     if state == "RECOVERED" and arm.upper() == "NOBURST":
         return "G"
-    return STATE_LETTER.get(state, "?")
+    return LETTER.get(state, "?")
 
 
 def markdown_table(verdict: Mapping[str, Any]) -> str:
