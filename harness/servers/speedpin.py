@@ -95,7 +95,8 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
             last.quota,
             f"{last.token_rate:.0f} tokens/s at {last.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%})",
         )
-    if 0 < last.token_rate < T * (1 - pin.tolerance) and last.quota < hi * (1 - 1e-9):
+    # reach exceeds the probe's own rate, so only a rate short of the target is ever refused here
+    if last.token_rate > 0 and last.quota < hi * (1 - 1e-9):
         reach = last.token_rate * (hi / last.quota) ** ALPHA_MAX
         if reach < T * (1 - pin.tolerance):
             return Decision(
