@@ -6,13 +6,16 @@
 #      later, and two apt-gets at once would fight over dpkg's lock), while the real engines' install
 #      (scripts/ci-engine-tests.sh --print-env) starts in the background: minutes of downloading and
 #      unpacking on a fresh machine that no unit, pipeline or SLURM-only test needs;
-#   1. the SLURM tests (`slurm` marker: the local cluster's jobs, a 4-minute TIMEOUT job, the tutorial's
-#      submission) and the `background` ones (the tutorial's arms on fresh real servers, the GPU
-#      campaign page's clone), mostly waiting on the scheduler, in a pytest session in the
-#      background, while everything else runs in the foreground: unit, pipeline, then the real-engine
-#      integration tests. A test that needs an engine (marked vllm, sglang or engine_venv) waits for
-#      the install to end; the foreground session's shared engine servers boot as soon as it has
-#      (tests/support/pending_setup.py, AGENTLOAD_SETUP_ENV);
+#   1. four pytest sessions side by side: the SLURM tests (`slurm` marker: the local cluster's jobs, a
+#      4-minute TIMEOUT job, the tutorial's submission), mostly waiting on the scheduler; the
+#      `background` ones (the tutorial's arms on fresh real servers, the GPU campaign page's clone),
+#      mostly waiting on their servers; the other integration tests (the shared real-engine servers
+#      and the emulator), each in the background with its own log, while the unit and pipeline tests,
+#      which compute, run in the foreground. A test that needs an engine (marked vllm, sglang or
+#      engine_venv) waits for the install to end, its file moved to the end of its session; the
+#      shared engine servers boot as soon as the install has ended (tests/support/pending_setup.py,
+#      AGENTLOAD_SETUP_ENV). The SLURM tests stay in one session: the one-node cluster runs two
+#      1-CPU jobs at a time, and two sessions' jobs would queue behind each other;
 #   2. the `quiet` tests alone, last (they measure a real engine's speed and need the machine to
 #      themselves: the CPU trap test's host scale, the speed pin).
 #
@@ -56,19 +59,29 @@ if [ "${AGENTLOAD_SKIP_BROWSER:-0}" != "1" ]; then
   eval "$chromium_env"
 fi
 
-# --- phase 1: the SLURM session in the background, everything else in the foreground
-stamp "phase 1: the SLURM tests in the background (log: $LOGDIR/slurm.log), and everything else"
-"${PYTEST[@]}" -m "(slurm or background) and not quiet" -p no:cacheprovider tests/integration >"$LOGDIR/slurm.log" 2>&1 &
-slurm_pid=$!
-"${PYTEST[@]}" -m "not slurm and not background and not quiet" tests/unit tests/pipeline tests/integration
-rc_rest=$?
-if kill -0 "$slurm_pid" 2>/dev/null; then
-  stamp "waiting for the SLURM tests ($LOGDIR/slurm.log)"
-fi
-wait "$slurm_pid"
-rc_slurm=$?
-stamp "the SLURM tests' session"
-cat "$LOGDIR/slurm.log"
+# --- phase 1: four pytest sessions side by side, three of them in the background with a log each
+declare -A pids=() rcs=()
+background() {  # name, then the session's pytest arguments
+  local name=$1
+  shift
+  "${PYTEST[@]}" -p no:cacheprovider "$@" >"$LOGDIR/$name.log" 2>&1 &
+  pids[$name]=$!
+}
+stamp "phase 1: the SLURM tests, the background tests and the integration tests in the background (logs: $LOGDIR), unit and pipeline here"
+background slurm -m "slurm and not quiet" tests/integration
+background waiting -m "background and not slurm and not quiet" tests/integration
+background integration -m "not slurm and not background and not quiet" tests/integration
+"${PYTEST[@]}" -m "not slurm and not background and not quiet" tests/unit tests/pipeline
+rc_here=$?
+for name in integration waiting slurm; do
+  if kill -0 "${pids[$name]}" 2>/dev/null; then
+    stamp "waiting for the $name session ($LOGDIR/$name.log)"
+  fi
+  wait "${pids[$name]}"
+  rcs[$name]=$?
+  stamp "the $name session (rc ${rcs[$name]}):"
+  cat "$LOGDIR/$name.log"
+done
 
 # --- phase 2: the quiet tests, alone
 if [ -n "$install_pid" ]; then
@@ -87,8 +100,8 @@ stamp "phase 2: the quiet tests, alone"
 "${PYTEST[@]}" -m quiet tests/integration
 rc_quiet=$?
 
-stamp "phases: install rc=$rc_install, SLURM rc=$rc_slurm, the rest rc=$rc_rest, quiet rc=$rc_quiet"
-if [ "$rc_install" = "0" ] && ok "$rc_quiet" && ok "$rc_slurm" && ok "$rc_rest"; then
+stamp "phases: install rc=$rc_install, unit and pipeline rc=$rc_here, integration rc=${rcs[integration]}, background rc=${rcs[waiting]}, SLURM rc=${rcs[slurm]}, quiet rc=$rc_quiet"
+if [ "$rc_install" = "0" ] && ok "$rc_here" && ok "${rcs[integration]}" && ok "${rcs[waiting]}" && ok "${rcs[slurm]}" && ok "$rc_quiet"; then
   exit 0
 fi
 exit 1
