@@ -47,15 +47,11 @@ def boot_real_engines(request: pytest.FixtureRequest) -> None:
     together while the first tests run they mostly overlap. The emulator starts in seconds and is
     started on demand. Nothing is booted when no selected test uses a real engine. The `quiet`
     tests (they measure an engine's speed, and three servers booting on 2 cores moved the host's
-    measured scale from 6.5-7.1 to 9.2-9.6) run first (tests/conftest.py), before any boot. While
-    scripts/test-phases.sh still installs the engines, the boot waits for the first test that starts
-    after the install ended (tests/support/pending_setup.py).
+    measured scale from 6.5-7.1 to 9.2-9.6) run first (tests/conftest.py), before any boot.
     """
     from live_engines import is_real, servers_for
-    from support import pending_setup
 
-    # (while the engines are still being installed in the background, a later test boots them)
-    if _BOOTED or request.node.get_closest_marker("quiet") is not None or pending_setup.pending():
+    if _BOOTED or request.node.get_closest_marker("quiet") is not None:
         return
     _BOOTED.append(True)
     wanted: list[tuple[str, int | None]] = []

@@ -204,7 +204,6 @@ def vllm_submission(project: dict[str, Any]) -> Iterator[Path]:
         subprocess.run(["scancel", str(j["job_id"])], capture_output=True)
 
 
-@pytest.mark.vllm  # (waits for a background engine install: tests/support/pending_setup.py)
 def test_vllm_job_is_submitted(vllm_submission: Path) -> None:
     doc = _json(vllm_submission)
     (j,) = doc["jobs"]
@@ -485,7 +484,6 @@ def test_sweeps_on_the_cluster_equal_the_local_runs(
 
 
 # ------------------------------------------------------------------------------- the vLLM job
-@pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_vllm_job_launched_checked_and_completed(vllm_submission: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = _cli("jobs", "collect", vllm_submission, "--wait", "800")

@@ -248,7 +248,6 @@ if __name__ != "__main__":
             pytest.fail(f"{python} could not run the checks (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    @pytest.mark.engine_venv  # an engine venv's torch: waits for a background install (tests/support/pending_setup.py)
     @pytest.mark.parametrize("check", sorted(CHECKS))
     def test_standin(results: dict[str, str], check: str) -> None:
         assert results.get(check) == "ok", results.get(check, "check did not run")
