@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
 
 from analysis.metrics import (
@@ -50,6 +49,7 @@ from analysis.staged_analysis import run_quantities
 from analysis.stages import StagedRun, judge_staged
 from harness.errors import ConfigError
 from harness.recording.record import load_run
+from harness.recording.schema import read_meta
 from prereg.predictions import About, PredictionFile, _parse_about
 from prereg.scoring import Outcomes
 
@@ -130,14 +130,6 @@ def load_outcome_file(path: str | Path) -> Outcomes:
     return out
 
 
-def _meta(d: Path) -> dict[str, Any] | None:
-    try:
-        meta = orjson.loads((d / "meta.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
-
-
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """Run directories named directly, or found under folders (a test directory: <testdir>/runs/*)."""
     dirs: list[Path] = []
@@ -158,7 +150,7 @@ def run_outcomes(pf: PredictionFile, run_dirs: Sequence[Path], rule: Mapping[str
     out = Outcomes()
     judged: list[StagedRun] = []
     for d in run_dirs:
-        meta = _meta(d)
+        meta = read_meta(d)
         if meta is None:
             out.notes.append(f"{d}: no readable meta.json; not scored")
             continue

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from harness.recording.schema import RunStatus
+from harness.recording.schema import RunStatus, read_meta
 from provenance.codepaths import is_code_path
 
 
@@ -38,14 +36,6 @@ class Binding:
         }
 
 
-def _meta(d: Path) -> dict[str, Any] | None:
-    try:
-        meta = orjson.loads((d / "meta.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return meta if isinstance(meta, dict) else None  # a meta.json that is no JSON object is no run record
-
-
 def bind_run(
     run_dir: str | Path,
     reg: Any,
@@ -57,7 +47,7 @@ def bind_run(
 ) -> Binding:
     """Is this run bound to the registration? Every failed condition is a reason."""
     d = Path(run_dir)
-    m = _meta(d)
+    m = read_meta(d)
     if m is None:
         return Binding(str(d), False, ["no readable meta.json"])
     reasons: list[str] = []

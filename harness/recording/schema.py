@@ -9,6 +9,10 @@ harness/recording/record.py), so the enum and the hit predicate cost nothing to 
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import orjson
 
 FORMAT_VERSION = 1
 
@@ -98,3 +102,14 @@ COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
     ),
 }
 TABLES = tuple(COLUMNS)
+
+
+def read_meta(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's meta.json as a mapping, or None where there is none to read (missing,
+    unreadable, not JSON, or JSON that is no object): callers that scan folders for runs skip such
+    a directory rather than fail on it; load_run is the strict reader."""
+    try:
+        meta = orjson.loads((Path(run_dir) / "meta.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
