@@ -56,36 +56,33 @@ builder=""
 # The two installs run side by side (separate venvs; mostly downloads and unpacking): on a fresh
 # machine that is the longer of the two instead of their sum.
 tmp_out="$(mktemp -d)"
+install() {  # engine, its label, its setup script, its venv: prints nothing, leaves the python in $tmp_out/engine
+  local t0=$SECONDS
+  "$repo/scripts/$3" "${fresh[@]}" "$4" | tail -n 1 >"$tmp_out/$1"
+  echo "[ci-engine-tests] $2 venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/$1")" >&2
+}
+engines=()
 pids=()
 if [[ $skip_vllm != 1 ]]; then
-  ( t0=$SECONDS
-    "$repo/scripts/setup-vllm-cpu.sh" "${fresh[@]}" "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" | tail -n 1 >"$tmp_out/vllm"
-    echo "[ci-engine-tests] vLLM venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/vllm")" >&2 ) &
+  install vllm vLLM setup-vllm-cpu.sh "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" &
+  engines+=(vllm)
   pids+=($!)
 fi
 if [[ $skip_sglang != 1 ]]; then
-  ( t0=$SECONDS
-    "$repo/scripts/setup-sglang-cpu.sh" "${fresh[@]}" "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" | tail -n 1 >"$tmp_out/sglang"
-    echo "[ci-engine-tests] SGLang venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/sglang")" >&2 ) &
+  install sglang SGLang setup-sglang-cpu.sh "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" &
+  engines+=(sglang)
   pids+=($!)
 fi
-for pid in "${pids[@]}"; do
-  wait "$pid" || { echo "[ci-engine-tests] an engine install failed (its output is above)" >&2; exit 1; }
+for i in "${!pids[@]}"; do
+  engine=${engines[$i]}
+  wait "${pids[$i]}" || { echo "[ci-engine-tests] the $engine install failed (its output is above)" >&2; exit 1; }
+  python="$(cat "$tmp_out/$engine")"
+  [[ -n $python ]] || { echo "[ci-engine-tests] scripts/setup-$engine-cpu.sh printed no python" >&2; exit 1; }
+  var="AGENTLOAD_${engine^^}_PYTHON"
+  export "$var=$python"
+  markers+=("$engine")
+  builder="${builder:-$python}"  # vLLM's when both: it builds the model
 done
-if [[ $skip_vllm != 1 ]]; then
-  vllm_py="$(cat "$tmp_out/vllm")"
-  [[ -n $vllm_py ]] || { echo "[ci-engine-tests] scripts/setup-vllm-cpu.sh printed no python" >&2; exit 1; }
-  export AGENTLOAD_VLLM_PYTHON="$vllm_py"
-  markers+=(vllm)
-  builder="$vllm_py"
-fi
-if [[ $skip_sglang != 1 ]]; then
-  sglang_py="$(cat "$tmp_out/sglang")"
-  [[ -n $sglang_py ]] || { echo "[ci-engine-tests] scripts/setup-sglang-cpu.sh printed no python" >&2; exit 1; }
-  export AGENTLOAD_SGLANG_PYTHON="$sglang_py"
-  markers+=(sglang)
-  builder="${builder:-$sglang_py}"
-fi
 rm -rf "$tmp_out"
 
 if [[ -n $builder ]]; then
