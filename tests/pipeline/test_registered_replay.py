@@ -1,0 +1,53 @@
+"""The simulator against the registered real-engine test: every committed run replayed, no engine.
+
+evidence/e2-vllm-cpu-tiny-65k-quarter/test/runs/ holds the 18 runs of the registered paired test on
+the real CPU vLLM (docs/cpu-trap.md). `agentload replay` plays each run's own frozen plan, arm and
+cell in the simulator with the cost the project's own command fitted to the cell's calibration
+(`configs/costs/vllm-cpu-tiny-65k-fit2.yaml`: `agentload calibrate costs` on the cell's Stage C and
+E0a summaries and its calibration runs' engine timings; nothing in it was set by hand, and none of
+these 18 runs went into it). Why this is a test and not only a report: the engine model is the
+source of frozen predictions and of the design step's calls, so a change to it that no longer
+reproduces what the real engine did on these plans must fail here, not in the next registered test.
+
+What holds today (docs/sim2real.md section 3), and is checked: the replay classes every run's state
+as the real run was classed, by the registered rule (18 of 18); the hit-fraction trajectory is in
+band in every run; the backlog trajectory in every BURST and NOBURST run. What does not hold yet,
+and is checked as a floor so that it cannot get worse unnoticed: CAPPED's backlog is in band in
+3 of 6 runs, because the gate's drain is slower in the simulator than on the engine (at the cap of
+32 sessions the engine served 42-44 turns/s, the replay 31-38; the issue's target is 5 of 6).
+About 30 s of simulation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "evidence" / "e2-vllm-cpu-tiny-65k-quarter" / "test" / "runs"
+COST = ROOT / "configs" / "costs" / "vllm-cpu-tiny-65k-fit2.yaml"
+
+
+def test_the_registered_cpu_runs_replay_in_their_states(tmp_path: Path) -> None:
+    out = tmp_path / "replay"
+    assert main(["replay", str(RUNS), "--cost", str(COST), "--out", str(out)]) == 0
+    reports = json.loads((out / "parity.json").read_text())  # NaN where a run has no value
+    assert len(reports) == 18 and all(r["cost_source"] == "file" for r in reports)
+    for r in reports:
+        name = Path(r["real"]).name
+        st = r["states"]
+        assert st["rule"] == "e2-cpu-65k-quarter" and st["rule_source"].startswith("registration "), (name, st)
+        assert st["real"]["state"] == st["sim"]["state"], (name, st)
+        assert r["turns"]["cached_equal"] >= 0.95, (name, r["turns"])  # the same turns hit on both sides
+        assert r["hit_fraction"]["within_band"], (name, r["hit_fraction"])
+    in_band = Counter(r["arm"] for r in reports if r["backlog"]["within_band"])
+    arms = Counter(r["arm"] for r in reports)
+    assert arms == {"burst": 6, "noburst": 6, "capped": 6}
+    assert in_band["burst"] == 6 and in_band["noburst"] == 6, in_band
+    assert in_band["capped"] >= 3, in_band  # the open gap: the gate's drain (module docstring)
+    # the real states themselves are the registered verdict's: BURST trapped, the others recovered
+    real = Counter((r["arm"], r["states"]["real"]["state"]) for r in reports)
+    assert real == {("burst", "TRAPPED"): 6, ("noburst", "RECOVERED"): 6, ("capped", "RECOVERED"): 6}
