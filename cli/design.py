@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.rules import arm_expectations
-from prereg.design import Context, Evaluated, Grid, SearchResult, load_context, margins, search
+from prereg.design import Context, load_context
 from prereg.design_record import design_record, write_design
+from prereg.design_search import Evaluated, Grid, SearchResult, margins, search
 from prereg.filling import repo_root_of
 from prereg.margin import DEFAULT_TOLERANCE
 from prereg.scoring import margin_text

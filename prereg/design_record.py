@@ -23,7 +23,8 @@ from harness.config.files import dump_yaml
 from prereg.registration import RegistrationError, sha256_file
 
 if TYPE_CHECKING:  # the fill reads records without loading the simulator
-    from prereg.design import Context, Evaluated, FormulaEval, SearchResult
+    from prereg.design import Context, FormulaEval
+    from prereg.design_search import Evaluated, SearchResult
 
 DESIGN_FORMAT = "agentload-design"
 DESIGN_FILE = "design.yaml"

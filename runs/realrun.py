@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 from harness.client.contract import Client
 from harness.config import CellConfig, resolve_path
+from harness.drivers.drive_result import DriveResult
 from harness.drivers.sinks import DriveProgress, DriveRecorder
-from harness.drivers.wall import DriveResult, drive
+from harness.drivers.wall import drive
 from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus

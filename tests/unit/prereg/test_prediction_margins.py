@@ -279,6 +279,7 @@ def test_the_design_step_finds_and_labels_the_margins_a_prediction_would(monkeyp
     same bisection, defaults, noise (the design's own E0a input) and label. The simulator is
     replaced by a rule: BURST recovers once the engine is more than 4% faster or lambda_ref 20% lower."""
     import prereg.design as D
+    import prereg.design_search as S
     from analysis.calibration_summaries import load_inputs
     from prereg.predict_margins import plan_margins
 
@@ -297,7 +298,7 @@ def test_the_design_step_finds_and_labels_the_margins_a_prediction_would(monkeyp
     ctx = D.load_context(inputs, REPO / "prereg" / "templates" / "e2-vllm-cpu-tiny-131k.yaml", OLD_COST)
     fe = D.formula_eval(ctx, ctx.baseline())
     seeds = [1000, 1001, 1002]
-    mg = D.margins(ctx, fe, seeds)
+    mg = S.margins(ctx, fe, seeds)
     assert len(mg) == len(ctx.arms) * len(fe.multiples)
     burst = [m for m in mg if m["arm"] == "BURST"]
     assert burst and all(m["label"] == "knife-edge" and m["inside_noise"] == ["speed faster"] for m in burst)

@@ -110,7 +110,7 @@ def test_a_kept_time_stays_the_templates_and_the_65k_proposal_with_it_is_the_reg
     span kept at 6 s: the knobs reproduce it (and its rule's times) from the template's protocol."""
     from harness.config import ProtocolConfig, load_config
     from harness.errors import ConfigError
-    from prereg.design import Grid
+    from prereg.design_search import Grid
 
     inputs = ROOT / "prereg" / "inputs" / "vllm-cpu-tiny-65k"
     ctx = load_context(
@@ -257,6 +257,7 @@ def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: 
     the search must skip what the formulas rule out, simulate the rest cheapest first and stop at
     the first design where every arm meets its registered state in k of n seeds at every speed."""
     import prereg.design as D
+    import prereg.design_search as S
 
     seen: list[tuple[str, int, float]] = []
 
@@ -270,7 +271,7 @@ def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: 
     monkeypatch.setattr(D, "_state", fake_state)
     monkeypatch.setattr(D, "_STATES", {})
     ctx = load_context(OLD_INPUTS, OLD_TEMPLATE, COST)
-    grid = D.Grid(
+    grid = S.Grid(
         time_factors=(1.0,),
         post_factors=(1.0, 8.0, 16.0),
         burst_factors=(1.0, 0.375, 0.25, 0.125),
@@ -278,7 +279,7 @@ def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: 
         cap_fractions=(0.95,),
         fractions=(((1, 5), (2, 5)),),
     )
-    res = D.search(ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20)
+    res = S.search(ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20)
     assert not res.baseline.decisive and any("CAPPED cannot recover" in r for r in res.baseline.formula.reasons)
     assert res.proposal is not None and res.proposal.decisive
     d = res.proposal.formula.design
@@ -289,7 +290,7 @@ def test_the_search_proposes_the_cheapest_design_every_arm_reaches(monkeypatch: 
     assert res.pruned > 0 and res.candidates == len([x for x in grid.designs(640) if x != ctx.baseline()])
     assert {f for _, _, f in seen} == {1.0, 0.9, 1.1}  # each arm also at the speed moved by the margin
     hours_cap = res.proposal.formula.engine_hours(60.0) * 0.99  # just under the proposal's: it must be pruned now
-    capped = D.search(
+    capped = S.search(
         ctx, grid, seeds=[1000, 1001, 1002], need=3, margin=0.1, overhead_s=60.0, max_candidates=20, max_hours=hours_cap
     )
     assert capped.proposal is None or capped.proposal.formula.engine_hours(60.0) <= hours_cap
