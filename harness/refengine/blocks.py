@@ -14,7 +14,9 @@ The rules that matter for the trap (vLLM V1, 0.32.0; paper App. E.2, E.14):
 
 Prefix hashes are computed with numpy for a whole sequence at once: each block's tokens are
 folded with per-position random multipliers (mod 2^64) and cumulatively summed, so key i
-identifies tokens[:(i+1)*B]. This is a simulator stand-in for vLLM's chained SHA hashes.
+identifies tokens[:(i+1)*B]. This is a simulator stand-in for vLLM's chained SHA hashes. The
+sums are exact modular arithmetic, so a sequence that starts with an earlier one continues from
+that one's last sum (`raw_sums(start, base)`; BlockKV keys a session's next turn that way).
 
 The pool keeps its per-block state in numpy arrays and works on a request's blocks a batch at a
 time (a turn allocates, hashes and frees thousands of blocks in the trap, where every prompt is
@@ -65,21 +67,45 @@ class PrefixHasher:
     def key_array(self, parts: Sequence[np.ndarray], nblocks: int) -> np.ndarray:
         """The prefix keys (uint64) of the first nblocks blocks of the concatenated `parts` (a
         request's prompt and outputs, read in place rather than joined first)."""
-        n = nblocks * self.block
-        if n <= 0:
+        return self.mix(self.raw_sums(parts, nblocks), copy=False)
+
+    def raw_sums(self, parts: Sequence[np.ndarray], nblocks: int, start: int = 0, base: int = 0) -> np.ndarray:
+        """The unmixed prefix sums of blocks start..nblocks-1 of the concatenated `parts`: block
+        i's is `base` (block start-1's, 0 from the start) plus the folded tokens of blocks start..i,
+        mod 2^64. The sums are exact modular arithmetic, so sums continued from an earlier
+        sequence's `base` are the ones a pass from the first token gives (a session's next turn
+        starts with its last turn's sequence, so only its new blocks need summing: BlockKV._keys)."""
+        B = self.block
+        lo, n = start * B, nblocks * B
+        if n <= lo:
             return np.empty(0, dtype=np.uint64)
         mult = self._multipliers(n)
-        v = np.empty(n, dtype=np.uint64)
-        pos = 0
+        v = np.empty(n - lo, dtype=np.uint64)
+        pos = 0  # token position in the concatenation
         for part in parts:
-            k = min(len(part), n - pos)
-            if k <= 0:
+            a, b = max(lo - pos, 0), min(len(part), n - pos)  # this part's tokens in [lo, n)
+            if b > a:
+                np.multiply(
+                    part[a:b],
+                    mult[pos + a : pos + b],
+                    out=v[pos + a - lo : pos + b - lo],
+                    dtype=np.uint64,
+                    casting="unsafe",
+                )
+            pos += len(part)
+            if pos >= n:
                 break
-            np.multiply(part[:k], mult[pos : pos + k], out=v[pos : pos + k], dtype=np.uint64, casting="unsafe")
-            pos += k
         if pos < n:
-            raise ValueError(f"{nblocks} blocks of {self.block} tokens asked of {pos} tokens")
-        s = np.cumsum(v.reshape(nblocks, self.block).sum(axis=1, dtype=np.uint64), dtype=np.uint64)
+            raise ValueError(f"{nblocks} blocks of {B} tokens asked of {pos} tokens")
+        s = np.cumsum(v.reshape(nblocks - start, B).sum(axis=1, dtype=np.uint64), dtype=np.uint64)
+        if base:
+            s += np.uint64(base)
+        return s
+
+    @staticmethod
+    def mix(raw: np.ndarray, copy: bool = True) -> np.ndarray:
+        """Keys from raw prefix sums (splitmix64's finaliser; in place with copy=False)."""
+        s = raw.copy() if copy else raw
         s ^= s >> np.uint64(31)
         s *= _MIX1
         s ^= s >> np.uint64(29)
@@ -234,11 +260,11 @@ class BlockPool:
             return _NO_ENTRIES
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def first_entries(self, blocks: list[int]) -> np.ndarray:
+    def first_entries(self, blocks: Sequence[int] | np.ndarray) -> np.ndarray:
         """The entries of the leading `blocks` that carry their hash as their key's first entry:
         what a lookup of their keys finds while they stay cached (an entry is never valid again
         once stale, so a first entry stays the first valid one), usable as its `known` entries."""
-        if not blocks:
+        if len(blocks) == 0:
             return _NO_ENTRIES
         b = np.asarray(blocks, dtype=np.int64)
         st = self._stamp[b]
@@ -248,9 +274,9 @@ class BlockPool:
     def free_count(self) -> int:
         return self._nfree
 
-    def needed(self, hit: list[int], new_blocks: int) -> int:
+    def needed(self, hit: Sequence[int] | np.ndarray, new_blocks: int) -> int:
         """Free blocks an allocation would consume: the new ones plus hit blocks now in the queue."""
-        if not hit:
+        if len(hit) == 0:
             return new_blocks
         return new_blocks + int(np.count_nonzero(self._ref[hit] == 0))
 
@@ -320,9 +346,9 @@ class BlockPool:
         return out[:m]
 
     # -- allocation ------------------------------------------------------------------------------
-    def take(self, hit: list[int]) -> None:
+    def take(self, hit: Sequence[int] | np.ndarray) -> None:
         """Reference cached blocks found by lookup (pulling free ones out of the queue)."""
-        if not hit:
+        if len(hit) == 0:
             return
         h = np.asarray(hit, dtype=np.int64)
         ref = self._ref
@@ -432,15 +458,15 @@ class BlockPool:
         if len(self._map) > self._prune_at:
             self._prune()
 
-    def release(self, blocks: list[int]) -> None:
+    def release(self, blocks: Sequence[int] | np.ndarray) -> None:
         """Drop one reference to each block, tail first (vLLM's BlockPool.free_blocks).
 
         Freed blocks that carry a hash join the LRU end of the queue in that order, so a request's
         suffix is evicted before its prefix; freed blocks without a hash can never be hit and go
         to the *front*, in the same order, to be reused first (so they never push cached blocks
-        out early).
+        out early). `blocks` may be an array (a caller that has one saves its conversion).
         """
-        if not blocks:
+        if len(blocks) == 0:
             return
         rb = np.asarray(blocks[::-1], dtype=np.int64)
         ref = self._ref

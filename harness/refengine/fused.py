@@ -37,16 +37,7 @@ def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None
     kmax = min(m._finish[0][0] - m.dstep, MAX_FUSED) if m._finish else 1
     if kmax < 2:
         return None
-    cost = m.cost
-    ctx = m.ctx_sum
-    ends: list[float] = []
-    end = now
-    while len(ends) < kmax:
-        nxt = end + cost.mixed_iteration(0, 0.0, R, float(ctx + len(ends) * R))
-        if not nxt < horizon:
-            break
-        ends.append(nxt)
-        end = nxt
+    ends: list[float] = m.cost.mixed_decode_ends(now, R, m.ctx_sum, kmax, horizon)
     k = len(ends)
     if k < 2:
         return None

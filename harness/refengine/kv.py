@@ -169,6 +169,28 @@ class TokenKV:
         return self.tree.total
 
 
+SEQ_SESSIONS = 1024  # sessions whose last keyed sequence is kept for their next turn (vLLM flavour)
+
+
+def _reusable_blocks(
+    req: Req, prev: tuple[bytes, bytes, np.ndarray, np.ndarray, list[int]], nblocks: int, block: int
+) -> int:
+    """How many of the leading full blocks of req's sequence (prompt, then outputs) are the full
+    blocks of the earlier sequence `prev` (its prompt and output bytes), token for token: all of
+    prev's, or 0 (then req is keyed from its first token). Only a prompt that holds them is
+    checked, the common case: a turn's prompt is its session's history."""
+    ppb, poutb, raw = prev[0], prev[1], prev[2]
+    m = raw.size
+    nbytes = m * block * 4
+    if m == 0 or m > nblocks or len(req.pb) < nbytes:
+        return 0
+    if nbytes <= len(ppb):
+        return m if req.pb.startswith(ppb[:nbytes]) else 0
+    rest = nbytes - len(ppb)
+    return m if req.pb.startswith(ppb) and req.pb.startswith(poutb[:rest], len(ppb)) else 0
+
+
+_NO_BLOCKS = np.empty(0, dtype=np.int64)  # a request's hit blocks when it has none
 NULL_BLOCKS = 1  # vLLM's BlockPool pops block 0 as its null block at start
 
 
@@ -187,15 +209,43 @@ class BlockKV:
         # start with the same blocks): the next turn's lookup validates these entries at once and
         # reads the hash maps only for what follows them (BlockPool.lookup_entries' `known`).
         self._history: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
+        # A session's last keyed sequence by its first ids: (prompt bytes, output bytes, raw prefix
+        # sums, keys as uint64, keys as a list), from which its next turn's keys continue (_keys)
+        self._seqs: OrderedDict[bytes, tuple[bytes, bytes, np.ndarray, np.ndarray, list[int]]] = OrderedDict()
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
         """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
-        id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each."""
+        id, known at submission) is keyed once, so caching blocks as they fill costs O(1) each.
+
+        A session's turn starts with its last turn's whole sequence, so the keys of that part are
+        the last turn's: when the request's leading bytes are the last turn's sequence (compared,
+        not assumed), only the blocks after it are summed, from the last turn's running sum
+        (PrefixHasher.raw_sums: exact modular sums, so the keys are the ones a full pass gives)."""
         if req.keys_len < 0:
             total = req.L + req.max_tokens
-            req.key_array = self.pool.hasher.key_array((req.prompt, req.out), total // self.B)
-            req.keys = req.key_array.tolist()
+            nb = total // self.B
+            hasher = self.pool.hasher
+            sid = req.pb[:HISTORY_KEY_BYTES]
+            prev = self._seqs.get(sid)
+            m = _reusable_blocks(req, prev, nb, self.B) if prev is not None else 0
+            if m:
+                assert prev is not None
+                raw_prev, karr_prev, keys_prev = prev[2], prev[3], prev[4]
+                new_raw = hasher.raw_sums((req.prompt, req.out), nb, m, int(raw_prev[m - 1]))
+                new_keys = hasher.mix(new_raw)
+                raw = np.concatenate((raw_prev[:m], new_raw))
+                req.key_array = np.concatenate((karr_prev[:m], new_keys))
+                req.keys = keys_prev[:m] + new_keys.tolist()
+            else:
+                raw = hasher.raw_sums((req.prompt, req.out), nb)
+                req.key_array = hasher.mix(raw)
+                req.keys = req.key_array.tolist()
             req.keys_len = total
+            if nb:
+                self._seqs[sid] = (req.pb, req.outb, raw, req.key_array, req.keys)
+                self._seqs.move_to_end(sid)
+                if len(self._seqs) > SEQ_SESSIONS:
+                    self._seqs.popitem(last=False)
         return req.keys[:nblocks]
 
     def _cache_full(self, req: Req, tokens: int) -> None:
@@ -211,7 +261,7 @@ class BlockKV:
 
     def match(self, req: Req, touch: bool = True) -> int:
         if not self.caching:
-            req.hit = []
+            req.hit = _NO_BLOCKS
             return 0
         maxb = (req.target - 1) // self.B
         if req.keys_len < 0:
@@ -223,7 +273,9 @@ class BlockKV:
                 known = past[0]  # the same leading blocks: the same prefix keys, the same entries
         ents = self.pool.lookup_entries(req.keys, maxb, known)
         req.hit_entries = ents
-        req.hit = (ents % self.pool.num_blocks).tolist()
+        # an array, not a list: the admission checks index the pool's arrays with it, and only an
+        # admission turns it into the request's block list
+        req.hit = ents % self.pool.num_blocks
         return len(req.hit) * self.B
 
     def _new_blocks(self, req: Req, tokens: int) -> int:
@@ -240,10 +292,11 @@ class BlockKV:
         return self.pool.needed(req.hit, new) <= self.pool.free_count()
 
     def admit(self, req: Req, prefix: int) -> None:
-        self.pool.take(req.hit)
-        req.blocks = list(req.hit)
-        req.ncached = len(req.hit)
-        req.hit = []
+        hit = req.hit
+        self.pool.take(hit)
+        req.blocks = hit.tolist() if isinstance(hit, np.ndarray) else list(hit)
+        req.ncached = len(hit)
+        req.hit = _NO_BLOCKS
         req.hit_entries = None
 
     def alloc(self, req: Req, n: int) -> bool:
@@ -270,24 +323,28 @@ class BlockKV:
         self._cache_full(req, tokens)
         return True
 
-    def _free(self, req: Req, computed: int) -> None:
+    def _free(self, req: Req, computed: int, blocks: np.ndarray | None = None) -> None:
+        """`blocks`: req.blocks as an array, if the caller made one (each conversion of a long
+        block list costs about as much as the operation it feeds)."""
         self._cache_full(req, computed)
-        self.pool.release(req.blocks)
+        self.pool.release(req.blocks if blocks is None else blocks)
         req.blocks = []
         req.ncached = 0
 
     def finish(self, req: Req) -> None:
         kept = req.L + req.max_tokens - 1
+        blocks = None
         if self.caching:
             self._cache_full(req, kept)
-            ents = self.pool.first_entries(req.blocks[: req.ncached])
+            blocks = np.asarray(req.blocks, dtype=np.int64)
+            ents = self.pool.first_entries(blocks[: req.ncached])
             if ents.size:
                 first = req.keys[0]
                 self._history[first] = (ents, req.keys[ents.size - 1])
                 self._history.move_to_end(first)
                 if len(self._history) > HISTORY_SESSIONS:
                     self._history.popitem(last=False)  # the least recently finished
-        self._free(req, kept)
+        self._free(req, kept, blocks)
 
     def preempt(self, req: Req, computed: int) -> None:
         self._free(req, computed)
@@ -295,6 +352,7 @@ class BlockKV:
     def flush(self) -> None:
         self.pool.reset()
         self._history.clear()
+        self._seqs.clear()  # (keys are a function of the ids alone: this only frees the memory)
 
     # -- gauges ----------------------------------------------------------------------------------
     def used_running(self) -> int:

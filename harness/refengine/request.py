@@ -140,7 +140,7 @@ class Req:
         self.preemptions = 0
         self.node: Node | None = None  # radix flavour: the node its matched or inserted path ends at
         self.blocks: list[int] = []
-        self.hit: list[int] = []
+        self.hit: list[int] | np.ndarray = []  # vLLM flavour: the blocks its lookup found (an array once looked up)
         self.hit_entries: np.ndarray | None = (
             None  # vLLM flavour: the hash entries of `hit` while waiting (BlockPool.lookup_entries)
         )
