@@ -16,12 +16,26 @@ allocate as they go, and a running request that cannot get a block forces a pree
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
 from harness.refengine.blocks import BlockPool
 from harness.refengine.radix import Node, RadixCache
 from harness.refengine.request import Req
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remember(memory: OrderedDict[K, V], key: K, value: V, bound: int) -> None:
+    """Keep `value` as the most recent entry of a bounded per-session memory, dropping the least
+    recent past `bound` (what a turn leaves for its session's next turn)."""
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > bound:
+        memory.popitem(last=False)
+
 
 HISTORY_KEY_BYTES = 64  # a session's first 16 ids key its finished turn's node (radix flavour)
 HISTORY_SESSIONS = 2048  # finished requests whose cached entries are kept for their next turn
@@ -147,10 +161,7 @@ class TokenKV:
                 outs = req.outb[: max(0, held - req.L) * 4]
                 key = prompt[:HISTORY_KEY_BYTES]
                 node.spelt = (prompt, outs)
-                self._history[key] = node
-                self._history.move_to_end(key)
-                if len(self._history) > HISTORY_SESSIONS:
-                    self._history.popitem(last=False)  # the least recently finished
+                _remember(self._history, key, node, HISTORY_SESSIONS)
         req.node = None
         req.in_tree = 0
 
@@ -172,15 +183,23 @@ class TokenKV:
 SEQ_SESSIONS = 1024  # sessions whose last keyed sequence is kept for their next turn (vLLM flavour)
 
 
-def _reusable_blocks(
-    req: Req, prev: tuple[bytes, bytes, np.ndarray, np.ndarray, list[int]], nblocks: int, block: int
-) -> int:
+class _KeyedSeq(NamedTuple):
+    """A request's keyed sequence, kept for its session's next turn (BlockKV._keys)."""
+
+    pb: bytes  # prompt ids as bytes
+    outb: bytes  # output ids as bytes
+    raw: np.ndarray  # unmixed prefix sums of its full blocks (PrefixHasher.raw_sums)
+    key_array: np.ndarray  # their keys, uint64
+    keys: list[int]  # the same keys as a list
+
+
+def _reusable_blocks(req: Req, prev: _KeyedSeq, nblocks: int, block: int) -> int:
     """How many of the leading full blocks of req's sequence (prompt, then outputs) are the full
     blocks of the earlier sequence `prev` (its prompt and output bytes), token for token: all of
     prev's, or 0 (then req is keyed from its first token). Only a prompt that holds them is
     checked, the common case: a turn's prompt is its session's history."""
-    ppb, poutb, raw = prev[0], prev[1], prev[2]
-    m = raw.size
+    ppb, poutb = prev.pb, prev.outb
+    m = prev.raw.size
     nbytes = m * block * 4
     if m == 0 or m > nblocks or len(req.pb) < nbytes:
         return 0
@@ -209,9 +228,8 @@ class BlockKV:
         # start with the same blocks): the next turn's lookup validates these entries at once and
         # reads the hash maps only for what follows them (BlockPool.lookup_entries' `known`).
         self._history: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
-        # A session's last keyed sequence by its first ids: (prompt bytes, output bytes, raw prefix
-        # sums, keys as uint64, keys as a list), from which its next turn's keys continue (_keys)
-        self._seqs: OrderedDict[bytes, tuple[bytes, bytes, np.ndarray, np.ndarray, list[int]]] = OrderedDict()
+        # A session's last keyed sequence by its first ids, from which its next turn's keys continue
+        self._seqs: OrderedDict[bytes, _KeyedSeq] = OrderedDict()
 
     def _keys(self, req: Req, nblocks: int) -> list[int]:
         """Prefix keys of req's first nblocks blocks. The whole sequence (prompt and every output
@@ -230,22 +248,18 @@ class BlockKV:
             m = _reusable_blocks(req, prev, nb, self.B) if prev is not None else 0
             if m:
                 assert prev is not None
-                raw_prev, karr_prev, keys_prev = prev[2], prev[3], prev[4]
-                new_raw = hasher.raw_sums((req.prompt, req.out), nb, m, int(raw_prev[m - 1]))
+                new_raw = hasher.raw_sums((req.prompt, req.out), nb, m, int(prev.raw[m - 1]))
                 new_keys = hasher.mix(new_raw)
-                raw = np.concatenate((raw_prev[:m], new_raw))
-                req.key_array = np.concatenate((karr_prev[:m], new_keys))
-                req.keys = keys_prev[:m] + new_keys.tolist()
+                raw = np.concatenate((prev.raw[:m], new_raw))
+                req.key_array = np.concatenate((prev.key_array[:m], new_keys))
+                req.keys = prev.keys[:m] + new_keys.tolist()
             else:
                 raw = hasher.raw_sums((req.prompt, req.out), nb)
                 req.key_array = hasher.mix(raw)
                 req.keys = req.key_array.tolist()
             req.keys_len = total
             if nb:
-                self._seqs[sid] = (req.pb, req.outb, raw, req.key_array, req.keys)
-                self._seqs.move_to_end(sid)
-                if len(self._seqs) > SEQ_SESSIONS:
-                    self._seqs.popitem(last=False)
+                _remember(self._seqs, sid, _KeyedSeq(req.pb, req.outb, raw, req.key_array, req.keys), SEQ_SESSIONS)
         return req.keys[:nblocks]
 
     def _cache_full(self, req: Req, tokens: int) -> None:
@@ -339,11 +353,7 @@ class BlockKV:
             blocks = np.asarray(req.blocks, dtype=np.int64)
             ents = self.pool.first_entries(blocks[: req.ncached])
             if ents.size:
-                first = req.keys[0]
-                self._history[first] = (ents, req.keys[ents.size - 1])
-                self._history.move_to_end(first)
-                if len(self._history) > HISTORY_SESSIONS:
-                    self._history.popitem(last=False)  # the least recently finished
+                _remember(self._history, req.keys[0], (ents, req.keys[ents.size - 1]), HISTORY_SESSIONS)
         self._free(req, kept, blocks)
 
     def preempt(self, req: Req, computed: int) -> None:
