@@ -397,6 +397,30 @@ class BlockPool:
         self._nfree -= n
         return out
 
+    def register_one(self, blk: int, k: int) -> None:
+        """`register([blk], [k])`: the block a decode token fills (most registrations of a healthy
+        run), without the slices and the loop."""
+        if not self.caching:
+            return
+        stamp = self._stamp
+        if stamp[blk] < 0:
+            n = self.num_blocks
+            ent = self._sid * n + blk
+            self._sid += 1
+            stamp[blk] = ent
+            self._key[blk] = k
+            self.n_hashed += 1
+            mp = self._map
+            old = mp.get(k, -1)
+            if (old >= 0 and stamp[old % n] == old) or (k in self._dups and self._resolve(k) >= 0):
+                self._dups.setdefault(k, []).append(ent)  # _insert: a duplicate of the key's block
+                self._first[blk] = False
+            else:
+                mp[k] = ent
+                self._first[blk] = True
+        if len(self._map) > self._prune_at:
+            self._prune()
+
     def register(self, blocks: list[int], keys: list[int], key_array: np.ndarray | None = None) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
         already carry their hash are left as they are). `key_array`: the same keys as uint64, if

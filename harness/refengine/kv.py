@@ -268,9 +268,11 @@ class BlockKV:
         if self.caching and nfull > req.ncached:
             if req.keys_len < 0:
                 self._keys(req, 0)
-            self.pool.register(
-                req.blocks[req.ncached : nfull], req.keys[req.ncached : nfull], req.key_array[req.ncached : nfull]
-            )
+            c = req.ncached
+            if nfull == c + 1:  # one block filled: a decode token's, or a chunk's last
+                self.pool.register_one(req.blocks[c], req.keys[c])
+            else:
+                self.pool.register(req.blocks[c:nfull], req.keys[c:nfull], req.key_array[c:nfull])
             req.ncached = nfull
 
     def match(self, req: Req, touch: bool = True) -> int:

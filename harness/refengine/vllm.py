@@ -64,19 +64,25 @@ class VLLMEngine(BaseEngine):
         pairs = 0.0
         preempted = False
         running = self.running
+        B = kv.B
+        caching = kv.caching
+        dstep = self.dstep  # (a preemption does not move it)
         for req in list(running.values()):
             if budget <= 0:
                 break
-            if req.rid not in running:
+            if preempted and req.rid not in running:
                 continue  # preempted earlier in this pass
             if req.state == "decode":
-                need = req.L + req.gen + (self.dstep - req.join)
-                while not kv.grow_req(req, need):
-                    preempted = True
-                    if self._preempt_last() is req:
+                need = req.L + req.gen + (dstep - req.join)
+                # most decode tokens go into the last block without filling it: BlockKV.grow_req's
+                # first test, inlined (a trapped step walks every running request, a million a run)
+                if need > len(req.blocks) * B or (caching and need // B > req.ncached):
+                    while not kv.grow_req(req, need):
+                        preempted = True
+                        if self._preempt_last() is req:
+                            break
+                    if req.rid not in running:
                         break
-                if req.rid not in running:
-                    break
                 budget -= 1
             else:
                 x = min(req.target - req.done, budget)
