@@ -282,6 +282,13 @@ def register(cli: Any) -> None:
         "<test>)",
     )
     tr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    tr.add_argument(
+        "--simulate-each",
+        action="store_true",
+        help="several tests, --engine sim: play every run, even one whose inputs (cell, workload, protocol, "
+        "arm, rate, seed, references) are another test's run's; by default that run gets a copy of the other's "
+        "records, and its meta.json says so (shared_simulation)",
+    )
     tr.add_argument("--debug", action="store_true", help="show the traceback of each run that raised")
     add_ref_options(tr)
     _add_engine_options(tr)
@@ -325,6 +332,8 @@ def run_suite_command(args: argparse.Namespace) -> int:
 
     def run_done(t: SuiteTest, res: RunResult, done: int, total: int) -> None:
         status = res.status if res.status != RunStatus.COMPLETED else f"{res.wall_s:.0f} s"
+        if res.shared_from:
+            status = f"the simulation of {Path(res.shared_from).parent.name}/{Path(res.shared_from).name}"
         print(f"[{done}/{total}] {t.bundle.test.name}/{Path(res.run_dir).name}: {status}", flush=True)
 
     def test_done(t: SuiteTest) -> None:
@@ -352,10 +361,14 @@ def run_suite_command(args: argparse.Namespace) -> int:
     for t, spec in zip(tests, specs):  # frozen before any run of any test exists
         if t.bundle.test.predictions == "freeze":
             freeze_test_predictions(t.bundle, spec, t.out)
-    run_suite(tests, args.engine, jobs=jobs, on_run_done=run_done, on_test_done=test_done)
+    run_suite(tests, args.engine, jobs=jobs, on_run_done=run_done, on_test_done=test_done, share=not args.simulate_each)
     wall = time.monotonic() - t0
-    (out / "wall.json").write_text(f'{{"tests": {len(tests)}, "runs": {n}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n')
-    print(f"\n{len(tests)} tests, {n} runs in {wall:.0f} s wall:", flush=True)
+    shared = sum(1 for t in tests for r in t.results if r.shared_from)
+    (out / "wall.json").write_text(
+        f'{{"tests": {len(tests)}, "runs": {n}, "shared": {shared}, "wall_s": {wall:.2f}, "jobs": {jobs}}}\n'
+    )
+    played = f" ({shared} of them another test's identical simulation, not played again)" if shared else ""
+    print(f"\n{len(tests)} tests, {n} runs{played} in {wall:.0f} s wall:", flush=True)
     for t in tests:
         print(f"  {t.bundle.test.name:<24} exit {codes.get(t.bundle.test.name, 1)}  {t.out}", flush=True)
     start = engine_start_line([r for t in tests for r in t.results])

@@ -156,6 +156,7 @@ class RunResult:
     detail: str | None = None  # the traceback of a run that raised (shown with --debug only)
     open_loop: dict[str, Any] | None = None  # start-lateness summary, as in meta.json
     warnings: list[str] = field(default_factory=list)
+    shared_from: str | None = None  # the run whose simulation this one shares (runs/shared_sims.py)
 
 
 def references(bundle: TestBundle) -> dict[str, float]:

@@ -45,6 +45,34 @@ class PlanCheck:
         return {"registered": self.registered, "generated": self.generated, "ok": self.ok}
 
 
+#: the keys of meta.json that say which test a run belongs to, and nothing about how it ran
+IDENTITY_KEYS = ("test", "test_file", "registration", "rule", "rule_params", "reference_source")
+
+
+def identity_block(
+    test: str,
+    test_file: str | None,
+    registration: Mapping[str, Any] | str | None,
+    rule: Any,
+    rule_params: dict[str, Any] | None = None,
+    reference_source: str | None = None,
+) -> dict[str, Any]:
+    """The IDENTITY_KEYS block of meta.json (`rule_params` and `reference_source` only when they
+    apply): RunMeta's head, and what a run shared with another test's (runs/shared_sims.py) gets
+    in place of the other test's."""
+    out: dict[str, Any] = {
+        "test": test,
+        "test_file": test_file,
+        "registration": dict(registration) if isinstance(registration, Mapping) else registration,
+        "rule": rule,
+    }
+    if rule_params:
+        out["rule_params"] = rule_params
+    if reference_source is not None:
+        out["reference_source"] = reference_source
+    return out
+
+
 @dataclass
 class RunMeta:
     """The runner's part of meta.json (the recorder owns status, times and tables)."""
@@ -72,16 +100,9 @@ class RunMeta:
     extra: Mapping[str, Any] = field(default_factory=dict)  # a caller's own blocks, merged last
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "test": self.test,
-            "test_file": self.test_file,
-            "registration": dict(self.registration) if isinstance(self.registration, Mapping) else self.registration,
-            "rule": self.rule,
-        }
-        if self.rule_params:
-            out["rule_params"] = self.rule_params
-        if self.reference_source is not None:
-            out["reference_source"] = self.reference_source
+        out = identity_block(
+            self.test, self.test_file, self.registration, self.rule, self.rule_params, self.reference_source
+        )
         out.update(
             {
                 "arm": self.arm,

@@ -12,6 +12,7 @@ test's records, verdict and report are those a `test run` of it alone writes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -27,6 +28,9 @@ from harness.config import TestBundle, load_test
 from harness.errors import ConfigError
 from harness.recording.schema import RunStatus
 from runs.arms import Observer, RunResult, check_before_runs, execute_run, planned_runs, refuse_existing_runs, run_name
+from runs.shared_sims import clone_run, sim_key
+
+log = logging.getLogger("agentload.runner")
 
 
 @dataclass
@@ -50,6 +54,7 @@ def run_suite(
     every: float = 50.0,
     on_run_done: Callable[[SuiteTest, RunResult, int, int], None] | None = None,
     on_test_done: Callable[[SuiteTest], None] | None = None,
+    share: bool = True,
 ) -> list[SuiteTest]:
     """Run every arm x rate x seed of every test in one pool of `jobs` processes.
 
@@ -57,7 +62,8 @@ def run_suite(
     total)` is called as each run comes back, `on_test_done(test)` once a test's last run has
     (its results sorted as `run_test` sorts them). Everything that would fail in every run fails
     before the first starts: a test's engine backend, references and rule expectations, and an
-    output folder that already holds a run."""
+    output folder that already holds a run. `share`: runs of different tests that are one
+    simulation are played once (drive_pool)."""
     names = [t.bundle.test.name for t in tests]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -66,7 +72,7 @@ def run_suite(
         check_before_runs(t.bundle, engine, None)
         t.todo = planned_runs(t.bundle)
         refuse_existing_runs(t.out, t.todo)
-    drive_pool(tests, engine, jobs=jobs, every=every, on_run_done=on_run_done, on_test_done=on_test_done)
+    drive_pool(tests, engine, jobs=jobs, every=every, on_run_done=on_run_done, on_test_done=on_test_done, share=share)
     return list(tests)
 
 
@@ -79,26 +85,61 @@ def drive_pool(
     display: Any = None,
     on_run_done: Callable[[SuiteTest, RunResult, int, int], None] | None = None,
     on_test_done: Callable[[SuiteTest], None] | None = None,
+    share: bool = True,
 ) -> None:
     """Run each test's `todo` in one local pool (the checks are the caller's: `run_suite`, or
     `run_test` for one test). `display` (TestDisplay) gets the runs' progress and ends, keyed by
-    run name; results land in each test's `results`, sorted once the test is done."""
+    run name; results land in each test's `results`, sorted once the test is done.
+
+    `share`: a simulated run with the inputs of one already handed to the pool (another test's:
+    runs/shared_sims.py) is not played again; once that run has completed, its records are copied
+    into this run's folder, which says so in meta.json (a run that did not complete is not shared:
+    the runs waiting on it are played after all)."""
     total = sum(len(t.todo) for t in tests)
     jobs = max(1, min(jobs or os.cpu_count() or 1, total))
     ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
     q = ctx.Queue()
     left = {id(t): len(t.todo) for t in tests}
     done = 0
+
+    def settle(t: SuiteTest, a: str, r: float, s: int, res: RunResult) -> None:
+        nonlocal done
+        t.results.append(res)
+        if display is not None:
+            display.finished(run_name(a, r, s), res)
+        done += 1
+        if on_run_done is not None:
+            on_run_done(t, res, done, total)
+        left[id(t)] -= 1
+        if left[id(t)] == 0:
+            t.wall_s = time.monotonic() - t.started
+            t.results.sort(key=lambda x: (x.rate, x.arm, x.seed))
+            if on_test_done is not None:
+                on_test_done(t)  # scored here while the workers run later tests
+
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as pool:
         futs: dict[Future[RunResult], tuple[SuiteTest, str, float, int]] = {}
+        keyed: dict[Future[RunResult], str] = {}  # a played run -> its simulation's key
+        waiting: dict[str, list[tuple[SuiteTest, str, float, int]]] = {}  # key -> runs that share its records
+
+        def submit(t: SuiteTest, a: str, r: float, s: int) -> Future[RunResult]:
+            run_dir = str(t.out / run_name(a, r, s))
+            f = pool.submit(_worker, str(t.bundle.path), a, r, s, engine, run_dir, every, t.options)
+            futs[f] = (t, a, r, s)
+            return f
+
         for t in tests:  # in the order given: the pool takes them first come, first served
             t.out.mkdir(parents=True, exist_ok=True)
             t.started = time.monotonic()
             for a, r, s in t.todo:
-                f = pool.submit(
-                    _worker, str(t.bundle.path), a, r, s, engine, str(t.out / run_name(a, r, s)), every, t.options
-                )
-                futs[f] = (t, a, r, s)
+                key = sim_key(t.bundle, a, r, s, engine, t.options) if share else None
+                if key is not None and key in waiting:
+                    waiting[key].append((t, a, r, s))
+                    continue
+                f = submit(t, a, r, s)
+                if key is not None:
+                    keyed[f] = key
+                    waiting[key] = []
         pending = set(futs)
         while pending:
             _drain(q, display)
@@ -119,18 +160,18 @@ def drive_pool(
                         0.0,
                         float("nan"),
                     )
-                t.results.append(res)
-                if display is not None:
-                    display.finished(run_name(a, r, s), res)
-                done += 1
-                if on_run_done is not None:
-                    on_run_done(t, res, done, total)
-                left[id(t)] -= 1
-                if left[id(t)] == 0:
-                    t.wall_s = time.monotonic() - t.started
-                    t.results.sort(key=lambda x: (x.rate, x.arm, x.seed))
-                    if on_test_done is not None:
-                        on_test_done(t)  # scored here while the workers run later tests
+                settle(t, a, r, s, res)
+                key = keyed.get(f)
+                if key is None:
+                    continue
+                for t2, a2, r2, s2 in waiting.pop(key, []):
+                    try:
+                        shared = clone_run(res, t2.bundle, t2.out / run_name(a2, r2, s2), key)
+                    except (OSError, ValueError) as exc:  # not completed, or not copied: play it
+                        log.info("%s: played, not shared (%s)", t2.out / run_name(a2, r2, s2), exc)
+                        pending.add(submit(t2, a2, r2, s2))
+                        continue
+                    settle(t2, a2, r2, s2, shared)
             if pending:
                 time.sleep(0.2)
     _drain(q, display)  # after the workers exited: whatever they posted last
