@@ -2,8 +2,8 @@
 
 Why: the paper's tests reuse each other's runs. E2's NOBURST at 1.35 λ_ref seed 0 on the SGLang
 300k cell is also rescue R1's, TOOLSLOW's and TOOLSLOW-W's control, E2's BURST arms are CUT-A's,
-CUT-B's and SHED's; in the suite of every test, 15 simulations are played two to four times each
-(about a tenth of the suite's CPU). The simulator is deterministic, so a run whose every input is
+CUT-B's and SHED's; in the suite of every test, 15 simulations serve 47 runs (32 of them
+copies: 78 s of the suite's 720 s of simulation). The simulator is deterministic, so a run whose every input is
 another's has that run's records byte for byte; playing it again only costs time.
 
 What makes two runs one simulation (`sim_key`): the engine backend 'sim' (a real engine is never
