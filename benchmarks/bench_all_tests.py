@@ -9,8 +9,9 @@ budget is 15 minutes on a 2-core machine with --jobs 2.
     .venv/bin/python benchmarks/bench_all_tests.py [--jobs 2] [--keep DIR] [--only NAME ...] [--suite]
 
 --suite runs them as one command instead, `agentload test run configs/tests/*.yaml --jobs N`:
-one pool for every run, each test scored as its runs finish (runs/suite.py); the
-wall of that one command is the figure, each test's own span is in its row.
+one pool for every run, each test scored as its runs finish (runs/suite.py), a run that is another
+test's simulation copied rather than played (runs/shared_sims.py; `--simulate-each` plays them all);
+the wall of that one command is the figure, each test's own span is in its row.
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def extrapolate(rows: list[dict], every: list[Path]) -> dict:
     }
 
 
+def _shared(base: Path) -> int | None:
+    """Runs of the one command that were copies of another test's simulation (its wall.json)."""
+    wall = base / "wall.json"
+    return json.loads(wall.read_text()).get("shared") if wall.exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
@@ -138,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="test names to run (default: every config)")
     ap.add_argument(
         "--out", default=None, help="JSON written (default: benchmarks/all_tests.json, --suite: all_tests_suite.json)"
+    )
+    ap.add_argument(
+        "--simulate-each",
+        action="store_true",
+        help="--suite: play every run, even one whose simulation another test's run already is (no shared runs)",
     )
     ap.add_argument(
         "--suite",
@@ -169,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "--out",
             str(base),
             "--plain",
+            *(["--simulate-each"] if args.simulate_each else []),
         ]
         t0, c0 = time.monotonic(), _child_cpu()
         suite_proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -248,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         "test_run_wall_s": round(suite_wall if args.suite else sum(r.get("wall_s") or 0 for r in rows), 1),
         "cpu_s": round(suite_cpu if args.suite else sum(r.get("cpu_s") or 0 for r in rows), 1),
         "mode": "suite (one command, one pool)" if args.suite else "one command per test",
+        # --suite: runs given a copy of another test's identical simulation (runs/shared_sims.py)
+        "shared": _shared(base) if args.suite else 0,
         "budget_s": BUDGET_S,
         "within_budget": (suite_wall if args.suite else sum(r.get("wall_s") or 0 for r in rows)) <= BUDGET_S,
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
