@@ -212,6 +212,7 @@ def runs_status(td: TestDir) -> RunsStatus:
         found=len(td.runs),
         by_status=by_status,
         unreadable=[{"run_dir": str(r.path), "error": r.error} for r in td.runs if r.error],
+        shared=[r.name for r in td.runs if r.meta and r.meta.get("shared_simulation")],
     )
     if not td.registration.ok:
         out.note = "binding not checked: " + (td.registration.note or "no registration")
@@ -373,6 +374,11 @@ def format_status(st: TestStatus) -> str:
             L.append(f"              not bound {Path(u.run_dir).name}: {'; '.join(u.reasons)}")
     else:
         L.append(f"runs          {ru.found} found ({by}); {ru.note or ''}")
+    if ru.shared:
+        L.append(
+            f"              {len(ru.shared)} of them copies of another test's run with the same inputs, not played "
+            "again (shared_simulation in meta.json)"
+        )
     v = st.verdict
     if v.state == PRESENT:
         kind = (

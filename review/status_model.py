@@ -197,11 +197,13 @@ class RunsStatus:
     unbound: list[UnboundRun] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     note: str | None = None  # why binding was not checked
+    shared: list[str] = field(default_factory=list)  # runs holding another test's identical simulation
 
     def to_json(self) -> dict[str, Any]:
         d = {
             "found": self.found,
             "by_status": self.by_status,
+            "shared": self.shared,
             "bound": self.bound,
             "registered": self.registered,
             "unbound": [u.to_json() for u in self.unbound],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from support.paths import REPO
 
@@ -44,7 +45,7 @@ def _verdict_runs(test_dir: Path) -> list[str]:
     return sorted(out)
 
 
-def test_a_run_shared_between_tests_is_the_run_played(tmp_path: Path) -> None:
+def test_a_run_shared_between_tests_is_the_run_played(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     twin = _twin(tmp_path)
     both, alone, each = tmp_path / "both", tmp_path / "alone", tmp_path / "each"
     main(["test", "run", str(SOURCE), str(twin), "--engine", "sim", "--jobs", "2", "--out", str(both), "--plain"])
@@ -70,6 +71,14 @@ def test_a_run_shared_between_tests_is_the_run_played(tmp_path: Path) -> None:
         if (run / "meta.json").exists():
             assert "shared_simulation" not in json.loads((run / "meta.json").read_text())
     assert _verdict_runs(both / "sglang-cpu-16k-trap-twin") == _verdict_runs(alone)
+    # `status` says which runs are copies, and the source test's none
+    capsys.readouterr()
+    main(["status", str(both / "sglang-cpu-16k-trap-twin"), "--json", "--no-scheduler"])
+    assert json.loads(capsys.readouterr().out)["runs"]["shared"] == [p.name for p in runs]
+    main(["status", str(both / "sglang-cpu-16k-trap-twin"), "--no-scheduler"])
+    assert "4 of them copies of another test's run" in capsys.readouterr().out
+    main(["status", str(both / "sglang-cpu-16k-trap"), "--json", "--no-scheduler"])
+    assert json.loads(capsys.readouterr().out)["runs"]["shared"] == []
 
     main(["test", "run", str(SOURCE), str(twin), "--engine", "sim", "--out", str(each), "--plain", "--simulate-each"])
     assert json.loads((each / "wall.json").read_text())["shared"] == 0
