@@ -47,15 +47,11 @@ def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None
     dstep = m.dstep
     # each decoder's next block event: the step whose token overflows its blocks, or fills a block
     events: list[tuple[int, int, Any, int]] = []
-    for order, req in enumerate(running.values()):  # (_next_event inlined: this runs R times a plan)
+    for order, req in enumerate(running.values()):
         t0 = req.L + req.gen + (dstep - req.join)  # its KV after step 0
-        i = len(req.blocks) * B + 1 - t0
-        if caching:
-            j = (req.ncached + 1) * B - t0
-            if j < i:
-                i = j
+        i = _next_event(req, t0, B, caching)
         if i < k:
-            events.append((i if i > 0 else 0, order, req, t0))
+            events.append((i, order, req, t0))
     heapq.heapify(events)
     pool = kv.pool
     while events and events[0][0] < k:
@@ -63,11 +59,7 @@ def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None
         due = []
         while events and events[0][0] == step:
             due.append(heapq.heappop(events))
-        new_blocks = 0
-        for _i, _o, req, t0 in due:  # kv._new_blocks, inlined
-            nb = -(-(t0 + step) // B) - len(req.blocks)
-            if nb > 0:
-                new_blocks += nb
+        new_blocks = sum(kv._new_blocks(req, t0 + step) for _i, _o, req, t0 in due)
         if new_blocks > pool.free_count():  # this step preempts: it is planned the ordinary way
             if step == 0:
                 return None  # nothing was changed
