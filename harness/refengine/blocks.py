@@ -397,27 +397,25 @@ class BlockPool:
         self._nfree -= n
         return out
 
+    def _hash_block(self, blk: int, k: int) -> None:
+        """Block blk, full, now carries key k (a block that already carries its hash is left as
+        it is): one hashing event, and the key's block or a duplicate of it."""
+        if self._stamp[blk] >= 0:
+            return
+        ent = self._sid * self.num_blocks + blk
+        self._sid += 1
+        self._stamp[blk] = ent
+        self._key[blk] = k
+        self.n_hashed += 1
+        self._insert(k, ent)
+        self._first[blk] = self._map.get(k) == ent
+
     def register_one(self, blk: int, k: int) -> None:
         """`register([blk], [k])`: the block a decode token fills (most registrations of a healthy
-        run), without the slices and the loop."""
+        run), without the slices."""
         if not self.caching:
             return
-        stamp = self._stamp
-        if stamp[blk] < 0:
-            n = self.num_blocks
-            ent = self._sid * n + blk
-            self._sid += 1
-            stamp[blk] = ent
-            self._key[blk] = k
-            self.n_hashed += 1
-            mp = self._map
-            old = mp.get(k, -1)
-            if (old >= 0 and stamp[old % n] == old) or (k in self._dups and self._resolve(k) >= 0):
-                self._dups.setdefault(k, []).append(ent)  # _insert: a duplicate of the key's block
-                self._first[blk] = False
-            else:
-                mp[k] = ent
-                self._first[blk] = True
+        self._hash_block(blk, k)
         if len(self._map) > self._prune_at:
             self._prune()
 
@@ -431,15 +429,7 @@ class BlockPool:
         stamp = self._stamp
         if len(blocks) <= self.SMALL:
             for blk, k in zip(blocks, keys):
-                if stamp[blk] >= 0:
-                    continue
-                ent = self._sid * n + blk
-                self._sid += 1
-                stamp[blk] = ent
-                self._key[blk] = k
-                self.n_hashed += 1
-                self._insert(k, ent)
-                self._first[blk] = self._map.get(k) == ent
+                self._hash_block(blk, k)
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them
             b = np.asarray(blocks[:m], dtype=np.int64)
