@@ -34,6 +34,7 @@ import orjson
 
 from harness.atomic import write_bytes_atomic
 from harness.config import TestBundle
+from harness.recording.record import dump_meta
 from harness.recording.schema import RunStatus, read_meta
 from runs.arms import PLAN_FILE, RunResult, find_arm, references
 from runs.meta import IDENTITY_KEYS, identity_block
@@ -112,8 +113,7 @@ def clone_run(src: RunResult, bundle: TestBundle, run_dir: Path | str, key: str)
         "wall_s": meta.get("wall_s"),
     }
     meta["wall_s"] = time.monotonic() - t0
-    blob = orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)  # as the recorder writes it
-    write_bytes_atomic(dst / "meta.json", blob, fsync=True)
+    write_bytes_atomic(dst / "meta.json", dump_meta(meta), fsync=True)
     return RunResult(
         str(dst),
         src.arm,

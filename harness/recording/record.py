@@ -80,7 +80,8 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot store {type(obj).__name__} in meta.json")
 
 
-def _dump_meta(meta: Mapping[str, Any]) -> bytes:
+def dump_meta(meta: Mapping[str, Any]) -> bytes:
+    """meta.json's bytes (the one format every writer of a run's meta.json uses)."""
     return orjson.dumps(
         meta, default=_json_default, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     )
@@ -302,7 +303,7 @@ class RunRecorder:
         return dict(self._meta)
 
     def _write_meta(self) -> None:
-        write_bytes_atomic(self.dir / "meta.json", _dump_meta(self._meta), fsync=True)
+        write_bytes_atomic(self.dir / "meta.json", dump_meta(self._meta), fsync=True)
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Add what is learned during the run (engine build, node, smoke results) to meta.json."""
