@@ -37,6 +37,7 @@ from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus
 from harness.servers import EngineStartError, cpuquota, free_port, get_adapter, smoke
+from harness.servers.http import engine_session
 from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 
@@ -424,10 +425,9 @@ async def _preflight(
     adapter: Any, base_url: str, cell: CellConfig, model_name: str, options: EngineOptions
 ) -> dict[str, Any]:
     """Stage 0 smoke checks and the flush + canary (cache-off cells: a no-reuse check instead)."""
-    import aiohttp
 
     out: dict[str, Any] = {}
-    async with aiohttp.ClientSession() as http:
+    async with engine_session() as http:
         if not cell.prefix_cache:
             # Cache-off cells (E0a): the smoke's cache checks and the canary cannot pass by design;
             # the check is instead that a repeated prompt reuses nothing, on an idle engine.

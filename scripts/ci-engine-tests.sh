@@ -20,6 +20,8 @@
 # (vLLM) and ~190-290 s (SGLang) the first time, side by side, 0-40 s when kept; model ~7-24 s; tests: one
 # server per engine for the session (SGLang: two page sizes), all booting together at its start
 # (25-290 s each, depending on the load), then 13 cases per engine: 11-14 min in all at load 8-18.
+# Plus ~30 s for the real vLLM's refused flush (tests/integration/test_engine_flush.py), run alone in
+# CI's quiet phase on a server of its own (26-27 s of it the start).
 # Plus ~20 s for the launch check (tests/integration/test_engine_launches.py: every cell's launch
 # command parsed by each engine's own parser, the /metrics series looked up in its source; no server).
 # Plus ~6.5 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and

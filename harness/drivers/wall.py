@@ -44,10 +44,8 @@ from harness.drivers.drive_result import DriveResult, reason_class, timer_tag
 from harness.drivers.sinks import DriveProgress, DriveRecorder, write_gauge
 from harness.recording.schema import RunStatus
 from harness.servers.base import ParsedTurn, ResponseError
+from harness.servers.http import engine_session
 
-# The engines' HTTP servers (uvicorn under vLLM and SGLang) close a connection idle for 5 s
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLANG_TIMEOUT_KEEP_ALIVE); aiohttp keeps one for 15 s by default.
-KEEPALIVE_S = 2.0
 HEALTH_TRIES = 3  # after a dropped connection, /health is asked this many times before the server counts as gone
 HEALTH_GAP_S = 1.0
 ENGINE_TIMINGS = ("queue_time", "engine_ttft", "engine_decode")  # ParsedTurn.extra keys, seconds
@@ -522,14 +520,7 @@ async def drive(
 
 
 def _open_session() -> aiohttp.ClientSession:
-    """The drive's own HTTP session. No connection cap: an open-loop client must never queue a turn
-    behind another on its own side. Timeouts are per request (asyncio.timeout) so that they cover
-    the whole reply. Idle connections are closed by us before the server's keep-alive timer
-    (KEEPALIVE_S): a connection the server is closing, picked up for the next turn, would fail that
-    turn with a reset."""
-    connector = aiohttp.TCPConnector(
-        limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=KEEPALIVE_S
-    )
-    return aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",)
-    )
+    """The drive's own HTTP session (harness/servers/http.py: no connection cap, idle connections
+    closed before the server's keep-alive timer). Timeouts are per request (asyncio.timeout) so
+    that they cover the whole reply."""
+    return engine_session(timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))

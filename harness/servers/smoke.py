@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.servers.base import EngineAdapter
+from harness.servers.http import engine_session
 
 if TYPE_CHECKING:
     import aiohttp
@@ -136,9 +137,7 @@ class _Session:
 
     async def __aenter__(self) -> aiohttp.ClientSession:
         if self.http is None:
-            import aiohttp
-
-            self.http = aiohttp.ClientSession()
+            self.http = engine_session()
         return self.http
 
     async def __aexit__(self, *exc: object) -> None:

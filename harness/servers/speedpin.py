@@ -34,6 +34,7 @@ import numpy as np
 
 from harness.config import SpeedPin
 from harness.servers.base import EngineStartError
+from harness.servers.http import engine_session
 
 if TYPE_CHECKING:
     import aiohttp
@@ -216,11 +217,10 @@ async def pin_speed(adapter: EngineAdapter, base_url: str, cell_pin: SpeedPin, s
                     set_quota: Callable[[float], float]) -> PinResult:  # fmt: skip
     """Pin a live server's speed: warm up, then probe and set the quota (`set_quota(cores) -> cores
     as read back`) until pinned; flush the cache after. Raises SpeedPinError when refused."""
-    import aiohttp
 
     t0 = time.monotonic()
     steps: list[Step] = []
-    async with aiohttp.ClientSession() as http:
+    async with engine_session() as http:
         set_quota(min(max(start, cell_pin.min_cpu_quota), cell_pin.max_cpu_quota))
         warm = cell_pin.model_copy(update={"requests": max(1, cell_pin.requests // 4)})
         await probe_once(
@@ -270,10 +270,9 @@ async def measure_at(
     set_quota: Callable[[float], float],
 ) -> list[Step]:
     """The probe's rate at each quota, `repeats` times (what a cell's token_rate is measured with)."""
-    import aiohttp
 
     out: list[Step] = []
-    async with aiohttp.ClientSession() as http:
+    async with engine_session() as http:
         set_quota(quotas[0])
         await probe_once(
             adapter,
@@ -312,9 +311,8 @@ async def recheck(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_na
     """One probe at the quota already set (after a run: did the speed hold?), or why not: an engine
     still serving what the run left after `wait_idle_s` (a trapped run ends with hundreds queued)
     would not measure its speed. The cache is flushed after it."""
-    import aiohttp
 
-    async with aiohttp.ClientSession() as http:
+    async with engine_session() as http:
         deadline = time.monotonic() + wait_idle_s
         while True:
             gauges = await adapter.scrape_metrics(http, base_url)

@@ -86,6 +86,8 @@ def test_canary(live: Live) -> None:
     suite.case_canary(live)
 
 
+# The real vLLM's case runs alone, in the quiet phase (test_engine_flush.py says why).
+@pytest.mark.parametrize("live", [e for e in ENGINES if e.id != "vllm"], indirect=True)
 def test_flush_refused_while_running(live: Live) -> None:
     suite.case_flush_refused_while_running(live)
 
