@@ -37,7 +37,7 @@ from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus
 from harness.servers import EngineStartError, cpuquota, free_port, get_adapter, smoke
-from harness.servers.http import engine_session
+from harness.servers.keepalive import engine_session
 from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 

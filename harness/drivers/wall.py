@@ -44,7 +44,7 @@ from harness.drivers.drive_result import DriveResult, reason_class, timer_tag
 from harness.drivers.sinks import DriveProgress, DriveRecorder, write_gauge
 from harness.recording.schema import RunStatus
 from harness.servers.base import ParsedTurn, ResponseError
-from harness.servers.http import engine_session
+from harness.servers.keepalive import engine_session
 
 HEALTH_TRIES = 3  # after a dropped connection, /health is asked this many times before the server counts as gone
 HEALTH_GAP_S = 1.0
@@ -520,7 +520,7 @@ async def drive(
 
 
 def _open_session() -> aiohttp.ClientSession:
-    """The drive's own HTTP session (harness/servers/http.py: no connection cap, idle connections
+    """The drive's own HTTP session (harness/servers/keepalive.py: no connection cap, idle connections
     closed before the server's keep-alive timer). Timeouts are per request (asyncio.timeout) so
     that they cover the whole reply."""
     return engine_session(timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))

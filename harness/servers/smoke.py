@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.servers.base import EngineAdapter
-from harness.servers.http import engine_session
+from harness.servers.keepalive import engine_session
 
 if TYPE_CHECKING:
     import aiohttp

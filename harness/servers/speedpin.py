@@ -34,7 +34,7 @@ import numpy as np
 
 from harness.config import SpeedPin
 from harness.servers.base import EngineStartError
-from harness.servers.http import engine_session
+from harness.servers.keepalive import engine_session
 
 if TYPE_CHECKING:
     import aiohttp

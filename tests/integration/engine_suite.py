@@ -26,7 +26,7 @@ import orjson
 from live_engines import CONTEXT, POOL, D, Live
 
 from harness.config import WorkloadConfig
-from harness.servers.http import engine_session
+from harness.servers.keepalive import engine_session
 from harness.servers.metrics import COMMON_METRICS, parse_prometheus
 from harness.servers.smoke import canary, expected_cached, run_smoke
 

@@ -98,3 +98,36 @@ def test_test_modules_have_unique_basenames() -> None:
     for p in sorted((ROOT / "tests").rglob("test_*.py")):
         seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def script_folders_shadowing_the_stdlib(root: Path) -> list[str]:
+    """A file run by path (`python harness/servers/tiny_model.py`) puts its folder first on sys.path,
+    so a module of that folder named like a standard-library one (an `http.py`) replaces it for
+    everything the script imports: torch then failed on `import http.client`."""
+    import sys
+
+    found = []
+    for script in sorted(root.rglob("*.py")):
+        rel = script.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or rel.parts[0] == "tests":
+            continue
+        if 'if __name__ == "__main__"' not in script.read_text():
+            continue
+        for sibling in sorted(script.parent.iterdir()):
+            name = sibling.stem if sibling.suffix == ".py" else sibling.name if sibling.is_dir() else ""
+            if name in sys.stdlib_module_names:
+                found.append(f"{rel}: its folder holds {sibling.name}, a standard-library name")
+    return found
+
+
+def test_no_folder_of_a_script_shadows_the_standard_library() -> None:
+    problems = script_folders_shadowing_the_stdlib(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_planted_stdlib_name_beside_a_script_fails(tmp_path: Path) -> None:
+    (tmp_path / "tool.py").write_text('if __name__ == "__main__":\n    pass\n')
+    (tmp_path / "http.py").write_text("")
+    assert script_folders_shadowing_the_stdlib(tmp_path) == [
+        "tool.py: its folder holds http.py, a standard-library name"
+    ]
