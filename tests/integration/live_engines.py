@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from harness.config import CellConfig, load_config
-from harness.servers import EngineAdapter, ServerHandle, free_port, get_adapter
+from harness.servers import EngineAdapter, EngineStartError, ServerHandle, free_port, get_adapter
 from harness.servers.vllm import private_cache_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +64,7 @@ VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 # cases running on another.
 SGLANG_ARGS = ("--sleep-on-idle",)
 START_TIMEOUT = {"vllm": 600.0, "sglang": 900.0}
+PORT_TRIES = 3  # starts of a server whose port was taken between finding it free and starting on it
 #: Page size of the server an engine's fault cases may kill, by dialect (absent: its main server):
 #: SGLang's run on a second server of 32-token pages, vLLM's on its one server of 32-token blocks.
 FAULT_PAGE = {"sglang": 32}
@@ -244,15 +245,27 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
 
 
 def launch(plan: Launch) -> Live:
-    port = free_port()
-    argv, env = plan.adapter.launch_command(
-        plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra
-    )
-    env.update(plan.env)
-    t0 = time.monotonic()
-    handle = plan.adapter.start(
-        argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout
-    )
+    """Start the plan's server on a free port. A port found free can be taken before the server is
+    started on it: the servers boot side by side, and each engine picks ports of its own for its
+    processes (CI once lost SGLang's 32-token-page server, and both of its fault cases, to "port
+    already in use"). Such a start is tried again on another port; any other failure is final."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        argv, env = plan.adapter.launch_command(
+            plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra
+        )
+        env.update(plan.env)
+        t0 = time.monotonic()
+        try:
+            handle = plan.adapter.start(
+                argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout
+            )
+        except EngineStartError as exc:
+            if exc.reason != "port_in_use" or attempt == PORT_TRIES:
+                raise
+            print(f"\n[{plan.key}] {exc} (start {attempt} of {PORT_TRIES}): on another port")
+            continue
+        break
     started = time.monotonic() - t0
     print(f"\n[{plan.key}] healthy after {started:.1f} s at {handle.base_url}")
     return Live(
