@@ -425,7 +425,6 @@ async def _preflight(
     adapter: Any, base_url: str, cell: CellConfig, model_name: str, options: EngineOptions
 ) -> dict[str, Any]:
     """Stage 0 smoke checks and the flush + canary (cache-off cells: a no-reuse check instead)."""
-
     out: dict[str, Any] = {}
     async with engine_session() as http:
         if not cell.prefix_cache:

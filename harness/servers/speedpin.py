@@ -217,7 +217,6 @@ async def pin_speed(adapter: EngineAdapter, base_url: str, cell_pin: SpeedPin, s
                     set_quota: Callable[[float], float]) -> PinResult:  # fmt: skip
     """Pin a live server's speed: warm up, then probe and set the quota (`set_quota(cores) -> cores
     as read back`) until pinned; flush the cache after. Raises SpeedPinError when refused."""
-
     t0 = time.monotonic()
     steps: list[Step] = []
     async with engine_session() as http:
@@ -270,7 +269,6 @@ async def measure_at(
     set_quota: Callable[[float], float],
 ) -> list[Step]:
     """The probe's rate at each quota, `repeats` times (what a cell's token_rate is measured with)."""
-
     out: list[Step] = []
     async with engine_session() as http:
         set_quota(quotas[0])
@@ -311,7 +309,6 @@ async def recheck(adapter: EngineAdapter, base_url: str, pin: SpeedPin, model_na
     """One probe at the quota already set (after a run: did the speed hold?), or why not: an engine
     still serving what the run left after `wait_idle_s` (a trapped run ends with hundreds queued)
     would not measure its speed. The cache is flushed after it."""
-
     async with engine_session() as http:
         deadline = time.monotonic() + wait_idle_s
         while True:

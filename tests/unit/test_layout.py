@@ -104,19 +104,22 @@ def script_folders_shadowing_the_stdlib(root: Path) -> list[str]:
     """A file run by path (`python harness/servers/tiny_model.py`) puts its folder first on sys.path,
     so a module of that folder named like a standard-library one (an `http.py`) replaces it for
     everything the script imports: torch then failed on `import http.client`."""
+    import os
     import sys
 
     found = []
-    for script in sorted(root.rglob("*.py")):
-        rel = script.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or rel.parts[0] == "tests":
-            continue
-        if 'if __name__ == "__main__"' not in script.read_text():
-            continue
-        for sibling in sorted(script.parent.iterdir()):
-            name = sibling.stem if sibling.suffix == ".py" else sibling.name if sibling.is_dir() else ""
-            if name in sys.stdlib_module_names:
-                found.append(f"{rel}: its folder holds {sibling.name}, a standard-library name")
+    for folder, dirs, files in os.walk(root):
+        # the project's own folders only: not the venvs, caches and .git (hidden), nor the tests
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == str(root) and d == "tests"))
+        here = Path(folder)
+        for script in sorted(f for f in files if f.endswith(".py")):
+            if 'if __name__ == "__main__"' not in (here / script).read_text():
+                continue
+            for sibling in sorted(here.iterdir()):
+                name = sibling.stem if sibling.suffix == ".py" else sibling.name if sibling.is_dir() else ""
+                if name in sys.stdlib_module_names:
+                    rel = (here / script).relative_to(root)
+                    found.append(f"{rel}: its folder holds {sibling.name}, a standard-library name")
     return found
 
 
