@@ -37,6 +37,7 @@ from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus
 from harness.servers import EngineStartError, cpuquota, free_port, get_adapter, smoke
+from harness.servers.cpudtype import refusal_hint
 from harness.servers.keepalive import engine_session
 from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 from runs.backend import Backend, BackendResult, RunContext, register_backend
@@ -223,6 +224,7 @@ def run_real(
         server_cmd=list(options.server_cmd) if options.server_cmd else None,
     )
     handle = None
+    argv: list[str] = []
     result: DriveResult
     with _signals_interrupt():
         try:
@@ -286,7 +288,7 @@ def run_real(
                 )
         except SpeedPinError as exc:
             _meta(recorder, {"engine_speed_pin": {"applied": True, **exc.record}})
-            result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
+            result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}{refusal_hint(argv)}", t0)
         except EngineStartError as exc:
             result = _failed(RunStatus.FAILED, f"{ENGINE_DID_NOT_START} ({exc.reason}): {exc}", t0)
         except PreflightError as exc:
