@@ -13,7 +13,8 @@ from cli.commands import CLI
 from harness.config import CellConfig, SpeedPin, config_ref, load_config
 from harness.errors import UsageError
 from harness.servers import cpuquota
-from harness.servers.base import EngineAdapter, free_port
+from harness.servers.base import EngineAdapter
+from harness.servers.portstart import start_on_free_port
 from harness.servers.registry import get_adapter
 from harness.servers.smoke import WORKLOAD_MAX_PROMPT, run_smoke_blocking
 from harness.servers.speedpin import measure_blocking
@@ -91,15 +92,19 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     base_url = args.base_url
     try:
         if base_url is None:
-            port = args.port or free_port(args.host)
             extra = [tok for a in args.engine_arg for tok in shlex.split(a)]
-            argv, env = adapter.launch_command(
-                cell, model=args.model or cell.model, host=args.host, port=port, extra_args=extra
-            )
-            if args.cache_dir is not None:
-                env.update(private_cache_env(args.cache_dir))
             t0 = time.monotonic()
-            handle = adapter.start(argv, env, run_dir, host=args.host, port=port, health_timeout=args.health_timeout)
+            handle, argv, _port = start_on_free_port(
+                adapter,
+                cell,
+                run_dir,
+                model=args.model or cell.model,
+                host=args.host,
+                health_timeout=args.health_timeout,
+                extra_args=extra,
+                env=private_cache_env(args.cache_dir) if args.cache_dir is not None else None,
+                port=args.port or None,
+            )
             print(f"server healthy after {time.monotonic() - t0:.1f} s at {handle.base_url} (log {handle.log_path})")
             base_url = handle.base_url
         report = run_smoke_blocking(

@@ -36,9 +36,10 @@ from harness.drivers.wall import drive
 from harness.errors import ConfigError, EngineError
 from harness.recording.progress import RunProgress
 from harness.recording.schema import RunStatus
-from harness.servers import EngineStartError, cpuquota, free_port, get_adapter, smoke
+from harness.servers import EngineStartError, cpuquota, get_adapter, smoke
 from harness.servers.cpudtype import refusal_hint
 from harness.servers.keepalive import engine_session
+from harness.servers.portstart import start_on_free_port
 from harness.servers.speedpin import SpeedPinError, pin_blocking, recheck
 from runs.backend import Backend, BackendResult, RunContext, register_backend
 
@@ -229,15 +230,24 @@ def run_real(
     with _signals_interrupt():
         try:
             if options.base_url is None:
-                port = options.port or free_port(options.host)
-                argv, env = adapter.launch_command(
-                    cell, model=options.model or cell.model, host=options.host, port=port, extra_args=options.extra_args
-                )
-                _meta(recorder, {"engine_launch": EngineLaunch(list(argv), dict(env), port).to_json()})
-                log.info("starting %s: %s", options.engine, shlex.join(argv))
+
+                def launching(cmd: list[str], env: dict[str, str], port: int) -> None:
+                    nonlocal argv
+                    argv = cmd  # each start on record before it begins; the last one is the one that ran
+                    _meta(recorder, {"engine_launch": EngineLaunch(list(cmd), dict(env), port).to_json()})
+                    log.info("starting %s: %s", options.engine, shlex.join(cmd))
+
                 launched_at, t_launch = _utc_now(), time.monotonic()
-                handle = adapter.start(
-                    argv, env, run_dir, host=options.host, port=port, health_timeout=options.health_timeout
+                handle, argv, _port = start_on_free_port(
+                    adapter,
+                    cell,
+                    run_dir,
+                    model=options.model or cell.model,
+                    host=options.host,
+                    health_timeout=options.health_timeout,
+                    extra_args=options.extra_args,
+                    port=options.port or None,
+                    on_launch=launching,
                 )
                 start = EngineStart(launched_at, _utc_now(), time.monotonic() - t_launch)
                 _meta(recorder, {"engine_start": start.to_json()})

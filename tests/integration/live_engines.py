@@ -39,7 +39,8 @@ import pytest
 import yaml
 
 from harness.config import CellConfig, load_config
-from harness.servers import EngineAdapter, EngineStartError, ServerHandle, free_port, get_adapter
+from harness.servers import EngineAdapter, ServerHandle, free_port, get_adapter
+from harness.servers.portstart import start_on_free_port
 from harness.servers.vllm import private_cache_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,27 +246,21 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
 
 
 def launch(plan: Launch) -> Live:
-    """Start the plan's server on a free port. A port found free can be taken before the server is
-    started on it: the servers boot side by side, and each engine picks ports of its own for its
-    processes (CI once lost SGLang's 32-token-page server, and both of its fault cases, to "port
-    already in use"). Such a start is tried again on another port; any other failure is final."""
-    for attempt in range(1, PORT_TRIES + 1):
-        port = free_port()
-        argv, env = plan.adapter.launch_command(
-            plan.cell, model=plan.model, host="127.0.0.1", port=port, extra_args=plan.extra
-        )
-        env.update(plan.env)
-        t0 = time.monotonic()
-        try:
-            handle = plan.adapter.start(
-                argv, env, plan.folder / "server", host="127.0.0.1", port=port, health_timeout=plan.timeout
-            )
-        except EngineStartError as exc:
-            if exc.reason != "port_in_use" or attempt == PORT_TRIES:
-                raise
-            print(f"\n[{plan.key}] {exc} (start {attempt} of {PORT_TRIES}): on another port")
-            continue
-        break
+    """Start the plan's server on a free port, on another if that one was taken meanwhile (the
+    servers boot side by side: harness/servers/portstart.py), up to PORT_TRIES starts."""
+    t0 = time.monotonic()
+    handle, _argv, _port = start_on_free_port(
+        plan.adapter,
+        plan.cell,
+        plan.folder / "server",
+        model=plan.model,
+        host="127.0.0.1",
+        health_timeout=plan.timeout,
+        extra_args=plan.extra,
+        env=plan.env,
+        tries=PORT_TRIES,
+        pick_port=lambda: free_port(),  # looked up at each call: the pool's tests replace it
+    )
     started = time.monotonic() - t0
     print(f"\n[{plan.key}] healthy after {started:.1f} s at {handle.base_url}")
     return Live(
