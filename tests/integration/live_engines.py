@@ -24,6 +24,7 @@ The SGLang cell carries its CPU launch settings as data (device cpu, mem_fractio
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -295,6 +296,10 @@ class EnginePool:
         self.pending: dict[str, Future[Live]] = {}
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="engine-start")
         self._n = 0
+        # The session fixture closes the pool; a session that ends without running its finalizers
+        # (pytest's INTERNALERROR) would leave real servers holding CPU and ports for whatever runs
+        # next on the machine (one such vLLM server was found after a CI-like run): stop them at exit.
+        atexit.register(self._stop_left_at_exit)
 
     @staticmethod
     def key(engine: str, page_size: int | None = None) -> str:
@@ -349,7 +354,23 @@ class EnginePool:
                     os.kill(pid, signal.SIGKILL)
             raise AssertionError(f"[{key}] processes {left} of the server outlived its stop")
 
+    def _stop_left_at_exit(self) -> None:
+        """Stop what `close` did not (nothing, after a normal session), saying so; never raises."""
+        for fut in self.pending.values():
+            fut.cancel()
+        with contextlib.suppress(Exception):
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for key, fut in list(self.pending.items()):
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.servers.setdefault(key, fut.result())
+        self.pending.clear()
+        for key in list(self.servers):
+            print(f"\n[{key}] still running at exit (the session did not close its pool): stopping it")
+            with contextlib.suppress(Exception):
+                self.stop(key)
+
     def close(self) -> None:
+        atexit.unregister(self._stop_left_at_exit)
         errors = []
         for key, fut in list(self.pending.items()):
             with contextlib.suppress(Exception):

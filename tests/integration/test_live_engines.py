@@ -35,3 +35,16 @@ def test_a_port_taken_at_every_try_fails_the_start(monkeypatch: pytest.MonkeyPat
         with pytest.raises(EngineStartError) as info:
             live_engines.launch(live_engines.plan_launch("emulator:vllm", tmp_path / "e", "emulator:vllm", None))
     assert info.value.reason == "port_in_use" and str(busy) in str(info.value)
+
+
+def test_servers_left_running_are_stopped_at_exit(tmp_path: Path) -> None:
+    # what atexit runs when the session ends without closing its pool (pytest's INTERNALERROR)
+    pool = live_engines.EnginePool(tmp_path)
+    try:
+        live = pool.get("emulator:vllm")
+        assert live.alive()
+        pool._stop_left_at_exit()
+        assert not live.alive() and not pool.servers
+        assert not live_engines.port_holders(live.port)  # nothing of the server is left on its port
+    finally:
+        pool.close()  # idempotent: nothing left to stop
