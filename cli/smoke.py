@@ -94,7 +94,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
         if base_url is None:
             extra = [tok for a in args.engine_arg for tok in shlex.split(a)]
             t0 = time.monotonic()
-            handle, argv, _port = start_on_free_port(
+            handle, argv = start_on_free_port(
                 adapter,
                 cell,
                 run_dir,

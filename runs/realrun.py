@@ -232,13 +232,12 @@ def run_real(
             if options.base_url is None:
 
                 def launching(cmd: list[str], env: dict[str, str], port: int) -> None:
-                    nonlocal argv
-                    argv = cmd  # each start on record before it begins; the last one is the one that ran
+                    # each start on record before it begins; the last one is the one that ran
                     _meta(recorder, {"engine_launch": EngineLaunch(list(cmd), dict(env), port).to_json()})
                     log.info("starting %s: %s", options.engine, shlex.join(cmd))
 
                 launched_at, t_launch = _utc_now(), time.monotonic()
-                handle, argv, _port = start_on_free_port(
+                handle, argv = start_on_free_port(
                     adapter,
                     cell,
                     run_dir,

@@ -41,8 +41,8 @@ def start_on_free_port(
     tries: int = PORT_TRIES,
     pick_port: Callable[[], int] | None = None,
     on_launch: Callable[[list[str], dict[str, str], int], None] | None = None,
-) -> tuple[ServerHandle, list[str], int]:
-    """(handle, argv, port) of the start that came up. `env` is added to the engine's own
+) -> tuple[ServerHandle, list[str]]:
+    """(handle, argv) of the start that came up (its port is in handle.base_url). `env` is added to the engine's own
     environment; `pick_port` finds a free port (default free_port on `host`)."""
     if tries < 1:
         raise ValueError(f"tries must be >= 1, got {tries}")
@@ -60,5 +60,5 @@ def start_on_free_port(
                 raise
             log.warning("%s (start %d of %d): starting on another port", exc, attempt, tries)
             continue
-        return handle, argv, chosen
+        return handle, argv
     raise AssertionError("unreachable: the last try returns or raises")

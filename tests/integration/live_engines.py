@@ -66,7 +66,6 @@ VLLM_ARGS = ("--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 << 20))
 # cases running on another.
 SGLANG_ARGS = ("--sleep-on-idle",)
 START_TIMEOUT = {"vllm": 600.0, "sglang": 900.0}
-PORT_TRIES = 3  # starts of a server whose port was taken between finding it free and starting on it
 #: Page size of the server an engine's fault cases may kill, by dialect (absent: its main server):
 #: SGLang's run on a second server of 32-token pages, vLLM's on its one server of 32-token blocks.
 FAULT_PAGE = {"sglang": 32}
@@ -248,9 +247,9 @@ def plan_launch(engine: str, folder: Path, key: str, page_size: int | None = Non
 
 def launch(plan: Launch) -> Live:
     """Start the plan's server on a free port, on another if that one was taken meanwhile (the
-    servers boot side by side: harness/servers/portstart.py), up to PORT_TRIES starts."""
+    servers boot side by side: harness/servers/portstart.py, which says how many starts)."""
     t0 = time.monotonic()
-    handle, _argv, _port = start_on_free_port(
+    handle, _argv = start_on_free_port(
         plan.adapter,
         plan.cell,
         plan.folder / "server",
@@ -259,7 +258,6 @@ def launch(plan: Launch) -> Live:
         health_timeout=plan.timeout,
         extra_args=plan.extra,
         env=plan.env,
-        tries=PORT_TRIES,
         pick_port=lambda: free_port(),  # looked up at each call: the pool's tests replace it
     )
     started = time.monotonic() - t0

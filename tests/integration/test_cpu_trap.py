@@ -97,8 +97,9 @@ def test_each_arm_ends_in_its_registered_state_at_the_pinned_speed(tmp_path: Pat
             "AGENTLOAD_VLLM_PYTHON / AGENTLOAD_TINY_MODEL unset: the real-vLLM tests need the engine venv "
             "(scripts/ci-engine-tests.sh sets it up)"
         )
-    host_args = FP32_ARGS if FP32 and slow_bf16() else ()
-    if REFUSED and slow_bf16():
+    slow = slow_bf16()  # this CPU lacks the cell's AVX-512 BF16
+    host_args = FP32_ARGS if FP32 and slow else ()
+    if REFUSED and slow:
         first, why = next(iter(REFUSED.items()))
         pytest.skip(f"{arm}: this CPU has no AVX-512 BF16; the pin refused it for the {first} arm already: {why}")
     reg = load_registration(REG)
@@ -118,7 +119,7 @@ def test_each_arm_ends_in_its_registered_state_at_the_pinned_speed(tmp_path: Pat
         options=run_options(python, model, progress_every=60.0, extra_args=host_args),
         extra_meta=extra,
     )
-    if res.status == "FAILED" and "speed pin refused" in (res.reason or "") and slow_bf16() and not host_args:
+    if res.status == "FAILED" and "speed pin refused" in (res.reason or "") and slow and not host_args:
         # The cell is an AVX-512 BF16 host's (its `gpu`: x86_64 AVX512): in bf16 without it the CPU vLLM
         # runs ~7x slower per CPU (an AVX2-only EPYC read 2,700-2,900 tokens/s at 0.5 CPU against the
         # target's 21,000), so no quota within 1.5 CPU reaches the cell's speed, and the pin must refuse

@@ -41,7 +41,7 @@ class _Adapter(EngineAdapter):
         raise NotImplementedError  # not used here
 
 
-def _start(adapter: _Adapter, **kw: Any) -> tuple[ServerHandle, list[str], int]:
+def _start(adapter: _Adapter, **kw: Any) -> tuple[ServerHandle, list[str]]:
     ports = iter(range(41000, 41010))
     return start_on_free_port(
         adapter,
@@ -58,10 +58,10 @@ def _start(adapter: _Adapter, **kw: Any) -> tuple[ServerHandle, list[str], int]:
 def test_a_taken_port_is_started_again_on_another_and_each_start_is_on_record() -> None:
     adapter = _Adapter(["port_in_use"])
     launched: list[tuple[list[str], int]] = []
-    handle, argv, port = _start(
+    handle, argv = _start(
         adapter, extra_args=["--x"], env={"ADDED": "2"}, on_launch=lambda a, e, p: launched.append((a, p))
     )
-    assert port == 41001 and handle.base_url.endswith(":41001")
+    assert adapter.started[-1][0] == 41001 and handle.base_url.endswith(":41001")
     assert argv == ["engine", "--port", "41001", "--x"]
     assert [p for _, p in launched] == [41000, 41001]  # the record's last start is the one that ran
     assert adapter.started[-1][1] == {"OWN": "1", "ADDED": "2"}  # the caller's environment on top of the engine's
