@@ -24,7 +24,15 @@ import numpy as np
 
 from analysis.family_metrics import completions
 from analysis.measures import RunTables, measure_all
-from analysis.metrics import MetricSpec, bin_edges, kept_tables, outstanding_bins, run_series, run_statistics
+from analysis.metrics import (
+    MetricSpec,
+    bin_edges,
+    interval_bin_means,
+    kept_tables,
+    paused_intervals,
+    run_series,
+    run_statistics,
+)
 from analysis.openloop import run_open_loop
 from analysis.paired import is_paired, ordered_arms, paired_verdict
 from analysis.predictions import Predictions
@@ -33,6 +41,8 @@ from harness.recording.record import RunData, RunFormatError, load_run
 from harness.recording.schema import RunStatus
 
 NAN = float("nan")
+# The tables of a run record that judging it reads (the gauges are the engine's, never read here).
+SCORED_TABLES = ("turns", "sessions", "gate_events")
 
 
 @dataclass
@@ -111,7 +121,7 @@ def run_quantities(
 ) -> StagedAnalyzedRun:
     """One run directory judged by a staged spec (stage 1); MISSING when it cannot be read."""
     try:
-        run = load_run(run_dir)
+        run = load_run(run_dir, tables=SCORED_TABLES)
     except (RunFormatError, OSError) as exc:
         name = Path(run_dir).name
         return StagedAnalyzedRun(
@@ -201,8 +211,10 @@ def figure_series(
     ser = run_series(
         run.turns, run.sessions, run.gate_events, mspec.duration, hit_bin, mspec.backlog_bin, mspec.hit_threshold
     )
+    # outstanding_bins(..., paused=True): run_series's outstanding (in flight + held) plus the
+    # rescue pauses, the same sum without computing its first two terms again
     be = bin_edges(0.0, mspec.duration, mspec.backlog_bin)
-    ser["outstanding_paused"] = outstanding_bins(run.turns, run.sessions, run.gate_events, be, paused=True)
+    ser["outstanding_paused"] = ser["outstanding"] + interval_bin_means(*paused_intervals(run.gate_events), be)
     if "completions_bin" in params:
         edges = np.arange(0.0, mspec.duration + 1e-9, float(params["completions_bin"]))
         ser["completions_t"] = edges[:-1]

@@ -89,7 +89,7 @@ COMMANDS: list[Command] = [
         "replay", "judge", "replay real runs in the simulator (their plan, arm, cell) and report parity", "cli.sim2real"
     ),
     Command(
-        "analyze", "judge", "score run directories with a registered rule; write verdict, report, figure", "cli.review"
+        "analyze", "judge", "score run directories with a registered rule; write verdict, report, figure", "cli.analyze"
     ),
     Command(
         "provenance",

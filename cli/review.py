@@ -1,6 +1,6 @@
-"""Commands of the review: `analyze` (a verdict from run directories, plain or as registered) and
-`report TESTDIR [--html]` (its report: the Markdown beside the verdict, or one self-contained HTML
-page). `status TESTDIR` is cli/status.py's: it judges nothing, so it does not import the judge.
+"""`agentload report TESTDIR [--html]`: a test's report (the Markdown beside the verdict, or one
+self-contained HTML page). `analyze` (a verdict from run directories) is cli/analyze.py's and
+`status TESTDIR` cli/status.py's: neither needs what `report` imports.
 
 `report` reads the test directory through review.testdir, which reads each record through the
 reader of the part that writes it; none of them runs anything, so a reviewer can use them on a
@@ -10,15 +10,10 @@ copied test directory.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
-from analysis.judge import add_ref_options, refs_override, report_runs
 from cli.commands import CLI
 from cli.status import open_test
 from review.html import write_html
-from review.registered import cmd
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -40,9 +35,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(cli: CLI) -> None:
-    """Add `analyze` and `report` to the agentload command."""
-    _register_analyze(cli)
-
+    """Add `report` to the agentload command."""
     r = cli.command(
         "report",
         group="judge",
@@ -56,44 +49,3 @@ def register(cli: CLI) -> None:
         "--repo", help="repository holding the registration and freezes (default: the test directory's, else .)"
     )
     r.set_defaults(func=_cmd_report)
-
-
-def _cmd_analyze(args: argparse.Namespace) -> int:
-    if getattr(args, "registration", None):
-        return cmd(args)
-    dirs: list[str] = []
-    for d in args.runs:
-        p = Path(d)
-        if (p / "meta.json").exists():
-            dirs.append(str(p))
-        else:  # a test output folder: every run directory under it
-            dirs += sorted(str(x.parent) for x in p.glob("*/meta.json"))
-    if not dirs:
-        print("no run directories found", file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out else Path(os.path.commonpath(dirs)) / "analysis"
-    return report_runs(
-        dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args), predictions=args.predictions
-    )
-
-
-def _register_analyze(cli: CLI) -> None:
-    a = cli.command(
-        "analyze", group="judge", help="score run directories with a registered rule; write verdict, report, figure"
-    )
-    a.add_argument("runs", nargs="+", help="run directories, or folders holding them")
-    a.add_argument(
-        "--test", help="the test YAML: its arms, rates and seeds are the registered ones (missing runs count)"
-    )
-    a.add_argument("--out", help="report folder (default: <common parent>/analysis)")
-    a.add_argument(
-        "--registration",
-        help="judge as registered: the registration's rule and references, only its bound runs, "
-        "the analysis code of its commit (see analysis/registered.py)",
-    )
-    a.add_argument(
-        "--predictions",
-        help="frozen prediction file (default: the test's; 'freeze' tests: predictions.json beside the runs)",
-    )
-    add_ref_options(a)
-    a.set_defaults(func=_cmd_analyze)

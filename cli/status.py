@@ -1,10 +1,10 @@
 """`agentload status TESTDIR`: where a test stands (registration and label, predictions, jobs, runs
 bound, verdict, provenance breaks), as text or JSON.
 
-A module of its own, apart from `analyze` and `report` (cli/review.py): status reads records and
-asks git and the scheduler, and judges nothing, so its command must not pay for importing the judge
-(numpy, pandas, pyarrow) or the HTML page's charts: about half of what the command cost when it
-shared their module (benchmarks/bench_commands.py).
+A module of its own, apart from `analyze` (cli/analyze.py) and `report` (cli/review.py): status
+reads records and asks git and the scheduler, and judges nothing, so its command must not pay for
+importing the judge (numpy, pandas, pyarrow) or the HTML page's charts: about half of what the
+command cost when it shared their module (benchmarks/bench_commands.py).
 """
 
 from __future__ import annotations

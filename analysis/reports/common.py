@@ -5,6 +5,7 @@ why each group and the test are what they are, a per-run table, and the Fig. 1-s
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -195,11 +196,47 @@ def grid_figure(rows: int, cols: int, *, col_width: float = 6.2, height: float =
     """(figure, axes[rows][cols]) on matplotlib's Agg canvas without pyplot.
 
     Why not pyplot: nothing here is interactive, and pyplot's import and figure manager cost a
-    command about a quarter of a second; `savefig` renders a plain Figure to PNG through Agg."""
+    command about a quarter of a second; `savefig` renders a plain Figure to PNG through Agg.
+
+    The grids set each column's title at y=1.0 (`set_title(..., y=1.0)`), where matplotlib leaves it
+    when nothing stands above the axes, as in these grids; a title left to matplotlib makes every
+    draw measure the axes' tick labels to see whether it must move up."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(col_width * cols, height))
     return fig, fig.subplots(rows, cols, squeeze=False, **subplots)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+# What matplotlib's log formatter writes: a power of the base, or a coefficient times one
+# ($\mathdefault{10^{2}}$, $\mathdefault{2\times10^{1}}$, either maybe signed)
+_MATHTEXT_POWER = re.compile(r"\$\\mathdefault\{(-?)(?:([0-9.]+)\\times)?([0-9.]+)\^\{(-?[0-9]+)\}\}\$")
+
+
+def plain_power(label: str) -> str:
+    """A log axis label of matplotlib's as plain text with Unicode superscripts: 10², 2×10¹, 10⁻¹
+    (any other label as given)."""
+    m = _MATHTEXT_POWER.fullmatch(label)
+    if m is None:
+        return label
+    sign, coeff, base, exponent = m.groups()
+    return f"{sign}{coeff + '×' if coeff else ''}{base}{exponent.translate(_SUPERSCRIPT)}"
+
+
+def log_y(ax: Any) -> None:
+    """A log y axis labelled as matplotlib labels one (the same ticks and labels: 10⁰, 10¹, 10²),
+    written in plain text with Unicode superscripts instead of mathtext. Why: the first mathtext
+    label of a process builds mathtext's parser and loads its fonts, about 0.05 s of `analyze`'s
+    figure (issue 24), for labels that need no more than a superscript."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return plain_power(super().__call__(x, pos))
+
+    ax.set_yscale("log")  # base 10 and the default locators; the formatters as LogScale sets them
+    ax.yaxis.set_major_formatter(PlainLogFormatter(10))
+    ax.yaxis.set_minor_formatter(PlainLogFormatter(10))
 
 
 def save_grid(fig: Any, path: Any, *, dpi: int, top: float = 0.9, bottom: float = 0.095) -> None:
@@ -240,8 +277,8 @@ def hit_backlog_figure(
             bot.plot(s["backlog_t"], np.maximum(s["in_system"], 0.8), color=c, lw=0.9, alpha=0.85)
         top.set_ylim(-0.02, 1.02)
         top.set_ylabel("prefix-cache hit fraction")
-        top.set_title(f"{rate:g} × λref" if rate is not None else "all runs")
-        bot.set_yscale("log")
+        top.set_title(f"{rate:g} × λref" if rate is not None else "all runs", y=1.0)  # see grid_figure
+        log_y(bot)
         bot.set_ylabel("sessions in system")
         bot.set_xlabel("time since start of run (s)")
         if marks is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from analysis.openloop import report_lines
-from analysis.reports.common import LETTER, grid_figure, save_grid
+from analysis.reports.common import LETTER, grid_figure, log_y, save_grid
 
 ARM_ORDER = ["BURST", "NOBURST", "CAPPED"]
 
@@ -184,10 +184,10 @@ def figure(verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path | str
             top.plot(s["hit_t"] + 0.5 * np.diff(s["hit_t"][:2]).sum(), s["hit"], color=c, ls=ls, lw=0.9, alpha=0.85)
             bot.plot(s["backlog_t"], np.maximum(s["in_system"], 0.8), color=c, ls=ls, lw=0.9, alpha=0.85)
         lam = rate * float(meta_any.get("lambda_ref", float("nan")))
-        top.set_title(f"{rate:g} × λref (λ = {lam:.4f} sessions/s)")
+        top.set_title(f"{rate:g} × λref (λ = {lam:.4f} sessions/s)", y=1.0)  # analysis.reports.common.grid_figure
         top.set_ylim(-0.02, 1.02)
         top.set_ylabel("prefix-cache hit fraction")
-        bot.set_yscale("log")
+        log_y(bot)
         bot.set_ylabel("sessions in system")
         bot.set_xlabel("time since start of run (s)")
         if proto:

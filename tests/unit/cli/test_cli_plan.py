@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import subprocess
 import sys
@@ -63,6 +64,32 @@ def test_a_command_imports_only_its_own_module() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip().splitlines()[-1] == "['cli.commands', 'cli.main', 'cli.plan']", r.stdout
+
+
+def test_analyze_imports_nothing_only_report_reads() -> None:
+    """`analyze` (cli/analyze.py) imports neither the test directory's reader nor the HTML page,
+    which only `report` uses (issue 24), nor matplotlib before it draws."""
+    code = (
+        "import sys; from cli.main import main\ntry:\n    main(['analyze', '--help'])\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('cli.', 'review.html', 'review.testdir', 'matplotlib'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "['cli.analyze', 'cli.commands', 'cli.main']", r.stdout
+
+
+def test_only_the_process_command_freezes_the_collector() -> None:
+    """`main()` (the process's own command) freezes what it imported (cli/main.py); `main(argv)`, as
+    the tests call it, leaves the collector as it was."""
+    code = (
+        "import gc, sys; from cli.main import main\nsys.argv = ['agentload', 'plan', '--help']\n"
+        "try:\n    main()\nexcept SystemExit: pass\nprint(gc.get_freeze_count() > 0, gc.isenabled())"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "True True", r.stdout
+    frozen, enabled = gc.get_freeze_count(), gc.isenabled()
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert gc.get_freeze_count() == frozen and gc.isenabled() == enabled
 
 
 def test_an_unknown_command_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

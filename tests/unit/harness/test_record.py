@@ -160,3 +160,24 @@ def test_damaged_middle_line_is_an_error(tmp_path: Path) -> None:
     (d / "gauges.jsonl").write_bytes(b'{"time": 1.0}\n{"time": \n{"time": 2.0}\n')
     with pytest.raises(RunFormatError, match="damaged"):
         load_run(d)
+
+
+def test_tables_left_out_come_back_empty_unread(tmp_path: Path) -> None:
+    """load_run(tables=...): a compacted table left out is empty with its columns and dtypes and is not
+    read (a damaged file does not matter); a table still in JSONL is read whatever `tables` says."""
+    d = tmp_path / "r"
+    with RunRecorder(d, META) as rec:
+        _fill(rec)
+    full = load_run(d)
+    (d / "gauges.parquet").write_bytes(b"not parquet")  # never opened when left out
+    run = load_run(d, tables=("turns", "sessions", "gate_events"))
+    assert not run.partial and len(run.gauges) == 0
+    assert list(run.gauges.dtypes) == list(full.gauges.dtypes) and list(run.gauges.columns) == SCHEMAS["gauges"].names
+    for name in ("turns", "sessions", "gate_events"):
+        assert getattr(run, name).equals(getattr(full, name)), name
+    p = tmp_path / "m"
+    rec = RunRecorder(p, META)
+    rec.flush()
+    (p / "gauges.jsonl").write_bytes(b'{"time": 1.0}\n{"time": \n{"time": 2.0}\n')
+    with pytest.raises(RunFormatError, match="damaged"):  # in JSONL: read, and refused as before
+        load_run(p, tables=("turns",))
