@@ -42,10 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="noburst,capped", help="arms whose runs' timings join the fit")
     ap.add_argument("--timing-weight", default="0.1", help="calibrate costs --timing-weight")
     ap.add_argument("--max-evaluations", default="60")
+    ap.add_argument(
+        "--quota-scaled",
+        action="store_true",
+        help="calibrate costs --quota-scaled: each run's timings scaled to the fold's mean quota, each held run "
+        "replayed at speed x its quota / that mean",
+    )
     ap.add_argument("--out", default="/tmp/agentload-replay-cv")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    runs = sorted(p for p in RUNS.iterdir() if (p / "meta.json").exists())
+    # paths relative to the checkout (the commands run there): the fitted files' sources then name them so
+    runs = sorted(p.relative_to(ROOT) for p in RUNS.iterdir() if (p / "meta.json").exists())
     seeds = sorted({int(p.name.rsplit("-s", 1)[1]) for p in runs})
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     rows: list[dict] = []
@@ -55,13 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         train = [str(p) for p in runs if p.name.split("-")[0] in arms and not p.name.endswith(f"-s{k}")]
         held = [str(p) for p in runs if p.name.endswith(f"-s{k}")]
         t0 = time.monotonic()
+        name = f"{CELL}-quota-cv-s{k}" if args.quota_scaled else f"cv-s{k}"
         _agentload(
             "calibrate", "costs", "--engine", "vllm", "--cell", CELL, "--workload", WORKLOAD,
-            "--inputs", str(INPUTS), "--from-runs", *train, "--max-evaluations", args.max_evaluations,
-            "--timing-weight", args.timing_weight, "--name", f"cv-s{k}", "--out", str(fold),
+            "--inputs", str(INPUTS.relative_to(ROOT)), "--from-runs", *train, "--max-evaluations", args.max_evaluations,
+            "--timing-weight", args.timing_weight, "--name", name, "--out", str(fold),
+            *(["--quota-scaled"] if args.quota_scaled else []),
             log=fold / "fit.log",
         )  # fmt: skip
-        cost = fold / f"cv-s{k}.yaml"
+        cost = fold / f"{name}.yaml"
         _agentload("replay", *held, "--cost", str(cost), "--out", str(fold / "replay"), log=fold / "replay.log")
         print(f"seed {k}: fitted on {len(train)} runs of the other seeds, replayed {len(held)} "
               f"({time.monotonic() - t0:.0f} s; cost {cost})", flush=True)  # fmt: skip
@@ -76,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         backlog[a] += bool(r["backlog"]["within_band"])
         print(f"{Path(r['real']).name:18} {st['real']['state']:13} {st['sim']['state']:13} "
               f"{r['backlog']['bins_within']:12.2f} {r['hit_fraction']['bins_within']:9.2f}")  # fmt: skip
-    print(f"\nfit: arms {','.join(arms)}, timing weight {args.timing_weight}; per arm (target: 5 of 6 in band)")
+    scaled = ", quota-scaled" if args.quota_scaled else ""
+    print(f"\nfit: arms {','.join(arms)}, timing weight {args.timing_weight}{scaled}; per arm (target: 5 of 6 in band)")
     for a in sorted(n):
         print(f"  {a:8} states {states[a]}/{n[a]}  hit in band {hit[a]}/{n[a]}  backlog in band {backlog[a]}/{n[a]}")
     return 0

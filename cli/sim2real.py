@@ -33,6 +33,7 @@ from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs, rows_from_runs
 from sim2real.replay import ForeignCostError, replay_costs, replay_run
+from sim2real.replay_margin import replay_margin, run_speed_noise
 from sim2real.suite import run_suite, write_report
 from sim2real.summaryfit import (
     Simulator,
@@ -125,6 +126,13 @@ def add_costs_stage(sub: Any) -> None:
     q.add_argument(
         "--from-runs", nargs="+", default=None, metavar="RUN_DIR", help="fit these runs instead of making new ones"
     )
+    q.add_argument(
+        "--quota-scaled",
+        action="store_true",
+        help="the runs ran under CPU quotas (their meta.json records each): scale every run's timings to the runs' "
+        "mean quota and write it as the cost's cpu_quota, so that a replay plays each run at speed x its quota / "
+        "cpu_quota (a CFS quota of q CPUs computes q CPU-seconds a second); needs --from-runs",
+    )
     q.add_argument("--name", default=None, help="cost file name (default: <cell>-fitted)")
     q.add_argument("--out", required=True, help="directory for the runs, the cost file and the residuals")
 
@@ -171,6 +179,10 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
     separate = cell.batching == "separate"
     dirs: list[Path] = []
+    if args.quota_scaled and not args.from_runs:
+        raise UsageError(
+            "--quota-scaled scales the timings of recorded runs by their quotas: give --from-runs RUN_DIR ..."
+        )
     if args.from_runs:
         dirs = [Path(d) for d in args.from_runs]
     elif args.inputs is None:
@@ -203,7 +215,7 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     engine_label = f"{cell.engine.name} {cell.engine.version} ({cell.name})"
     if args.inputs is None:
         try:
-            fit = fit_from_runs(dirs, cell.chunked_prefill, separate=separate)
+            fit = fit_from_runs(dirs, cell.chunked_prefill, separate=separate, quota_scaled=args.quota_scaled)
         except CostFitError as exc:
             raise UsageError(str(exc)) from None
         doc = fit.cost_file(name, engine_label)
@@ -223,6 +235,7 @@ def _cmd_costs(args: argparse.Namespace) -> int:
                 f"  {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  median |rel| {r['median_abs_rel']:.3f}  "
                 f"p90 |rel| {r['p90_abs_rel']:.3f}"
             )
+        _print_quota(fit.quota)
         print(f"wrote {path} and {out / (name + '.residuals.csv')}", file=sys.stderr)
         return 0
     try:
@@ -240,7 +253,11 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     )
     base = None
     try:
-        timing = rows_from_runs(dirs, cell.chunked_prefill, separate=separate) if dirs else None
+        timing = (
+            rows_from_runs(dirs, cell.chunked_prefill, separate=separate, quota_scaled=args.quota_scaled)
+            if dirs
+            else None
+        )
         if timing is not None:
             start = timing_start(timing)
         else:
@@ -278,8 +295,18 @@ def _cmd_costs(args: argparse.Namespace) -> int:
                 f"  timing {k:7s} n={r['n']:5d}  median rel {r['median_rel']:+.3f}  "
                 f"median |rel| {r['median_abs_rel']:.3f}"
             )
+    _print_quota(timing.quota_record() if timing is not None else None)
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _print_quota(record: dict[str, Any] | None) -> None:
+    if record:
+        qs = list(record["runs"].values())
+        print(
+            f"quota-scaled: the costs hold at {record['cpu_quota']:.4g} CPU (cpu_quota), the mean of {len(qs)} runs' "
+            f"quotas {min(qs):.3g}-{max(qs):.3g}; a replay plays each run at speed x its quota / cpu_quota"
+        )
 
 
 def owned_by(doc: dict[str, Any], engine: str, cell: str) -> dict[str, Any]:
@@ -354,15 +381,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         sim_dir = out / "replays" / name
         replay_run(rd, sim_dir, cost_file=args.cost, cost_from_meta=args.cost_from_meta)
         spec, source = run_rule(metas[rd])
-        reports.append(
-            parity.compare(
-                rd,
-                sim_dir,
-                bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac, args.hit_noise_z),
-                spec=spec,
-                rule_source=source,
-            )
+        report = parity.compare(
+            rd,
+            sim_dir,
+            bands=parity.Bands(args.hit_tol, args.backlog_abs, args.backlog_rel, args.band_frac, args.hit_noise_z),
+            spec=spec,
+            rule_source=source,
         )
+        if args.margins:
+            noise, noise_from = run_speed_noise(metas[rd], ROOT)
+            print(f"{name}: flip margin of the replayed state (bisection, a replay per step)...", file=sys.stderr)
+            report["margin"] = {
+                **replay_margin(
+                    rd,
+                    args.cost,
+                    spec,
+                    base_state=report["states"]["sim"]["state"],
+                    noise=noise,
+                    cost_from_meta=args.cost_from_meta,
+                ),
+                "noise_from": noise_from,
+            }
+        reports.append(report)
     paths = parity.write(reports, out)
     print(paths["markdown"].read_text())
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
@@ -410,5 +450,12 @@ def register(cli: Any) -> None:
         default=2.0,
         help="the hit band widens to this many binomial standard errors of a bin's difference where that is more "
         "than --hit-tol (short bins hold few turns); 0: the fixed band (default 2)",
+    )
+    p.add_argument(
+        "--margins",
+        action="store_true",
+        help="also find each replayed state's flip margin: the smallest change of the cost's speed, each way, that "
+        "changes it (bisection: ~12 more replays a run), labelled knife-edge within the E0a noise of the run's "
+        "registration",
     )
     p.set_defaults(func=_cmd_replay)

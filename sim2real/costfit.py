@@ -45,6 +45,7 @@ from scipy.optimize import nnls
 from harness.config.cost import CostModel
 from harness.errors import RecordError
 from harness.recording.record import load_run
+from sim2real.quota import quota_scales, run_quota
 
 PARAMS = ("a", "b", "c_p", "c_d", "c_r")
 
@@ -175,6 +176,15 @@ class TimingRows:
     # per run, the median time a request spent in the server outside the engine's own intervals:
     # client latency - (queue + engine ttft + engine decode); where d_r starts in a joint fit
     gaps: list[float] = field(default_factory=list)
+    # quota-scaled rows (sim2real/quota.py): the quota the parameters hold at, and each run's quota
+    cpu_quota: float | None = None
+    run_quotas: list[float] = field(default_factory=list)
+
+    def quota_record(self) -> dict[str, Any] | None:
+        """What a cost file records of the quota scaling (None: the rows are not scaled)."""
+        if self.cpu_quota is None:
+            return None
+        return {"cpu_quota": self.cpu_quota, "runs": dict(zip(self.runs, self.run_quotas, strict=True))}
 
     def __len__(self) -> int:
         return int(self.y.size)
@@ -207,6 +217,7 @@ class CostFit:
     runs: list[str]
     residuals: dict[str, Any] = field(default_factory=dict)
     per_row: pd.DataFrame | None = None
+    quota: dict[str, Any] | None = None  # TimingRows.quota_record() of a quota-scaled fit
 
     def cost(self) -> CostModel:
         return CostModel(
@@ -221,6 +232,10 @@ class CostFit:
 
     def cost_file(self, name: str, engine: str) -> dict[str, Any]:
         """The cost file (kind: cost), with a `fit` record: data, residuals."""
+        quota = self.quota.get("cpu_quota") if self.quota else None
+        fit: dict[str, Any] = {"runs": self.runs, "observations": self.rows, "residuals": self.residuals}
+        if self.quota:
+            fit["quota_scaling"] = self.quota
         return {
             "kind": "cost",
             "name": name,
@@ -229,13 +244,14 @@ class CostFit:
                 f"timings of {self.rows} observations in {len(self.runs)} closed run(s); no hit, throughput or backlog "
                 f"entered the fit. Median |relative residual| {self.residuals['all']['median_abs_rel']:.3f}."
             ),
-            **cost_params(self.params, self.chunk),
-            "fit": {"runs": self.runs, "observations": self.rows, "residuals": self.residuals},
+            **cost_params(self.params, self.chunk, quota),
+            "fit": fit,
         }
 
 
-def cost_params(params: dict[str, float], chunk: int) -> dict[str, Any]:
-    """A cost file's parameters in its documented order (c_r written only when the fit set it)."""
+def cost_params(params: dict[str, float], chunk: int, cpu_quota: float | None = None) -> dict[str, Any]:
+    """A cost file's parameters in its documented order (c_r, d_r written only when the fit set them;
+    cpu_quota only for a quota-scaled fit)."""
     out: dict[str, Any] = {
         "a": float(params["a"]),
         "f0": float(params.get("f0", 0.0)),
@@ -249,6 +265,8 @@ def cost_params(params: dict[str, float], chunk: int) -> dict[str, Any]:
     for key in ("c_r", "d_r"):  # written only when the fit set them
         if params.get(key, 0.0) > 0:
             out[key] = float(params[key])
+    if cpu_quota is not None:
+        out["cpu_quota"] = float(cpu_quota)
     return out
 
 
@@ -270,19 +288,36 @@ def timing_rows(
     names: Sequence[str] = (),
     separate: bool = False,
     min_rows: int = 20,
+    quotas: Sequence[float | None] | None = None,
 ) -> TimingRows:
-    """The observations of the given runs (one turn table each); refused when too few."""
+    """The observations of the given runs (one turn table each); refused when too few.
+
+    `quotas` (one per run: the CPU quota it ran under) scales the rows to their mean quota: a run at
+    quota q took q_ref / q times what it would at q_ref, so its rows' features are multiplied by that
+    (the parameters then hold at q_ref, sim2real/quota.py)."""
+    ref: float | None = None
+    factors: list[float] = [1.0] * len(turn_tables)
+    if quotas is not None:
+        try:
+            ref, factors = quota_scales(
+                list(quotas), [str(n) for n in names] or [f"run {i}" for i in range(len(quotas))]
+            )
+        except ValueError as exc:
+            raise CostFitError(str(exc)) from None
     X, y, k, gaps = [], [], [], []
-    for t in turn_tables:
+    for t, f in zip(turn_tables, factors, strict=True):
         rows, obs, kind = design(timeline(t), chunk, separate)
         if rows.size:
-            X.append(rows)
+            X.append(rows / f)
             y.append(obs)
             k.append(kind)
             gaps.append(server_gap(t))
     if not X:
         raise CostFitError("no usable observation in the runs")
     tr = TimingRows(np.vstack(X), np.concatenate(y), np.concatenate(k), list(names), gaps)
+    if ref is not None:
+        tr.cpu_quota = ref
+        tr.run_quotas = [ref * f for f in factors]
     if len(tr) < min_rows:
         raise CostFitError(f"{len(tr)} observations; at least {min_rows} are needed for a fit")
     return tr
@@ -316,23 +351,42 @@ def fit_costs(
     min_rows: int = 20,
     separate: bool = False,
     free: Sequence[str] = PARAMS,
+    quotas: Sequence[float | None] | None = None,
 ) -> CostFit:
-    """Fit the PARAMS in `free` to the per-request timings of the given runs (one turn table each)."""
-    tr = timing_rows(turn_tables, chunk, names=names, separate=separate, min_rows=min_rows)
+    """Fit the PARAMS in `free` to the per-request timings of the given runs (one turn table each);
+    with `quotas`, scaled to their mean quota (timing_rows)."""
+    tr = timing_rows(turn_tables, chunk, names=names, separate=separate, min_rows=min_rows, quotas=quotas)
     theta = solve_rows(tr, free=free)
     return CostFit(
-        dict(zip(PARAMS, map(float, theta))), chunk, len(tr), list(names), tr.residuals(theta), tr.per_row(theta)
+        dict(zip(PARAMS, map(float, theta))),
+        chunk,
+        len(tr),
+        list(names),
+        tr.residuals(theta),
+        tr.per_row(theta),
+        tr.quota_record(),
     )
+
+
+def _load(run_dirs: Sequence[Path | str], quota_scaled: bool) -> tuple[list[pd.DataFrame], list[float | None] | None]:
+    runs = [load_run(d) for d in run_dirs]
+    return [r.turns for r in runs], ([run_quota(r.meta) for r in runs] if quota_scaled else None)
 
 
 def fit_from_runs(
-    run_dirs: Sequence[Path | str], chunk: int, *, separate: bool = False, free: Sequence[str] = PARAMS
+    run_dirs: Sequence[Path | str],
+    chunk: int,
+    *,
+    separate: bool = False,
+    free: Sequence[str] = PARAMS,
+    quota_scaled: bool = False,
 ) -> CostFit:
-    tables = [load_run(d).turns for d in run_dirs]
-    return fit_costs(tables, chunk, names=[str(d) for d in run_dirs], separate=separate, free=free)
+    tables, quotas = _load(run_dirs, quota_scaled)
+    return fit_costs(tables, chunk, names=[str(d) for d in run_dirs], separate=separate, free=free, quotas=quotas)
 
 
-def rows_from_runs(run_dirs: Sequence[Path | str], chunk: int, *, separate: bool = False) -> TimingRows:
-    return timing_rows(
-        [load_run(d).turns for d in run_dirs], chunk, names=[str(d) for d in run_dirs], separate=separate
-    )
+def rows_from_runs(
+    run_dirs: Sequence[Path | str], chunk: int, *, separate: bool = False, quota_scaled: bool = False
+) -> TimingRows:
+    tables, quotas = _load(run_dirs, quota_scaled)
+    return timing_rows(tables, chunk, names=[str(d) for d in run_dirs], separate=separate, quotas=quotas)

@@ -132,6 +132,7 @@ def compare(
         "cell": (meta.get("cell") or {}).get("name"),
         "cost_file": (sim.meta.get("replay_of") or {}).get("cost_file"),
         "cost_source": (sim.meta.get("replay_of") or {}).get("source"),
+        "quota_scaling": (sim.meta.get("replay_of") or {}).get("quota_scaling"),
         "duration": duration,
         "bands": asdict(bands),
         "turns": {
@@ -211,6 +212,15 @@ def markdown(reports: list[dict[str, Any]]) -> str:
     files = sorted({str(r["cost_file"]) for r in reports if r.get("cost_file")})
     if files:
         lines += ["", f"Cost model of the replays: {', '.join(f'`{f}`' for f in files)}."]
+    scaled = [r for r in reports if r.get("quota_scaling")]
+    if scaled:
+        q0 = scaled[0]["quota_scaling"]["cost_quota"]
+        each = ", ".join(f"{_name(r)} x{r['quota_scaling']['factor']:.3f}" for r in scaled)
+        lines += [
+            "",
+            f"Quota-scaled cost (it holds at {q0:g} CPU): each run replayed at speed x its recorded quota / {q0:g}: "
+            f"{each}.",
+        ]
     marked = [_name(r) for r in reports if r.get("cost_source") in COST_MARK]
     if marked:
         lines += ["", f"**Marked** ({COST_MARK['meta']}): {', '.join(marked)}."]
@@ -251,6 +261,38 @@ def states_table(reports: list[dict[str, Any]]) -> list[str]:
         )
     n = sum(1 for r in rows if r["states"]["match"])
     lines += ["", f"States match in {n} of {len(rows)} runs."]
+    return lines + margins_table(rows)
+
+
+def margins_table(reports: list[dict[str, Any]]) -> list[str]:
+    """The replays' flip margins (`agentload replay --margins`, sim2real/replay_margin.py); none
+    where they were not asked for."""
+    rows = [r for r in reports if r.get("margin")]
+    if not rows:
+        return []
+
+    def side(x: Any, cap: float) -> str:
+        return f"> {cap:.2f}" if x is None else f"{x:.3f}"
+
+    lines = [
+        "",
+        "## Flip margins of the replayed states",
+        "",
+        "The smallest relative change of the cost's speed, each way, that changes the replayed state (the "
+        "all-miss token reference moving with it); knife-edge where it is within the calibration's noise.",
+        "",
+        "| run | sim state | faster | slower | noise | label |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        m = r["margin"]
+        nz = "-" if m.get("noise") is None else f"{m['noise']:.3f}"
+        lines.append(
+            f"| {_name(r)} | {m['base']} | {side(m['faster'], m['max_change'])} | {side(m['slower'], m['max_change'])} "
+            f"| {nz} | {m['label']} |"
+        )
+    knife = [_name(r) for r in rows if r["margin"]["label"] == "knife-edge"]
+    lines += ["", f"Knife-edge: {', '.join(knife) if knife else 'none'} ({len(knife)} of {len(rows)} runs)."]
     return lines
 
 

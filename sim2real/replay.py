@@ -11,7 +11,9 @@ another engine or cell is refused. A real run's meta.json carries its cell's con
 which nothing ties to the engine that ran it (the CPU runs' meta held the A100 costs), so without
 a cost file a real run is refused too, unless `cost_from_meta` says to use them anyway: the replay's
 meta.json and the parity report then say so. A simulated or emulated run was made by the engine
-model with its meta's costs: those are its own, and replay it as it was.
+model with its meta's costs: those are its own, and replay it as it was. A quota-scaled cost
+(`cpu_quota`, sim2real/quota.py) plays each run at speed x the quota its record says it ran under
+over the cost's, and the replay's meta.json records both (`replay_of.quota_scaling`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from harness.recording.schema import RunStatus
 from harness.refengine.model import EngineModel
 from harness.workload.planfile import read_plan
 from provenance.meta import capture, sha256_file
+from sim2real.quota import replay_speed_factor
 
 PLAN_FILE = "plan.parquet"
 MODEL_BACKENDS = ("sim", "emulator")  # runs the engine model made with their meta's costs
@@ -114,8 +117,10 @@ def replay_run(
     cost_file: str | Path | None = None,
     seed: int | None = None,
     cost_from_meta: bool = False,
+    speed_factor: float = 1.0,
 ) -> Path:
-    """Simulate `run_dir`'s plan, arm and cell (with `cost_file`'s costs, `replay_costs`) into `out_dir`."""
+    """Simulate `run_dir`'s plan, arm and cell (with `cost_file`'s costs, `replay_costs`) into `out_dir`;
+    `speed_factor` moves the cost's speed (a flip margin's evaluations, sim2real/replay_margin.py)."""
     run_dir = Path(run_dir)
     meta = _meta(run_dir)
     for key in ("cell", "protocol", "arm_config"):
@@ -131,6 +136,18 @@ def replay_run(
     if want and plan.sha256 != want:
         raise ConfigError(f"{plan_path}: SHA-256 {plan.sha256} differs from the {want} the run recorded")
     cost, cost_record = replay_costs(run_dir, meta, cost_file, cost_from_meta)
+    if cost is not None:
+        try:
+            scaling = replay_speed_factor(meta, cost.cpu_quota, str(run_dir))
+        except ValueError as exc:
+            raise ForeignCostError(str(exc)) from None
+        if scaling is not None:  # a quota-scaled cost: this run's engine had its own quota (sim2real/quota.py)
+            cost = cost.model_copy(update={"speed": cost.speed * scaling["factor"]})
+            cost_record["quota_scaling"] = scaling
+    if speed_factor != 1.0:
+        base = cost if cost is not None else CostConfig.model_validate(meta["cell"]["cost"])
+        cost = base.model_copy(update={"speed": base.speed * speed_factor})
+        cost_record["speed_factor"] = speed_factor
     cell = replay_cell(meta, cost)
     arm = ArmConfig.model_validate(meta["arm_config"])
     protocol = ProtocolConfig.model_validate(meta["protocol"])

@@ -248,12 +248,18 @@ class SummaryFit:
             "simulated_runs": self.sim_runs,
             "points": self.point_rows(),
         }
+        quota = None
         if self.timing is not None:
             fit["timing"] = {
                 "observations": len(self.timing),
                 "weight": self.timing_weight,
                 "residuals": self.timing.residuals(self.theta()),
             }
+            record = self.timing.quota_record()
+            if record is not None:
+                # the summaries carry no quota of their own: they are taken as measured at the timing runs' mean
+                fit["quota_scaling"] = {**record, "summaries": "taken at cpu_quota (they record no quota)"}
+                quota = record["cpu_quota"]
         return {
             "kind": "cost",
             "name": name,
@@ -262,7 +268,7 @@ class SummaryFit:
                 f"calibration summaries matched to the real ones at {len(fitted)} points{timing}; largest |relative "
                 f"residual| of a fitted point {worst:.3f}. Points left out and every residual: fit.points."
             ),
-            **cost_params(self.params, self.chunk),
+            **cost_params(self.params, self.chunk, quota),
             "fit": fit,
         }
 

@@ -83,20 +83,30 @@ class CostConfig(StrictModel):
     token_factor: float = Field(1.0, gt=0)
     c_r: float = Field(0.0, ge=0, description="seconds per request, once, in the iteration that admits it")
     d_r: float = Field(0.0, ge=0, description="seconds a response spends in the server outside the engine's steps")
+    cpu_quota: float | None = Field(
+        None,
+        gt=0,
+        description="the CPU quota (cores) these costs hold at; a replay of a run recorded at quota q plays it at "
+        "speed x q / cpu_quota (sim2real/quota.py). Absent: the costs are not quota-scaled",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_zero_added_terms(self, handler: Any) -> Any:
-        # c_r and d_r came after cells, registrations and meta.json files were written: left out while
-        # 0, so their dumps (and every SHA-256 bound to them) keep their bytes; reading them back gives 0
+        # c_r, d_r and cpu_quota came after cells, registrations and meta.json files were written: left
+        # out while unset, so their dumps (and every SHA-256 bound to them) keep their bytes
         data = handler(self)
         if isinstance(data, dict):
             for key in ("c_r", "d_r"):
                 if data.get(key) == 0.0:
                     data.pop(key)
+            if data.get("cpu_quota") is None:
+                data.pop("cpu_quota", None)
         return data
 
     def model(self) -> CostModel:
-        return CostModel(**self.model_dump())
+        data = self.model_dump()
+        data.pop("cpu_quota", None)  # a replay's concern (it sets speed), not the engine model's
+        return CostModel(**data)
 
 
 class SpeedPin(StrictModel):
