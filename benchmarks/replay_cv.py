@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         help="calibrate costs --quota-scaled: each run's timings scaled to the fold's mean quota, each held run "
         "replayed at speed x its quota / that mean",
     )
+    ap.add_argument("--reference-weight", default="1", help="calibrate costs --reference-weight (E0a's points)")
     ap.add_argument("--out", default="/tmp/agentload-replay-cv")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             "--inputs", str(INPUTS.relative_to(ROOT)), "--from-runs", *train, "--max-evaluations", args.max_evaluations,
             "--timing-weight", args.timing_weight, "--name", name, "--out", str(fold),
             *(["--quota-scaled"] if args.quota_scaled else []),
+            "--reference-weight", args.reference_weight,
             log=fold / "fit.log",
         )  # fmt: skip
         cost = fold / f"{name}.yaml"
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         backlog[a] += bool(r["backlog"]["within_band"])
         print(f"{Path(r['real']).name:18} {st['real']['state']:13} {st['sim']['state']:13} "
               f"{r['backlog']['bins_within']:12.2f} {r['hit_fraction']['bins_within']:9.2f}")  # fmt: skip
-    scaled = ", quota-scaled" if args.quota_scaled else ""
+    scaled = (", quota-scaled" if args.quota_scaled else "") + f", reference weight {args.reference_weight}"
     print(f"\nfit: arms {','.join(arms)}, timing weight {args.timing_weight}{scaled}; per arm (target: 5 of 6 in band)")
     for a in sorted(n):
         print(f"  {a:8} states {states[a]}/{n[a]}  hit in band {hit[a]}/{n[a]}  backlog in band {backlog[a]}/{n[a]}")

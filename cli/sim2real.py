@@ -103,6 +103,13 @@ def add_costs_stage(sub: Any) -> None:
         "end's share of a request's cost)",
     )
     q.add_argument(
+        "--reference-weight",
+        type=float,
+        default=1.0,
+        help="summaries: each of E0a's two points (lambda_ref and the all-miss token rate, the references a rule "
+        "judges every run against) counts this many points (default 1, like each Stage C point)",
+    )
+    q.add_argument(
         "--hit-drop",
         type=float,
         default=0.1,
@@ -272,6 +279,7 @@ def _cmd_costs(args: argparse.Namespace) -> int:
             timing_weight=args.timing_weight,
             max_evaluations=args.max_evaluations,
             log=_err,
+            reference_weight=args.reference_weight,
         )
     except CostFitError as exc:
         raise UsageError(str(exc)) from None

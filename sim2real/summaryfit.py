@@ -8,8 +8,14 @@ CPU engine under a quota is a large part of a cached turn's cost. So the fit her
 *simulated* summaries to the real ones, with the timing rows (sim2real/costfit.py) in the same
 objective when there are runs with timings:
 
-    minimise  sum over fitted summary points (sim / real - 1)^2
+    minimise  sum over fitted summary points w_p (sim / real - 1)^2
             + timing_weight * mean over timing rows (predicted / observed - 1)^2
+
+where w_p is `reference_weight` for E0a's two points and 1 for Stage C's: E0a's lambda_ref and
+all-miss token rate are the registered references every run is judged against (a trapped run's
+token rate is read as a multiple of the all-miss rate), so a cost that trades them for Stage C's
+good state misreads every trapped run by the same factor (the quota-scaled CPU fit with weight 1 put
+the all-miss rate 10% low, and replayed trapped runs 4-15% below their real token rates).
 
 over log-multipliers of the cost's parameters (so they stay positive), by trust-region least
 squares with finite differences. The simulator plays each point exactly as it was measured: the
@@ -206,6 +212,7 @@ class SummaryFit:
     simulated: list[float]
     timing: TimingRows | None = None
     timing_weight: float = 0.1
+    reference_weight: float = 1.0
     evaluations: int = 0
     sim_runs: int = 0
     sources: list[dict[str, str]] = field(default_factory=list)
@@ -249,6 +256,7 @@ class SummaryFit:
             "points": self.point_rows(),
         }
         quota = None
+        fit["reference_weight"] = self.reference_weight
         if self.timing is not None:
             fit["timing"] = {
                 "observations": len(self.timing),
@@ -283,8 +291,12 @@ def fit_summaries(
     timing_weight: float = 0.1,
     max_evaluations: int = 40,
     log: Callable[[str], None] = lambda _m: None,
+    reference_weight: float = 1.0,
 ) -> SummaryFit:
-    """Fit the cost to the summaries (and the timing rows, if given) from `start` (parameters by name)."""
+    """Fit the cost to the summaries (and the timing rows, if given) from `start` (parameters by name);
+    `reference_weight`: how many points each of E0a's references counts (see the module doc)."""
+    if not reference_weight > 0:
+        raise CostFitError(f"reference weight: expected > 0, got {reference_weight}")
     fitted = [p for p in points if p.fitted]
     if not fitted:
         raise CostFitError("no summary point to fit: need E0a's rates or Stage C points in the good state")
@@ -292,6 +304,9 @@ def fit_summaries(
     if not groups:
         raise CostFitError(f"the start cost has no non-zero parameter to scale: {start}")
     real = np.array([p.real for p in fitted])
+    # E0a's points are the registered references (lambda_ref, the all-miss token rate) that a rule
+    # compares every run with: reference_weight counts each of them that many times
+    wts = np.array([math.sqrt(reference_weight) if p.stage == "e0a" else 1.0 for p in fitted])
     cache: dict[tuple[float, ...], np.ndarray] = {}
 
     def params_at(z: np.ndarray) -> dict[str, float]:
@@ -311,7 +326,7 @@ def fit_summaries(
             raise _Budget
         p = params_at(z)
         vals = np.array(sim.values(CostConfig(**cost_params(p, chunk)), fitted))
-        r: np.ndarray = vals / real - 1.0
+        r: np.ndarray = (vals / real - 1.0) * wts
         if timing is not None:
             th = np.array([p.get(k, 0.0) for k in PARAMS])
             r = np.concatenate([r, timing.rel(th) * math.sqrt(timing_weight / len(timing))])
@@ -358,6 +373,7 @@ def fit_summaries(
         simulated=final,
         timing=timing,
         timing_weight=timing_weight,
+        reference_weight=reference_weight,
         evaluations=len(cache),
         sim_runs=sim.runs,
     )

@@ -181,3 +181,29 @@ def test_the_fit_refuses_missing_inputs_with_what_it_needs(tmp_path: Path, capsy
         assert message in capsys.readouterr().err
     with pytest.raises(CostFitError, match="no summary point to fit"):
         fit_summaries([], _simulator(), cost_start(CostConfig()), 8192)
+
+
+def test_the_reference_weight_holds_e0a_against_a_stage_c_that_disagrees() -> None:
+    """E0a's points (the registered references) counted `reference_weight` times: where the summaries
+    disagree (a stand-in simulator in which one speed serves every point, Stage C reading 20% more
+    than E0a), the fit moves toward E0a as its weight grows."""
+    from sim2real.summaryfit import SummaryPoint
+
+    class OneSpeed:
+        runs = 0
+
+        def values(self, cost: CostConfig, points: list[SummaryPoint]) -> list[float]:
+            return [TRUE["a"] / cost.a for _ in points]  # every point: the engine's speed
+
+    points = [SummaryPoint("stage-c", n, "mu_turns", 1.2, (0,), True) for n in NS] + [
+        SummaryPoint("e0a", 24, m, 1.0, (0, 1), True) for m in ("lambda_ref", "all_miss_token_rate")
+    ]
+    start = {k: v for k, v in TRUE.items() if k != "chunk"}
+    rel = {}
+    for w in (1.0, 10.0):
+        fit = fit_summaries(points, OneSpeed(), start, 8192, max_evaluations=30, reference_weight=w)  # type: ignore[arg-type]
+        rel[w] = max(abs(r["rel"]) for r in fit.point_rows() if r["stage"] == "e0a")
+    # weight 1: the speed that minimises 3 x (s/1.2 - 1)^2 + 2 x (s - 1)^2, ~1.11 (E0a 11% off); 10: ~1.03
+    assert rel[1.0] == pytest.approx(0.11, abs=0.02) and rel[10.0] < 0.04, rel
+    with pytest.raises(CostFitError, match="reference weight"):
+        fit_summaries(points, OneSpeed(), start, 8192, reference_weight=0.0)  # type: ignore[arg-type]
