@@ -26,13 +26,14 @@ import yaml
 from analysis.calibration_summaries import E0a, InputError, StageC, load_summary
 from analysis.rules import is_paired_form, load_rule
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config, load_cost_file
-from harness.errors import AgentloadError, ConfigError, UsageError
+from harness.errors import AgentloadError, UsageError
 from prereg.registration import load_registration
 from runs.closed_runs import cache_off, e0a, run_closed, stage_c
 from runs.realrun import add_engine_arguments, options_from_args
 from sim2real import parity
 from sim2real.costfit import CostFitError, fit_from_runs, rows_from_runs
-from sim2real.replay import ForeignCostError, replay_costs, replay_run
+from sim2real.quota import replay_speed_factor
+from sim2real.replay import replay_costs, replay_run
 from sim2real.replay_margin import replay_margin, run_speed_noise
 from sim2real.suite import run_suite, write_report
 from sim2real.summaryfit import (
@@ -376,10 +377,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for rd in dirs:  # every run's costs checked before any replay starts
         meta = json.loads((rd / "meta.json").read_text())
         try:
-            replay_costs(rd, meta, args.cost, args.cost_from_meta)
-        except ForeignCostError as exc:
-            raise UsageError(str(exc)) from None
-        except ConfigError as exc:
+            cost, _ = replay_costs(rd, meta, args.cost, args.cost_from_meta)
+            if cost is not None:  # a quota-scaled cost needs the run's quota
+                replay_speed_factor(meta, cost.cpu_quota, str(rd))
+        except ValueError as exc:  # a foreign cost (ConfigError is one), or a run without the quota its cost needs
             raise UsageError(str(exc)) from None
         metas[rd] = meta
     reports = []

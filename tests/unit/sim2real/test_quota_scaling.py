@@ -126,3 +126,21 @@ def test_a_replays_flip_margin_is_where_its_state_changes(tmp_path: Path) -> Non
     # labelled against a noise: a margin inside it is knife-edge
     wide = replay_margin(run, None, spec, base_state=base, noise=0.89, max_change=0.9, tol=0.1, scratch=tmp_path)
     assert wide["label"] == "knife-edge" and d in wide["inside_noise"]
+
+
+def test_the_command_refuses_a_quota_scaled_cost_for_a_run_without_a_quota_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli.main import main
+
+    bundle = short_e2_bundle({"min_window": 500.0, "recovered_span": 200.0})
+    with_q = Path(execute_run(bundle, "noburst", 1.35, 0, "sim", tmp_path / "a").run_dir)
+    without = Path(execute_run(bundle, "burst", 1.35, 0, "sim", tmp_path / "b").run_dir)
+    _set_meta(with_q, engine_backend="sglang", engine_speed_pin=_pin(0.6))
+    _set_meta(without, engine_backend="sglang")
+    cost = {"kind": "cost", "name": "q", "engine": "sglang", "cells": ["sglang-a100-300k"], **TRUE, "cpu_quota": 0.5}
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(cost))
+    argv = ["replay", str(with_q), str(without), "--cost", str(tmp_path / "q.yaml"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert "records no quota" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "replays").exists()  # nothing replayed, the first run neither
