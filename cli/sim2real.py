@@ -187,6 +187,13 @@ def _cmd_costs(args: argparse.Namespace) -> int:
     workload = load_config(config_ref(args.workload, "workloads"), WorkloadConfig)
     separate = cell.batching == "separate"
     dirs: list[Path] = []
+    if not args.reference_weight > 0:
+        raise UsageError(f"--reference-weight {args.reference_weight:g}: expected a weight > 0")
+    if args.reference_weight != 1.0 and args.inputs is None:
+        raise UsageError(
+            f"--reference-weight {args.reference_weight:g} weights E0a's points in the summary fit: give --inputs DIR "
+            "with the calibration summaries, or leave it out"
+        )
     if args.quota_scaled and not args.from_runs:
         raise UsageError(
             "--quota-scaled scales the timings of recorded runs by their quotas: give --from-runs RUN_DIR ..."
@@ -405,7 +412,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     rd,
                     args.cost,
                     spec,
-                    base_state=report["states"]["sim"]["state"],
+                    base_state=None,  # judged at factor 1 as every step is (the report's state may be a status)
                     noise=noise,
                     cost_from_meta=args.cost_from_meta,
                 ),

@@ -315,9 +315,9 @@ def timing_rows(
     if not X:
         raise CostFitError("no usable observation in the runs")
     tr = TimingRows(np.vstack(X), np.concatenate(y), np.concatenate(k), list(names), gaps)
-    if ref is not None:
+    if ref is not None and quotas is not None:
         tr.cpu_quota = ref
-        tr.run_quotas = [ref * f for f in factors]
+        tr.run_quotas = [float(q) for q in quotas if q is not None]  # as read (quota_scales refused a missing one)
     if len(tr) < min_rows:
         raise CostFitError(f"{len(tr)} observations; at least {min_rows} are needed for a fit")
     return tr

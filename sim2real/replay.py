@@ -142,7 +142,8 @@ def replay_run(
         except ValueError as exc:
             raise ForeignCostError(str(exc)) from None
         if scaling is not None:  # a quota-scaled cost: this run's engine had its own quota (sim2real/quota.py)
-            cost = cost.model_copy(update={"speed": cost.speed * scaling["factor"]})
+            # the factor is in the speed now: the replay's cell holds plain costs (the record keeps both quotas)
+            cost = cost.model_copy(update={"speed": cost.speed * scaling["factor"], "cpu_quota": None})
             cost_record["quota_scaling"] = scaling
     if speed_factor != 1.0:
         base = cost if cost is not None else CostConfig.model_validate(meta["cell"]["cost"])

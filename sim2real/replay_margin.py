@@ -5,10 +5,10 @@ if a small error in the cost would not have changed the call. The margin is the 
 predictions carry (prereg/margin.py): the smallest relative change of the cost's speed, each way,
 at which the replayed state differs, by bisection; every evaluation is a replay of the same plan,
 arm and cell with the speed moved (sim2real/replay.py `speed_factor`). As there, the all-miss token
-reference moves with the speed, so a margin measures whether the trap forms (or the good state
-holds) rather than re-counting the rule's token-rate tolerance. A margin within the calibration's
-own noise (the relative seed spread of E0a's uncached token rate, from the E0a summary the run's
-registration binds) is labelled knife-edge (prereg/margin_record.py's labels).
+reference (where the run records one) moves with the speed, so a margin measures whether the trap
+forms (or the good state holds) rather than re-counting the rule's token-rate tolerance. A margin
+within the calibration's own noise (the relative seed spread of E0a's uncached token rate, from the
+E0a summary the run's registration binds) is labelled knife-edge (prereg/margin_record.py's labels).
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def run_speed_noise(meta: Mapping[str, Any], root: Path) -> tuple[float | None, 
     found = registration_e0a(r)
     if found is None:
         return None, f"registration {r.name} binds no E0a summary"
-    noise = load_e0a_noise(found[0], found[1])
+    try:
+        noise = load_e0a_noise(found[0], found[1])
+    except (AgentloadError, OSError) as exc:
+        return None, f"E0a {found[1]} unreadable: {exc}"
     return noise.get("speed"), f"E0a {found[1]} (relative seed spread of its uncached token rate)"
 
 
