@@ -145,11 +145,10 @@ def replay_run(
             # the factor is in the speed now: the replay's cell holds plain costs (the record keeps both quotas)
             cost = cost.model_copy(update={"speed": cost.speed * scaling["factor"], "cpu_quota": None})
             cost_record["quota_scaling"] = scaling
-    if speed_factor != 1.0:
-        base = cost if cost is not None else CostConfig.model_validate(meta["cell"]["cost"])
-        cost = base.model_copy(update={"speed": base.speed * speed_factor})
-        cost_record["speed_factor"] = speed_factor
     cell = replay_cell(meta, cost)
+    if speed_factor != 1.0:  # on the cell's costs, whichever they are (a file's or the run's own)
+        cell = cell.model_copy(update={"cost": cell.cost.model_copy(update={"speed": cell.cost.speed * speed_factor})})
+        cost_record["speed_factor"] = speed_factor
     arm = ArmConfig.model_validate(meta["arm_config"])
     protocol = ProtocolConfig.model_validate(meta["protocol"])
     cap = meta.get("cap")
