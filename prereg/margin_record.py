@@ -106,26 +106,40 @@ def margin_record(
     return _finish(rec, sides, noise, max_change)
 
 
-def _finish(
-    rec: dict[str, Any],
+def noise_label(
     sides: Mapping[str, Mapping[str, float | None]],
-    noise: Mapping[str, Any] | None,
-    max_change: float,
-) -> dict[str, Any]:
-    inside = []
-    judged = True
+    noise: Mapping[str, float | None] | None,
+    required: Sequence[str] = KNOBS,
+) -> tuple[list[tuple[str, str]], str]:
+    """The sides (knob, direction) whose flip margin is within that knob's noise, and the label:
+    "knife-edge" when any side is, "robust" when none is and every `required` knob was judged (its
+    margins found and its noise known), else "unjudged". One rule for a prediction's margins (both
+    knobs required) and a replay's (sim2real/replay_margin.py: speed only, the one knob a replay
+    moves), so the two labels cannot drift apart."""
+    inside: list[tuple[str, str]] = []
+    judged = set(sides) >= set(required)
     for knob, s in sides.items():
         nz = None if noise is None else noise.get(knob)
         if nz is None:
             judged = False
         for side, m in s.items():
             if m is not None and nz is not None and m <= nz + 1e-9:
-                inside.append(f"{knob} {side}")
+                inside.append((knob, side))
+    return inside, "knife-edge" if inside else ("robust" if judged else "unjudged")
+
+
+def _finish(
+    rec: dict[str, Any],
+    sides: Mapping[str, Mapping[str, float | None]],
+    noise: Mapping[str, Any] | None,
+    max_change: float,
+) -> dict[str, Any]:
+    inside, label = noise_label(sides, noise)
     bounded = [m for s in sides.values() for m in s.values() if m is not None]
     rec["margin"] = min(bounded) if bounded else max_change
     rec["bounded"] = bool(bounded)
-    rec["inside_noise"] = inside
-    rec["label"] = "knife-edge" if inside else ("robust" if judged and set(sides) >= set(KNOBS) else "unjudged")
+    rec["inside_noise"] = [f"{knob} {side}" for knob, side in inside]
+    rec["label"] = label
     return rec
 
 

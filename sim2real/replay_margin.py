@@ -24,7 +24,7 @@ from analysis.paired import paired_run
 from analysis.staged_analysis import run_quantities
 from harness.errors import AgentloadError
 from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE, flip_margin
-from prereg.margin_record import load_e0a_noise, registration_e0a
+from prereg.margin_record import load_e0a_noise, noise_label, registration_e0a
 from prereg.registration import load_registration
 from sim2real.replay import replay_run
 
@@ -80,10 +80,5 @@ def replay_margin(
             shutil.rmtree(tmp, ignore_errors=True)
 
     m = flip_margin(state_at, base=base_state, max_change=max_change, tol=tol, probe=noise)
-    inside = [
-        side
-        for side, x in (("faster", m.faster), ("slower", m.slower))
-        if x is not None and noise is not None and x <= noise + 1e-9
-    ]
-    label = "knife-edge" if inside else ("robust" if noise is not None else "unjudged")
-    return {**m.to_json(), "noise": noise, "inside_noise": inside, "label": label}
+    inside, label = noise_label({"speed": {"faster": m.faster, "slower": m.slower}}, {"speed": noise}, ("speed",))
+    return {**m.to_json(), "noise": noise, "inside_noise": [side for _, side in inside], "label": label}

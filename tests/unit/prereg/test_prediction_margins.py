@@ -17,7 +17,7 @@ from support.provfixture import write_test
 from analysis.rules import load_rule
 from harness.config import load_test
 from prereg.margin import DEFAULT_TOLERANCE, FlipMargin, SimRun, cell_margins, flip_margin, modal
-from prereg.margin_record import combined_record, e0a_noise, load_e0a_noise, margin_record, rel_sd
+from prereg.margin_record import combined_record, e0a_noise, load_e0a_noise, margin_record, noise_label, rel_sd
 from prereg.predict_sim import simulator_predictions
 from prereg.predictions import About, Prediction, dump_predictions, make_file, parse_predictions
 from prereg.scoring import Outcomes, score_file
@@ -327,3 +327,17 @@ def test_the_design_step_finds_and_labels_the_margins_a_prediction_would(monkeyp
     for m in mg:
         key = next(k for k in pm.fresh if k[0].upper() == m["arm"] and k[1] == m["rate"])
         assert {k: v for k, v in m.items() if k not in ("arm", "rate", "simulated_runs")} == pm.fresh[key]
+
+
+def test_noise_label_requires_the_knobs_it_is_told() -> None:
+    """One labelling rule for a prediction (both knobs required) and a replay (speed only): the
+    same robust speed margins are "robust" when speed is all that is required, "unjudged" when
+    lambda_ref is required too; a side at or under its noise is knife-edge either way; an unknown
+    noise leaves it unjudged."""
+    speed_only = {"speed": {"faster": 0.2, "slower": None}}
+    assert noise_label(speed_only, {"speed": 0.07}, ("speed",)) == ([], "robust")
+    assert noise_label(speed_only, {"speed": 0.07}) == ([], "unjudged")
+    assert noise_label(speed_only, {"speed": None}, ("speed",)) == ([], "unjudged")
+    edge = {"speed": {"faster": 0.07, "slower": 0.3}, "lambda_ref": {"higher": 0.5, "lower": None}}
+    assert noise_label(edge, {"speed": 0.07, "lambda_ref": 0.04}) == ([("speed", "faster")], "knife-edge")
+    assert noise_label(edge, {"speed": 0.069, "lambda_ref": 0.04}) == ([], "robust")
