@@ -129,7 +129,8 @@ class Simulator:
                     self._respond(now, payload)
                 else:
                     self._on_gauge(now, payload)
-            if client.finished() and not engine.has_work() and not engine.busy:
+            # cheapest first (all three only read state): the engine is mostly the one with work
+            if not engine.busy and not engine.has_work() and client.finished():
                 break
             self._kick()
         self._end()

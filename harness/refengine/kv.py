@@ -116,13 +116,15 @@ class TokenKV:
 
     def alloc(self, req: Req, n: int) -> bool:
         """Slots for n more prefill tokens of `req`."""
-        self._room(n)
+        if n > self.M - self.own - self.tree.total:  # free_slots(), written out: most calls fit
+            self._room(n)
         self.own += n
         return True
 
     def grow(self, n: int) -> None:
         """Slots for n decode tokens across the running requests (one per request per iteration)."""
-        self._room(n)
+        if n > self.M - self.own - self.tree.total:  # free_slots(), written out: most calls fit
+            self._room(n)
         self.own += n
 
     def checkpoint(self, req: Req, upto: int) -> None:

@@ -228,10 +228,12 @@ class RadixCache:
         pos = (depth - offset) * _ITEM
         pb = self._pb
         while pos < end:
-            child = node.children.get(ids[pos : pos + pb])
+            first = ids[pos : pos + pb]
+            child = node.children.get(first)
             if child is None:
-                leaf = Node(ids[pos:end], node, self._new_id())
-                node.children[ids[pos : pos + pb]] = leaf
+                self._nid += 1
+                leaf = Node(ids[pos:end], node, self._nid)
+                node.children[first] = leaf
                 self.total += leaf.n
                 self.evictable += leaf.n
                 if lock:

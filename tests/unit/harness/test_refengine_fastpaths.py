@@ -16,7 +16,7 @@ from test_refengine_model import cell, toks
 from harness.config import WorkloadConfig, load_config
 from harness.refengine.model import EngineModel, EngineRequest
 from harness.refengine.radix import RadixCache
-from harness.refengine.request import output_ids
+from harness.refengine.request import Req, output_ids
 from harness.refengine.separate import CLIP_MAX_NEW
 from harness.workload import blockdraw
 from harness.workload.draws import _TOKEN_DOMAIN, STREAM_BASE, _philox_key, _scratch_philox, draw_session, turn_tokens
@@ -136,6 +136,42 @@ def test_output_ids_are_the_direct_splitmix() -> None:
         for _twice in range(2):  # the second call reads the cached counter multiples
             got = output_ids(p, n, salt)
             assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_a_requests_outputs_are_those_of_its_prompt() -> None:
+    """Req takes the splitmix seed's tail from its prompt bytes (output_ids_of), not the array."""
+    rng = np.random.default_rng(5)
+    for i in range(300):
+        n_ids = int(rng.integers(1, 60)) if i % 2 else int(rng.integers(1, 3000))
+        p = rng.integers(4, 32000, size=n_ids, dtype=np.int32)
+        n, salt = int(rng.integers(1, 300)), int(rng.integers(0, 4))
+        r = Req(EngineRequest(i, p, n), 0.0, i, salt)
+        assert r.out.dtype == np.int32 and np.array_equal(r.out, _direct_output_ids(p, n, salt))
+        assert r.outb == r.out.tobytes()
+        assert len(p) == r.L
+
+
+def _direct_draw_session(wl: WorkloadConfig, seed: int, stream: int, index: int) -> tuple:
+    """draw_session on a freshly built Philox, its uniforms as numpy gives them."""
+    import math
+
+    g = np.random.Generator(np.random.Philox(key=np.array(_philox_key((seed, stream, index)), dtype=np.uint64)))
+    u = g.random(65)
+    token_seed = int(g.integers(0, 2**63 - 1))
+    p = 1.0 / wl.turns.mean
+    n = 1 if u[0] <= 0.0 else int(min(max(math.ceil(math.log1p(-u[0]) / math.log1p(-p)), 1), wl.turns.cap))
+    tools = tuple(float(-wl.tool_time.mean * math.log1p(-x)) for x in u[1:n])
+    return n, tools, token_seed, float(u[0])
+
+
+def test_session_draws_on_the_scratch_generator_are_a_fresh_philoxs() -> None:
+    wl = load_config("workloads/standard", WorkloadConfig)
+    for seed, stream, index in [(0, 2, i) for i in range(150)] + [(7, 0, 3), (2**40, 1, 9), (1, 2, 2**33)]:
+        turn_tokens(wl, draw_session(wl, 1, 2, 1), 1)  # the scratch generator was used for something else
+        spec = draw_session(wl, seed, stream, index)
+        got = (spec.n_turns, spec.tool_times, spec.token_seed, spec.u_turns)
+        assert got == _direct_draw_session(wl, seed, stream, index)
+        assert all(type(t) is float for t in spec.tool_times) and type(spec.u_turns) is float
 
 
 # -- SGLang's admission budget ------------------------------------------------------------------------
