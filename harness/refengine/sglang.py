@@ -208,7 +208,7 @@ class SGLangEngine(BaseEngine):
             x = req.target - prefix
             max_new = min(req.max_tokens - req.gen, CLIP_MAX_NEW)
             if kv.caching:
-                fits = x + max_new + page < kv.free_and_evictable(req) - offset
+                fits = kv.fits(req, x + max_new + page + offset)  # x + max_new + page < pinned budget - offset
             else:
                 base = kv.free_and_evictable()
                 fits = self._fits_ignore_eos(req, x, items, base - current, base - offset)

@@ -14,6 +14,7 @@ import pytest
 from test_refengine_model import cell, toks
 
 from harness.config import WorkloadConfig, load_config
+from harness.refengine.kv import TokenKV
 from harness.refengine.model import EngineModel, EngineRequest
 from harness.refengine.radix import RadixCache
 from harness.refengine.request import Req, output_ids
@@ -258,6 +259,42 @@ def test_evictable_if_locked_is_lock_then_read() -> None:
             assert got == want
 
 
+def test_the_admission_fit_is_need_below_the_pinned_budget() -> None:
+    """TokenKV.fits skips the path walk when the bound by the path's depth decides; it answers as
+    `need < free_and_evictable(req)` does, at every need around both the bound and the exact value."""
+    rng = np.random.default_rng(11)
+    kv = TokenKV(60_000, 1, True)
+    base = toks(400, 1)
+    reqs: list[Req] = []
+    decided = 0
+    for i in range(200):
+        cut = int(rng.integers(0, 400)) if rng.random() < 0.5 else 0  # on a shared prefix, or not
+        ids = np.concatenate((base[:cut], toks(int(rng.integers(1, 300)), 200 + i)))
+        r = Req(EngineRequest(i, ids, 4), 0.0, i, 0)
+        kv.match(r, True)
+        reqs.append(r)
+        if rng.random() < 0.4:  # admitted: its prompt goes into the tree, locked by it
+            kv.admit(r, 0)
+            kv.alloc(r, r.L)
+            kv.checkpoint(r, r.L)
+            if rng.random() < 0.5:  # and finished: unlocked, its path evictable again
+                r.gen = r.max_tokens
+                kv.alloc(r, r.max_tokens)
+                kv.finish(r)
+                kv.match(r, True)
+        if rng.random() < 0.3 and kv.tree.evictable:
+            kv.tree.evict(int(rng.integers(1, 300)))
+        for r in rng.choice(np.array(reqs, dtype=object), size=4):
+            if r.node is not None and not r.node.alive:
+                continue
+            exact = kv.free_and_evictable(r)
+            bound = kv.free_and_evictable() - (r.node.depth if r.node is not None else 0)
+            for need in {exact - 2, exact - 1, exact, exact + 1, bound - 1, bound, bound + 1}:
+                assert kv.fits(r, need) == (need < exact)
+                decided += need < bound
+    assert decided > 100
+
+
 # -- fused vLLM decode steps --------------------------------------------------------------------------
 def _vllm_run(tmp, name: str, fuse: bool, monkeypatch: pytest.MonkeyPatch, history: bool = True, **cell_kw: object):
     from test_driver_virtual import cell as sim_cell
@@ -348,6 +385,15 @@ def _path(node) -> bytes:
         parts.append(node.key)
         node = node.parent
     return b"".join(reversed(parts))
+
+
+def _nodes(t) -> list:
+    out, stack = [], [t.root]
+    while stack:
+        nd = stack.pop()
+        stack.extend(nd.children.values())
+        out.append((_path(nd), nd))
+    return out
 
 
 def _tree_state(t) -> tuple:
@@ -444,6 +490,7 @@ def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, se
             assert got == want
             evictions += got > 0
         assert _tree_state(fast) == _tree_state(direct), step
+        assert all(n.depth * 4 == len(p) for p, n in _nodes(fast)), step  # the depth a node keeps
         assert all(f.alive == d.alive for f, d, _, _ in held)  # type: ignore[attr-defined]
     assert evictions > 50 and fast.total > 0
 
