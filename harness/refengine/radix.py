@@ -156,14 +156,13 @@ class RadixCache:
     def lock(self, node: Node) -> None:
         """A request was admitted on the path ending at `node`: protect it from eviction."""
         root = self.root
-        taken = 0
+        start = node.depth
         while node is not root:
             node.lock += 1
             if node.lock > 1:
                 break  # it was locked already, and so is every node above it
-            taken += node.n
             node = node.parent  # type: ignore[assignment]
-        self.evictable -= taken
+        self.evictable -= start - node.depth  # the tokens of the nodes below where the walk stopped
 
     def unlock(self, node: Node) -> None:
         """Only `node` itself can become an unlocked leaf: every node above it keeps the child the
@@ -178,7 +177,7 @@ class RadixCache:
             raise AssertionError("radix lock count below zero")
         if not node.children and node.alive:
             heapq.heappush(self._heap, (node.stamp, node.nid, node))
-        freed = node.n
+        start = node.depth
         node = node.parent  # type: ignore[assignment]
         while node is not root:
             node.lock -= 1
@@ -186,19 +185,17 @@ class RadixCache:
                 break  # still locked (by another request, or through another child)
             if node.lock < 0:
                 raise AssertionError("radix lock count below zero")
-            freed += node.n
             node = node.parent  # type: ignore[assignment]
-        self.evictable += freed
+        self.evictable += start - node.depth  # the tokens of the nodes below where the walk stopped
 
     def evictable_if_locked(self, node: Node) -> int:
         """`evictable` as it would be with the path ending at `node` locked, without locking it:
         the unlocked nodes of a path are the ones below its deepest locked node."""
-        ev = self.evictable
         root = self.root
+        start = node.depth
         while node is not root and node.lock == 0:
-            ev -= node.n
             node = node.parent  # type: ignore[assignment]
-        return ev
+        return self.evictable - (start - node.depth)
 
     # -- insert ----------------------------------------------------------------------------------
     def insert(self, ids: bytes) -> tuple[int, Node]:
