@@ -111,6 +111,7 @@ class Simulator:
         if self.gauges_on:
             self._push(0.0, _GAUGE, 0)
         self._kick()
+        events = 0
         while heap:
             t = heap[0][0]
             if t > horizon_end:
@@ -120,7 +121,7 @@ class Simulator:
             self.now = now = t
             while heap and heap[0][0] == now:
                 _, _, kind, payload = pop(heap)
-                res.events += 1
+                events += 1
                 if kind == _ENGINE:
                     self._on_engine(now)
                 elif kind == _TIMER:
@@ -129,9 +130,14 @@ class Simulator:
                     self._respond(now, payload)
                 else:
                     self._on_gauge(now, payload)
-            if client.finished() and not engine.has_work() and not engine.busy:
-                break
-            self._kick()
+            # the run ends when the client is finished and the engine idle, else a free engine with
+            # work plans its next iteration (_kick, with its checks read once for both)
+            if not engine.busy:
+                if engine.has_work():
+                    self._plan_next()
+                elif client.finished():
+                    break
+        res.events += events
         self._end()
         res.wall_seconds = time.perf_counter() - wall0
         return res
@@ -145,9 +151,13 @@ class Simulator:
         engine = self.engine
         if engine.busy or not engine.has_work():
             return
+        self._plan_next()
+
+    def _plan_next(self) -> None:
+        """`_kick` for an engine known to be free and to have work."""
         heap, horizon_end = self.heap, self.horizon_end
         horizon = heap[0][0] if heap else horizon_end
-        end = engine.step(self.now, horizon if horizon < horizon_end else horizon_end)
+        end = self.engine.step(self.now, horizon if horizon < horizon_end else horizon_end)
         if end is not None:
             self.res.iterations += 1
             self.seq += 1  # _push, written out: the loop's most frequent event

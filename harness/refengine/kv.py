@@ -101,6 +101,16 @@ class TokenKV:
             return self.free_slots() + self.tree.evictable
         return self.free_slots() + self.tree.evictable_if_locked(node)
 
+    def fits(self, req: Req, need: int) -> bool:
+        """`need < free_and_evictable(req)`, the admission test, without walking req's matched
+        path when the answer is clear anyway: pinning a path takes at most the tokens it spells
+        (Node.depth) from the evictable ones, so if `need` fits below that bound it fits."""
+        base = self.M - self.own - self.tree.total + self.tree.evictable
+        node = req.node
+        if node is None or not self.caching or need < base - node.depth:
+            return need < base
+        return need < self.free_slots() + self.tree.evictable_if_locked(node)
+
     def admit(self, req: Req, prefix: int) -> None:
         req.in_tree = prefix
         if req.node is not None:
@@ -116,13 +126,15 @@ class TokenKV:
 
     def alloc(self, req: Req, n: int) -> bool:
         """Slots for n more prefill tokens of `req`."""
-        self._room(n)
+        if n > self.M - self.own - self.tree.total:  # free_slots(), written out: most calls fit
+            self._room(n)
         self.own += n
         return True
 
     def grow(self, n: int) -> None:
         """Slots for n decode tokens across the running requests (one per request per iteration)."""
-        self._room(n)
+        if n > self.M - self.own - self.tree.total:  # free_slots(), written out: most calls fit
+            self._room(n)
         self.own += n
 
     def checkpoint(self, req: Req, upto: int) -> None:

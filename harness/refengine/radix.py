@@ -39,11 +39,14 @@ _ITEM = 4  # bytes per token id (int32)
 
 
 class Node:
-    __slots__ = ("alive", "children", "key", "lock", "n", "nid", "parent", "spelt", "stamp")
+    __slots__ = ("alive", "children", "depth", "key", "lock", "n", "nid", "parent", "spelt", "stamp")
 
     def __init__(self, key: bytes, parent: Node | None, nid: int) -> None:
         self.key = key
         self.n = len(key) // _ITEM
+        # tokens the path from the root to here spells (a split keeps it: the lower part's end
+        # does not move); bounds what locking the path can take from `evictable`
+        self.depth: int = self.n if parent is None else parent.depth + self.n
         self.children: dict[bytes, Node] = {}
         self.parent = parent
         self.lock = 0  # requests locked here + children with a nonzero lock
@@ -87,11 +90,6 @@ class RadixCache:
         self._tick += 1
         node.stamp = self._tick
         if node.lock == 0 and not node.children:
-            heapq.heappush(self._heap, (node.stamp, node.nid, node))
-
-    def _maybe_leaf(self, node: Node) -> None:
-        """Queue `node` for eviction if it has just become an unlocked leaf."""
-        if node is not self.root and node.lock == 0 and not node.children and node.alive:
             heapq.heappush(self._heap, (node.stamp, node.nid, node))
 
     # -- match -----------------------------------------------------------------------------------
@@ -158,14 +156,13 @@ class RadixCache:
     def lock(self, node: Node) -> None:
         """A request was admitted on the path ending at `node`: protect it from eviction."""
         root = self.root
-        taken = 0
+        start = node.depth
         while node is not root:
             node.lock += 1
             if node.lock > 1:
                 break  # it was locked already, and so is every node above it
-            taken += node.n
             node = node.parent  # type: ignore[assignment]
-        self.evictable -= taken
+        self.evictable -= start - node.depth  # the tokens of the nodes below where the walk stopped
 
     def unlock(self, node: Node) -> None:
         """Only `node` itself can become an unlocked leaf: every node above it keeps the child the
@@ -180,7 +177,7 @@ class RadixCache:
             raise AssertionError("radix lock count below zero")
         if not node.children and node.alive:
             heapq.heappush(self._heap, (node.stamp, node.nid, node))
-        freed = node.n
+        start = node.depth
         node = node.parent  # type: ignore[assignment]
         while node is not root:
             node.lock -= 1
@@ -188,19 +185,17 @@ class RadixCache:
                 break  # still locked (by another request, or through another child)
             if node.lock < 0:
                 raise AssertionError("radix lock count below zero")
-            freed += node.n
             node = node.parent  # type: ignore[assignment]
-        self.evictable += freed
+        self.evictable += start - node.depth  # the tokens of the nodes below where the walk stopped
 
     def evictable_if_locked(self, node: Node) -> int:
         """`evictable` as it would be with the path ending at `node` locked, without locking it:
         the unlocked nodes of a path are the ones below its deepest locked node."""
-        ev = self.evictable
         root = self.root
+        start = node.depth
         while node is not root and node.lock == 0:
-            ev -= node.n
             node = node.parent  # type: ignore[assignment]
-        return ev
+        return self.evictable - (start - node.depth)
 
     # -- insert ----------------------------------------------------------------------------------
     def insert(self, ids: bytes) -> tuple[int, Node]:
@@ -228,10 +223,12 @@ class RadixCache:
         pos = (depth - offset) * _ITEM
         pb = self._pb
         while pos < end:
-            child = node.children.get(ids[pos : pos + pb])
+            first = ids[pos : pos + pb]
+            child = node.children.get(first)
             if child is None:
-                leaf = Node(ids[pos:end], node, self._new_id())
-                node.children[ids[pos : pos + pb]] = leaf
+                self._nid += 1
+                leaf = Node(ids[pos:end], node, self._nid)
+                node.children[first] = leaf
                 self.total += leaf.n
                 self.evictable += leaf.n
                 if lock:
@@ -256,21 +253,26 @@ class RadixCache:
         """Free at least `tokens` tokens from least-recently-used unlocked leaves (fewer if none)."""
         freed = 0
         heap = self._heap
+        pop, push = heapq.heappop, heapq.heappush
+        pb = self._pb
+        root = self.root
         while freed < tokens and heap:
-            stamp, _, node = heapq.heappop(heap)
+            stamp, _, node = pop(heap)
             if not node.alive or node.lock or node.children or node.stamp != stamp:
                 continue  # stale entry: touched, locked, grown or gone since it was queued
             parent = node.parent
             assert parent is not None
-            del parent.children[node.key[: self._pb]]
+            del parent.children[node.key[:pb]]
             node.alive = False
             node.spelt = None
             if node.stamp > parent.stamp:
                 parent.stamp = node.stamp  # the parent was touched with it, through this node
             freed += node.n
-            self.total -= node.n
-            self.evictable -= node.n
-            self._maybe_leaf(parent)
+            # _maybe_leaf(parent), written out: queue the parent if it has just become an unlocked leaf
+            if parent is not root and parent.lock == 0 and not parent.children and parent.alive:
+                push(heap, (parent.stamp, parent.nid, parent))
+        self.total -= freed
+        self.evictable -= freed
         return freed
 
     # -- introspection (tests, gauges) ---------------------------------------------------------

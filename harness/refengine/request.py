@@ -51,27 +51,30 @@ def output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
     see identical sequences).
     """
     tail = np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes()
-    seed = (zlib.crc32(tail) << 32 | zlib.crc32(len(prompt).to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
+    return output_ids_of(tail, len(prompt), n, salt)
+
+
+def output_ids_of(tail: bytes, length: int, n: int, salt: int = 0) -> np.ndarray:
+    """`output_ids` of a prompt of `length` ids whose last (at most) 16 ids are `tail`, as int32
+    bytes: a request holds its prompt as bytes already, so the tail is a slice of them."""
+    seed = (zlib.crc32(tail) << 32 | zlib.crc32(length.to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
     seed &= _M64
     # splitmix64 over a counter; unsigned array arithmetic wraps mod 2^64 without warnings. The
-    # counter's multiples are kept per length and the steps run in place (one request per turn).
+    # counter's multiples are kept per length and the steps run in place (one request per turn);
+    # the in-place operators dispatch faster than the ufuncs called with out=.
     base = _COUNTERS.get(n)
     if base is None:
         base = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
         if n <= 8192 and len(_COUNTERS) < 256:
             _COUNTERS[n] = base
-    z = base + np.uint64(seed)
-    t = np.right_shift(z, _S30)
-    np.bitwise_xor(z, t, out=z)
-    np.multiply(z, _C1, out=z)
-    np.right_shift(z, _S27, out=t)
-    np.bitwise_xor(z, t, out=z)
-    np.multiply(z, _C2, out=z)
-    np.right_shift(z, _S31, out=t)
-    np.bitwise_xor(z, t, out=z)
-    out = np.empty(n, dtype=np.int32)
-    np.remainder(z, _U_VOCAB, out=out, casting="unsafe")  # < 32000: the int32 values themselves
-    return out
+    z = base + np.array(seed, dtype=np.uint64)
+    z ^= z >> _S30
+    z *= _C1
+    z ^= z >> _S27
+    z *= _C2
+    z ^= z >> _S31
+    z %= _U_VOCAB  # < 32000: the int32 values themselves
+    return z.astype(np.int32)
 
 
 class Req:
@@ -121,10 +124,10 @@ class Req:
         prompt = np.ascontiguousarray(req.prompt, dtype=np.int32)
         self.rid = req.req_id
         self.prompt = prompt
-        self.pb = prompt.tobytes()
-        self.L = int(prompt.shape[0])
+        self.pb = pb = prompt.tobytes()
+        self.L = len(pb) >> 2
         self.max_tokens = int(req.max_tokens)
-        self.out = output_ids(prompt, self.max_tokens, salt)
+        self.out = output_ids_of(pb[-64:], self.L, self.max_tokens, salt)
         self.outb = self.out.tobytes()
         self.submit = now
         self.seq = seq

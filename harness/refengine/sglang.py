@@ -103,6 +103,14 @@ class SGLangEngine(BaseEngine):
             # SGLang filters the finished requests in a pass that runs nothing and costs no time
             self._batch_full = False
             self._unfiltered = 0
+        if not self.prefilling and (self._batch_full or not self.waiting):
+            # no admission attempt (most iterations of a healthy run): what the round below does then
+            if self.n_decode:
+                if self._unfiltered:
+                    self._unfiltered = 0
+                    self._batch_full = False
+                return self._plan_decode(now, horizon)
+            return None
         chunked = self.prefilling[0] if self.prefilling else None
         items: list[tuple[Req, int]] = []
         tokens = 0
@@ -200,7 +208,7 @@ class SGLangEngine(BaseEngine):
             x = req.target - prefix
             max_new = min(req.max_tokens - req.gen, CLIP_MAX_NEW)
             if kv.caching:
-                fits = x + max_new + page < kv.free_and_evictable(req) - offset
+                fits = kv.fits(req, x + max_new + page + offset)  # x + max_new + page < pinned budget - offset
             else:
                 base = kv.free_and_evictable()
                 fits = self._fits_ignore_eos(req, x, items, base - current, base - offset)

@@ -295,12 +295,15 @@ def draw_session(
     Turn count and tool times come from uniforms by inverse CDF, so a change of turn law (MIRROR) or
     tool mean is a deterministic transform of the same draw.
     """
-    g = _generator(seed, stream, index)
-    u = g.random(1 + MAX_TURN_DRAWS)
+    key = _philox_key((seed, stream, index))
+    # the scratch generator reset to this key draws what a fresh Philox would, without building one
+    g = _scratch_philox(*key) if isinstance(key, tuple) else _generator(seed, stream, index)
+    u = g.random(1 + MAX_TURN_DRAWS).tolist()
     token_seed = int(g.integers(0, 2**63 - 1))
-    n = turn_count(float(u[0]), workload.turns.mean, workload.turns.cap)
+    n = turn_count(u[0], workload.turns.mean, workload.turns.cap)
     mean_z = workload.tool_time.mean
-    tools = tuple(float(-mean_z * math.log1p(-x)) for x in u[1:n])
+    log1p = math.log1p
+    tools = tuple([-mean_z * log1p(-x) for x in u[1:n]])
     return SessionSpec(
         stream=stream,
         index=index,
@@ -308,7 +311,7 @@ def draw_session(
         n_turns=n,
         tool_times=tools,
         token_seed=token_seed,
-        u_turns=float(u[0]),
+        u_turns=u[0],
     )
 
 

@@ -14,9 +14,10 @@ import pytest
 from test_refengine_model import cell, toks
 
 from harness.config import WorkloadConfig, load_config
+from harness.refengine.kv import TokenKV
 from harness.refengine.model import EngineModel, EngineRequest
 from harness.refengine.radix import RadixCache
-from harness.refengine.request import output_ids
+from harness.refengine.request import Req, output_ids
 from harness.refengine.separate import CLIP_MAX_NEW
 from harness.workload import blockdraw
 from harness.workload.draws import _TOKEN_DOMAIN, STREAM_BASE, _philox_key, _scratch_philox, draw_session, turn_tokens
@@ -138,6 +139,42 @@ def test_output_ids_are_the_direct_splitmix() -> None:
             assert got.dtype == np.int32 and np.array_equal(got, want)
 
 
+def test_a_requests_outputs_are_those_of_its_prompt() -> None:
+    """Req takes the splitmix seed's tail from its prompt bytes (output_ids_of), not the array."""
+    rng = np.random.default_rng(5)
+    for i in range(300):
+        n_ids = int(rng.integers(1, 60)) if i % 2 else int(rng.integers(1, 3000))
+        p = rng.integers(4, 32000, size=n_ids, dtype=np.int32)
+        n, salt = int(rng.integers(1, 300)), int(rng.integers(0, 4))
+        r = Req(EngineRequest(i, p, n), 0.0, i, salt)
+        assert r.out.dtype == np.int32 and np.array_equal(r.out, _direct_output_ids(p, n, salt))
+        assert r.outb == r.out.tobytes()
+        assert len(p) == r.L
+
+
+def _direct_draw_session(wl: WorkloadConfig, seed: int, stream: int, index: int) -> tuple:
+    """draw_session on a freshly built Philox, its uniforms as numpy gives them."""
+    import math
+
+    g = np.random.Generator(np.random.Philox(key=np.array(_philox_key((seed, stream, index)), dtype=np.uint64)))
+    u = g.random(65)
+    token_seed = int(g.integers(0, 2**63 - 1))
+    p = 1.0 / wl.turns.mean
+    n = 1 if u[0] <= 0.0 else int(min(max(math.ceil(math.log1p(-u[0]) / math.log1p(-p)), 1), wl.turns.cap))
+    tools = tuple(float(-wl.tool_time.mean * math.log1p(-x)) for x in u[1:n])
+    return n, tools, token_seed, float(u[0])
+
+
+def test_session_draws_on_the_scratch_generator_are_a_fresh_philoxs() -> None:
+    wl = load_config("workloads/standard", WorkloadConfig)
+    for seed, stream, index in [(0, 2, i) for i in range(150)] + [(7, 0, 3), (2**40, 1, 9), (1, 2, 2**33)]:
+        turn_tokens(wl, draw_session(wl, 1, 2, 1), 1)  # the scratch generator was used for something else
+        spec = draw_session(wl, seed, stream, index)
+        got = (spec.n_turns, spec.tool_times, spec.token_seed, spec.u_turns)
+        assert got == _direct_draw_session(wl, seed, stream, index)
+        assert all(type(t) is float for t in spec.tool_times) and type(spec.u_turns) is float
+
+
 # -- SGLang's admission budget ------------------------------------------------------------------------
 def _direct_decode_left(e: EngineModel) -> int:
     tot = 0
@@ -220,6 +257,42 @@ def test_evictable_if_locked_is_lock_then_read() -> None:
             want = tree.evictable
             tree.unlock(nd)
             assert got == want
+
+
+def test_the_admission_fit_is_need_below_the_pinned_budget() -> None:
+    """TokenKV.fits skips the path walk when the bound by the path's depth decides; it answers as
+    `need < free_and_evictable(req)` does, at every need around both the bound and the exact value."""
+    rng = np.random.default_rng(11)
+    kv = TokenKV(60_000, 1, True)
+    base = toks(400, 1)
+    reqs: list[Req] = []
+    decided = 0
+    for i in range(200):
+        cut = int(rng.integers(0, 400)) if rng.random() < 0.5 else 0  # on a shared prefix, or not
+        ids = np.concatenate((base[:cut], toks(int(rng.integers(1, 300)), 200 + i)))
+        r = Req(EngineRequest(i, ids, 4), 0.0, i, 0)
+        kv.match(r, True)
+        reqs.append(r)
+        if rng.random() < 0.4:  # admitted: its prompt goes into the tree, locked by it
+            kv.admit(r, 0)
+            kv.alloc(r, r.L)
+            kv.checkpoint(r, r.L)
+            if rng.random() < 0.5:  # and finished: unlocked, its path evictable again
+                r.gen = r.max_tokens
+                kv.alloc(r, r.max_tokens)
+                kv.finish(r)
+                kv.match(r, True)
+        if rng.random() < 0.3 and kv.tree.evictable:
+            kv.tree.evict(int(rng.integers(1, 300)))
+        for r in rng.choice(np.array(reqs, dtype=object), size=4):
+            if r.node is not None and not r.node.alive:
+                continue
+            exact = kv.free_and_evictable(r)
+            bound = kv.free_and_evictable() - (r.node.depth if r.node is not None else 0)
+            for need in {exact - 2, exact - 1, exact, exact + 1, bound - 1, bound, bound + 1}:
+                assert kv.fits(r, need) == (need < exact)
+                decided += need < bound
+    assert decided > 100
 
 
 # -- fused vLLM decode steps --------------------------------------------------------------------------
@@ -312,6 +385,15 @@ def _path(node) -> bytes:
         parts.append(node.key)
         node = node.parent
     return b"".join(reversed(parts))
+
+
+def _nodes(t) -> list:
+    out, stack = [], [t.root]
+    while stack:
+        nd = stack.pop()
+        stack.extend(nd.children.values())
+        out.append((_path(nd), nd))
+    return out
 
 
 def _tree_state(t) -> tuple:
@@ -408,6 +490,7 @@ def test_radix_tree_matches_the_direct_form_operation_by_operation(page: int, se
             assert got == want
             evictions += got > 0
         assert _tree_state(fast) == _tree_state(direct), step
+        assert all(n.depth * 4 == len(p) for p, n in _nodes(fast)), step  # the depth a node keeps
         assert all(f.alive == d.alive for f, d, _, _ in held)  # type: ignore[attr-defined]
     assert evictions > 50 and fast.total > 0
 
