@@ -97,9 +97,10 @@ class PrefixHasher:
                 break
         if pos < n:
             raise ValueError(f"{nblocks} blocks of {B} tokens asked of {pos} tokens")
-        s = np.cumsum(v.reshape(nblocks - start, B).sum(axis=1, dtype=np.uint64), dtype=np.uint64)
-        if base:
-            s += np.uint64(base)
+        # running sums over the tokens, read at each block's last token: the block sums' running
+        # sums (exact mod 2^64, in any grouping), without a sum per block first
+        np.cumsum(v, dtype=np.uint64, out=v)
+        s: np.ndarray = v[B - 1 :: B] + np.uint64(base)  # a copy: the sums are kept, v is not
         return s
 
     @staticmethod
@@ -238,6 +239,8 @@ class BlockPool:
                 parts.append(np.array(few, dtype=np.int64))
         w = 32
         while i < m:
+            if keys[i] not in mp:  # a miss right after the known blocks (new content): no batch
+                break
             j = min(m, i + w)
             ents = np.fromiter(map(mp.get, keys[i:j], repeat(-1)), dtype=np.int64, count=j - i)
             ok = (ents >= 0) & (stamp[ents % n] == ents)
@@ -367,6 +370,14 @@ class BlockPool:
             return []
         if n <= self.SMALL:  # a decode step's block: walk the queue head one entry at a time
             return self._allocate_few(n)
+        blocks: list[int] = self.allocate_array(n).tolist()
+        return blocks
+
+    def allocate_array(self, n: int) -> np.ndarray:
+        """`allocate(n)` as an int64 array, for n > SMALL (a prefill chunk's blocks: the caller
+        hashes them from the array, BlockKV.alloc, rather than converting the list back)."""
+        if not self.SMALL < n <= self._nfree:
+            raise RuntimeError(f"block pool: {n} blocks requested as an array, {self._nfree} free")
         out = self._popleft(n)
         stamp = self._stamp
         had = out[stamp[out] >= 0]
@@ -375,8 +386,7 @@ class BlockPool:
             self.free_cached -= had.size
             self.n_hashed -= had.size
         self._ref[out] = 1
-        blocks: list[int] = out.tolist()
-        return blocks
+        return out
 
     def _allocate_few(self, n: int) -> list[int]:
         buf, pos, stamp, ref = self._buf, self._pos, self._stamp, self._ref
@@ -419,16 +429,17 @@ class BlockPool:
         if len(self._map) > self._prune_at:
             self._prune()
 
-    def register(self, blocks: list[int], keys: list[int], key_array: np.ndarray | None = None) -> None:
+    def register(self, blocks: list[int] | np.ndarray, keys: list[int], key_array: np.ndarray | None = None) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
         already carry their hash are left as they are). `key_array`: the same keys as uint64, if
-        the caller has them (they are stored for the views without converting the list)."""
-        if not self.caching or not blocks:
+        the caller has them (they are stored for the views without converting the list).
+        `blocks` may be an int64 array (BlockKV.alloc's new blocks: no conversion of a list)."""
+        if not self.caching or len(blocks) == 0:
             return
         n = self.num_blocks
         stamp = self._stamp
         if len(blocks) <= self.SMALL:
-            for blk, k in zip(blocks, keys):
+            for blk, k in zip(blocks if isinstance(blocks, list) else blocks.tolist(), keys):
                 self._hash_block(blk, k)
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them

@@ -308,22 +308,54 @@ class BlockKV:
         return self.pool.needed(req.hit, new) <= self.pool.free_count()
 
     def admit(self, req: Req, prefix: int) -> None:
+        """Take req's hit blocks: they lead its block list. The hit array stays in `req.hit` while
+        it runs (nothing reads it until a lookup replaces it), so that its release converts only
+        the blocks allocated since (`_block_array`): in a healthy run the hit is a whole session's
+        history, hundreds of blocks, and its conversion was the largest cost of a turn's finish."""
         hit = req.hit
         self.pool.take(hit)
-        req.blocks = hit.tolist() if isinstance(hit, np.ndarray) else list(hit)
+        if isinstance(hit, np.ndarray):
+            req.blocks = hit.tolist()
+        else:
+            req.blocks = list(hit)
+            req.hit = np.asarray(hit, dtype=np.int64)
         req.ncached = len(hit)
-        req.hit = _NO_BLOCKS
         req.hit_entries = None
+
+    @staticmethod
+    def _block_array(req: Req) -> np.ndarray:
+        """req.blocks as an int64 array: the admitted hit array (req.blocks' leading blocks,
+        BlockKV.admit) and the blocks allocated since."""
+        hit = req.hit
+        nh = len(hit)
+        if not nh or not isinstance(hit, np.ndarray):
+            return np.array(req.blocks, dtype=np.int64)
+        rest = req.blocks[nh:]
+        if not rest:
+            return hit
+        return np.concatenate((hit, np.array(rest, dtype=np.int64)))
 
     def alloc(self, req: Req, n: int) -> bool:
         """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.
         The blocks those tokens fill are cached at once."""
-        need = self._new_blocks(req, req.done + n)
-        if need > self.pool.free_count():
+        tokens = req.done + n
+        need = self._new_blocks(req, tokens)
+        pool = self.pool
+        if need > pool.free_count():
             return False
-        if need:
-            req.blocks.extend(self.pool.allocate(need))
-        self._cache_full(req, req.done + n)
+        if need > pool.SMALL:  # a chunk's blocks: hashed from the array they come in
+            c = req.ncached
+            fresh = c == len(req.blocks)  # the blocks the chunk fills are all new ones
+            arr = pool.allocate_array(need)
+            req.blocks += arr.tolist()
+            nfull = tokens // self.B
+            if fresh and self.caching and nfull > c and req.keys_len >= 0:
+                pool.register(arr[: nfull - c], req.keys[c:nfull], req.key_array[c:nfull])
+                req.ncached = nfull
+                return True
+        elif need:
+            req.blocks.extend(pool.allocate(need))
+        self._cache_full(req, tokens)
         return True
 
     def grow_req(self, req: Req, tokens: int) -> bool:
@@ -343,8 +375,9 @@ class BlockKV:
         """`blocks`: req.blocks as an array, if the caller made one (each conversion of a long
         block list costs about as much as the operation it feeds)."""
         self._cache_full(req, computed)
-        self.pool.release(req.blocks if blocks is None else blocks)
+        self.pool.release(self._block_array(req) if blocks is None else blocks)
         req.blocks = []
+        req.hit = _NO_BLOCKS
         req.ncached = 0
 
     def finish(self, req: Req) -> None:
@@ -352,7 +385,7 @@ class BlockKV:
         blocks = None
         if self.caching:
             self._cache_full(req, kept)
-            blocks = np.asarray(req.blocks, dtype=np.int64)
+            blocks = self._block_array(req)
             ents = self.pool.first_entries(blocks[: req.ncached])
             if ents.size:
                 _remember(self._history, req.keys[0], (ents, req.keys[ents.size - 1]), HISTORY_SESSIONS)
