@@ -249,10 +249,10 @@ class BlockKV:
             if m:
                 assert prev is not None
                 new_raw = hasher.raw_sums((req.prompt, req.out), nb, m, int(prev.raw[m - 1]))
-                new_keys = hasher.mix(new_raw)
                 raw = np.concatenate((prev.raw[:m], new_raw))
+                new_keys = hasher.mix(new_raw, copy=False)  # (raw holds a copy of the sums)
                 req.key_array = np.concatenate((prev.key_array[:m], new_keys))
-                req.keys = prev.keys[:m] + new_keys.tolist()
+                req.keys = (prev.keys if m == len(prev.keys) else prev.keys[:m]) + new_keys.tolist()
             else:
                 raw = hasher.raw_sums((req.prompt, req.out), nb)
                 req.key_array = hasher.mix(raw)
@@ -329,11 +329,11 @@ class BlockKV:
         hit = req.hit
         nh = len(hit)
         if not nh or not isinstance(hit, np.ndarray):
-            return np.array(req.blocks, dtype=np.int64)
+            return np.fromiter(req.blocks, dtype=np.int64, count=len(req.blocks))  # (faster than np.array)
         rest = req.blocks[nh:]
         if not rest:
             return hit
-        return np.concatenate((hit, np.array(rest, dtype=np.int64)))
+        return np.concatenate((hit, np.fromiter(rest, dtype=np.int64, count=len(rest))))
 
     def alloc(self, req: Req, n: int) -> bool:
         """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.

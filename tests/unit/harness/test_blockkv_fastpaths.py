@@ -5,7 +5,7 @@
 - a prefill chunk's new blocks are hashed from the array the pool hands them out as
   (BlockKV.alloc with BlockPool.allocate_array), not through `_cache_full`'s list slices;
 - prefix sums are running sums read at each block's end (PrefixHasher.raw_sums), not block sums
-  summed again.
+  summed again, and mixed in place (PrefixHasher.mix): keys checked against Python integers.
 
 Two BlockKVs play the same operations (admissions with shared prefixes, prefill chunks, decode
 tokens, preemptions, finishes in random order), one as the code is and one with the direct forms
@@ -129,16 +129,19 @@ def test_blockkv_fast_paths_are_the_direct_forms(seed: int, blocks: int, monkeyp
 
 
 def _direct_keys(tokens: np.ndarray, nblocks: int) -> list[int]:
-    """Prefix keys by the definition: token j times multiplier j, summed mod 2^64 up to each
-    block's end, then mixed."""
-    h = PrefixHasher(B)
-    mult = h._multipliers(nblocks * B).tolist()
+    """Prefix keys by the definition, in Python integers: token j times multiplier j, summed mod
+    2^64 up to each block's end, then splitmix64's finaliser."""
+    mult = PrefixHasher(B)._multipliers(nblocks * B).tolist()
     out, s = [], 0
     for j in range(nblocks * B):
         s = (s + int(tokens[j]) * mult[j]) % 2**64
         if j % B == B - 1:
-            out.append(s)
-    return h.mix(np.array(out, dtype=np.uint64)).tolist()
+            z = s ^ (s >> 31)
+            z = (z * 0xBF58476D1CE4E5B9) % 2**64
+            z ^= z >> 29
+            z = (z * 0x94D049BB133111EB) % 2**64
+            out.append(z ^ (z >> 32))
+    return out
 
 
 def test_prefix_keys_are_the_running_sums_by_definition() -> None:
