@@ -311,7 +311,9 @@ class BlockKV:
         """Take req's hit blocks: they lead its block list. The hit array stays in `req.hit` while
         it runs (nothing reads it until a lookup replaces it), so that its release converts only
         the blocks allocated since (`_block_array`): in a healthy run the hit is a whole session's
-        history, hundreds of blocks, and its conversion was the largest cost of a turn's finish."""
+        history, hundreds of blocks, and its conversion was the largest cost of a turn's finish.
+        While `req.hit` holds all of req's blocks, a chunk's blocks join it (`alloc`): in the trap
+        a prompt's blocks are allocated chunk by chunk as arrays, and hit nothing."""
         hit = req.hit
         self.pool.take(hit)
         if isinstance(hit, np.ndarray):
@@ -324,8 +326,9 @@ class BlockKV:
 
     @staticmethod
     def _block_array(req: Req) -> np.ndarray:
-        """req.blocks as an int64 array: the admitted hit array (req.blocks' leading blocks,
-        BlockKV.admit) and the blocks allocated since."""
+        """req.blocks as an int64 array: `req.hit`, the array of req.blocks' leading blocks (the
+        admitted hit and the chunks allocated while it held them all: BlockKV.admit, alloc), and
+        the blocks allocated since."""
         hit = req.hit
         nh = len(hit)
         if not nh or not isinstance(hit, np.ndarray):
@@ -347,6 +350,9 @@ class BlockKV:
             c = req.ncached
             fresh = c == len(req.blocks)  # the blocks the chunk fills are all new ones
             arr = pool.allocate_array(need)
+            hit = req.hit
+            if isinstance(hit, np.ndarray) and len(hit) == len(req.blocks):  # the array leads on
+                req.hit = np.concatenate((hit, arr)) if len(hit) else arr
             req.blocks += arr.tolist()
             nfull = tokens // self.B
             if fresh and self.caching and nfull > c and req.keys_len >= 0:
