@@ -371,12 +371,14 @@ class BlockPool:
             return
         h = np.asarray(hit, dtype=np.int64)
         ref = self._ref
-        z = h[ref[h] == 0]
+        r = ref[h]  # one gather for the test and the increment (ref[h] += 1 gathers again)
+        z = h[r == 0]
         if z.size:
             self._pos[z] = -1
             self._nfree -= z.size
-            self.free_cached -= int(np.count_nonzero(self._stamp[z] >= 0))
-        ref[h] += 1
+            self.free_cached -= int(_count(self._stamp[z] >= 0))
+        r += 1
+        ref[h] = r
 
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks from the LRU end of the free queue; their old hashes are dropped."""
