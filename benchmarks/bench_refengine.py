@@ -101,6 +101,16 @@ def _ref_grow_req(self: Any, req: Any, tokens: int) -> bool:
     return True
 
 
+def _ref_alloc(self: Any, req: Any, n: int) -> bool:
+    need = self._new_blocks(req, req.done + n)
+    if need > self.pool.free_count():
+        return False
+    if need:
+        req.blocks.extend(self.pool.allocate(need))
+    self._cache_full(req, req.done + n)
+    return True
+
+
 def _ref_finish(self: Any, req: Any) -> None:
     self._free(req, req.L + req.max_tokens - 1)
 
@@ -176,6 +186,7 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod.BlockKV, "_cache_full", _ref_cache_full),
     (kvmod.BlockKV, "match", _ref_match),
     (kvmod.BlockKV, "grow_req", _ref_grow_req),
+    (kvmod.BlockKV, "alloc", _ref_alloc),
     (kvmod.BlockKV, "finish", _ref_finish),
     (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
     (kvmod, "RadixCache", ReferenceRadix),

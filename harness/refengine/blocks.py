@@ -38,12 +38,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import compress, repeat
+from operator import itemgetter
 
 import numpy as np
 
 _NO_ENTRIES = np.empty(0, dtype=np.int64)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+#: tests on small bool arrays: count_nonzero(a) == a.size for a.all(), count_nonzero(a) for
+#: a.any() (the methods' Python wrappers cost more than the test, on the arrays a turn makes)
+_count = np.count_nonzero
+# splitmix64's constants as 0-d arrays: a ufunc takes them as they are (a numpy scalar is made
+# into an array at every call)
+_MIX1 = np.array(0xBF58476D1CE4E5B9, dtype=np.uint64)
+_MIX2 = np.array(0x94D049BB133111EB, dtype=np.uint64)
+_S29, _S31, _S32 = (np.array(x, dtype=np.uint64) for x in (29, 31, 32))
 
 
 class PrefixHasher:
@@ -97,20 +104,24 @@ class PrefixHasher:
                 break
         if pos < n:
             raise ValueError(f"{nblocks} blocks of {B} tokens asked of {pos} tokens")
-        s = np.cumsum(v.reshape(nblocks - start, B).sum(axis=1, dtype=np.uint64), dtype=np.uint64)
-        if base:
-            s += np.uint64(base)
+        # running sums over the tokens, read at each block's last token: the block sums' running
+        # sums (exact mod 2^64, in any grouping), without a sum per block first
+        np.add.accumulate(v, out=v)  # (np.cumsum, less its wrapper: v is uint64)
+        s: np.ndarray = v[B - 1 :: B] + np.uint64(base)  # a copy: the sums are kept, v is not
         return s
 
     @staticmethod
     def mix(raw: np.ndarray, copy: bool = True) -> np.ndarray:
         """Keys from raw prefix sums (splitmix64's finaliser; in place with copy=False)."""
         s = raw.copy() if copy else raw
-        s ^= s >> np.uint64(31)
-        s *= _MIX1
-        s ^= s >> np.uint64(29)
-        s *= _MIX2
-        s ^= s >> np.uint64(32)
+        t = np.right_shift(s, _S31)  # one scratch array for the three shifts
+        np.bitwise_xor(s, t, out=s)
+        np.multiply(s, _MIX1, out=s)
+        np.right_shift(s, _S29, out=t)
+        np.bitwise_xor(s, t, out=s)
+        np.multiply(s, _MIX2, out=s)
+        np.right_shift(s, _S32, out=t)
+        np.bitwise_xor(s, t, out=s)
         return s
 
 
@@ -186,8 +197,14 @@ class BlockPool:
         n = self.num_blocks
         keys = list(self._map)
         ents = np.fromiter(self._map.values(), dtype=np.int64, count=len(keys))
-        ok = (self._stamp[ents % n] == ents).tolist()
-        kept = dict(zip(compress(keys, ok), compress(ents.tolist(), ok)))
+        # the valid entries are a few of many (at most one a block): gather them by index, rather
+        # than convert every entry and flag to Python and compress
+        idx = np.flatnonzero(self._stamp[ents % n] == ents)
+        kept: dict[int, int] = {}
+        if idx.size == 1:
+            kept[keys[int(idx[0])]] = int(ents[idx[0]])
+        elif idx.size:
+            kept = dict(zip(itemgetter(*idx.tolist())(keys), ents[idx].tolist()))
         for k in list(self._dups):
             if k in self._map and k not in kept:
                 kept[k] = self._map[k]
@@ -222,7 +239,7 @@ class BlockPool:
         if known is not None and known.size:
             kn = known[:m]
             ok = stamp[kn % n] == kn
-            i = kn.size if ok.all() else int(np.argmin(ok))
+            i = kn.size if _count(ok) == kn.size else int(ok.argmin())
             if i:
                 parts.append(kn[:i])
         if i == 0:
@@ -238,14 +255,16 @@ class BlockPool:
                 parts.append(np.array(few, dtype=np.int64))
         w = 32
         while i < m:
+            if keys[i] not in mp:  # a miss right after the known blocks (new content): no batch
+                break
             j = min(m, i + w)
             ents = np.fromiter(map(mp.get, keys[i:j], repeat(-1)), dtype=np.int64, count=j - i)
             ok = (ents >= 0) & (stamp[ents % n] == ents)
-            if ok.all():
+            if _count(ok) == ok.size:
                 parts.append(ents)
                 i, w = j, 4 * w
                 continue
-            bad = int(np.argmin(ok))  # the first key whose first entry is not its block now
+            bad = int(ok.argmin())  # the first key whose first entry is not its block now
             if bad:
                 parts.append(ents[:bad])
             i += bad
@@ -269,7 +288,7 @@ class BlockPool:
         b = np.asarray(blocks, dtype=np.int64)
         st = self._stamp[b]
         ok = (st >= 0) & self._first[b]
-        return st if ok.all() else st[: int(np.argmin(ok))]
+        return st if _count(ok) == ok.size else st[: int(ok.argmin())]
 
     def free_count(self) -> int:
         return self._nfree
@@ -352,12 +371,14 @@ class BlockPool:
             return
         h = np.asarray(hit, dtype=np.int64)
         ref = self._ref
-        z = h[ref[h] == 0]
+        r = ref[h]  # one gather for the test and the increment (ref[h] += 1 gathers again)
+        z = h[r == 0]
         if z.size:
             self._pos[z] = -1
             self._nfree -= z.size
-            self.free_cached -= int(np.count_nonzero(self._stamp[z] >= 0))
-        ref[h] += 1
+            self.free_cached -= int(_count(self._stamp[z] >= 0))
+        r += 1
+        ref[h] = r
 
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks from the LRU end of the free queue; their old hashes are dropped."""
@@ -367,6 +388,14 @@ class BlockPool:
             return []
         if n <= self.SMALL:  # a decode step's block: walk the queue head one entry at a time
             return self._allocate_few(n)
+        blocks: list[int] = self.allocate_array(n).tolist()
+        return blocks
+
+    def allocate_array(self, n: int) -> np.ndarray:
+        """`allocate(n)` as an int64 array, for n > SMALL (a prefill chunk's blocks: the caller
+        hashes them from the array, BlockKV.alloc, rather than converting the list back)."""
+        if not self.SMALL < n <= self._nfree:
+            raise RuntimeError(f"block pool: {n} blocks requested as an array, {self._nfree} free")
         out = self._popleft(n)
         stamp = self._stamp
         had = out[stamp[out] >= 0]
@@ -375,8 +404,7 @@ class BlockPool:
             self.free_cached -= had.size
             self.n_hashed -= had.size
         self._ref[out] = 1
-        blocks: list[int] = out.tolist()
-        return blocks
+        return out
 
     def _allocate_few(self, n: int) -> list[int]:
         buf, pos, stamp, ref = self._buf, self._pos, self._stamp, self._ref
@@ -400,15 +428,26 @@ class BlockPool:
     def _hash_block(self, blk: int, k: int) -> None:
         """Block blk, full, now carries key k (a block that already carries its hash is left as
         it is): one hashing event, and the key's block or a duplicate of it."""
-        if self._stamp[blk] >= 0:
+        stamp = self._stamp
+        if stamp[blk] >= 0:
             return
-        ent = self._sid * self.num_blocks + blk
+        n = self.num_blocks
+        ent = self._sid * n + blk
         self._sid += 1
-        self._stamp[blk] = ent
+        stamp[blk] = ent
         self._key[blk] = k
         self.n_hashed += 1
-        self._insert(k, ent)
-        self._first[blk] = self._map.get(k) == ent
+        # _insert(k, ent), with the key's entry set at once when it has none (new content: one
+        # dict operation; a key with duplicates on record always has an entry in _map)
+        old = self._map.setdefault(k, ent)
+        if old == ent:
+            self._first[blk] = True
+        elif stamp[old % n] == old or (k in self._dups and self._resolve(k) >= 0):
+            self._dups.setdefault(k, []).append(ent)  # a duplicate: some earlier entry is valid
+            self._first[blk] = False
+        else:
+            self._map[k] = ent
+            self._first[blk] = True
 
     def register_one(self, blk: int, k: int) -> None:
         """`register([blk], [k])`: the block a decode token fills (most registrations of a healthy
@@ -419,24 +458,25 @@ class BlockPool:
         if len(self._map) > self._prune_at:
             self._prune()
 
-    def register(self, blocks: list[int], keys: list[int], key_array: np.ndarray | None = None) -> None:
+    def register(self, blocks: list[int] | np.ndarray, keys: list[int], key_array: np.ndarray | None = None) -> None:
         """Make full blocks findable: blocks[i] holds the tokens keyed by keys[i] (blocks that
         already carry their hash are left as they are). `key_array`: the same keys as uint64, if
-        the caller has them (they are stored for the views without converting the list)."""
-        if not self.caching or not blocks:
+        the caller has them (they are stored for the views without converting the list).
+        `blocks` may be an int64 array (BlockKV.alloc's new blocks: no conversion of a list)."""
+        if not self.caching or len(blocks) == 0:
             return
         n = self.num_blocks
         stamp = self._stamp
         if len(blocks) <= self.SMALL:
-            for blk, k in zip(blocks, keys):
+            for blk, k in zip(blocks if isinstance(blocks, list) else blocks.tolist(), keys):
                 self._hash_block(blk, k)
         else:
             m = min(len(blocks), len(keys))  # pairs, as zip makes them
-            b = np.asarray(blocks[:m], dtype=np.int64)
+            b = blocks[:m] if isinstance(blocks, np.ndarray) else np.fromiter(blocks, dtype=np.int64, count=m)
             fresh = stamp[b] < 0
             ks = list(keys[:m])
             karr = key_array[:m] if key_array is not None else None
-            if not fresh.all():
+            if _count(fresh) != m:
                 ks = list(compress(ks, fresh.tolist()))
                 b = b[fresh]
                 karr = karr[fresh] if karr is not None else None
@@ -449,25 +489,30 @@ class BlockPool:
             self._key[b] = karr if karr is not None else ks
             self.n_hashed += m
             mp = self._map
-            old = np.fromiter(map(mp.get, ks, repeat(-1)), dtype=np.int64, count=m)
-            live = old >= 0
-            live[live] = stamp[old[live] % n] == old[live]  # the key's block still carries it
             el = e.tolist()
-            if self._dups:  # a key with duplicates on record is resolved one by one
+            # a key not in the maps gets its entry at once (setdefault: one dict operation for
+            # new content); the others keep theirs for now and are read back
+            old = np.fromiter(map(mp.setdefault, ks, el), dtype=np.int64, count=m)
+            present = old != e
+            live = present.copy()
+            live[present] = stamp[old[present] % n] == old[present]  # the key's block still carries it
+            if self._dups:  # a key with duplicates on record (always in _map too) is resolved one by one
                 ind = self._dups.keys() & ks
                 if ind:
                     live |= np.fromiter((k in ind for k in ks), dtype=bool, count=m)
-            if live.any():  # the key's block is cached: this block is a duplicate of it
+            if _count(live):  # the key's block is cached: this block is a duplicate of it
                 one = live.tolist()
                 first = np.ones(m, dtype=bool)
                 for i in compress(range(m), one):
                     self._insert(ks[i], el[i])
                     first[i] = mp.get(ks[i]) == el[i]
-                rest = [not x for x in one]
-                mp.update(zip(compress(ks, rest), compress(el, rest)))
+                stale = (present & ~live).tolist()
+                mp.update(zip(compress(ks, stale), compress(el, stale)))
                 self._first[b] = first
             else:  # new content, or content whose blocks were all reused: this block is its block
-                mp.update(zip(ks, el))
+                if _count(present):
+                    stale = present.tolist()
+                    mp.update(zip(compress(ks, stale), compress(el, stale)))
                 self._first[b] = True
         if len(self._map) > self._prune_at:
             self._prune()
@@ -484,9 +529,10 @@ class BlockPool:
             return
         rb = np.asarray(blocks[::-1], dtype=np.int64)
         ref = self._ref
-        ref[rb] -= 1
-        left = ref[rb]
-        if (left < 0).any():
+        left = ref[rb]  # ref[rb] -= 1 as its gather and scatter, keeping what it gathered
+        left -= 1
+        ref[rb] = left
+        if _count(left < 0):
             raise AssertionError("block ref count below zero")
         z = rb[left == 0]
         if z.size:

@@ -46,38 +46,59 @@ def plan_fused_decode(m: Any, now: float, horizon: float | None) -> float | None
     caching = kv.caching
     dstep = m.dstep
     # each decoder's next block event: the step whose token overflows its blocks, or fills a block
+    # (the first step i >= 0 at which grow_req(req, t0 + i) does more than return True)
     events: list[tuple[int, int, Any, int]] = []
     for order, req in enumerate(running.values()):
         t0 = req.L + req.gen + (dstep - req.join)  # its KV after step 0
-        i = _next_event(req, t0, B, caching)
+        i = len(req.blocks) * B + 1 - t0
+        if caching:
+            j = (req.ncached + 1) * B - t0
+            if j < i:
+                i = j
         if i < k:
-            events.append((i, order, req, t0))
+            events.append((i if i > 0 else 0, order, req, t0))
     heapq.heapify(events)
     pool = kv.pool
+    pop, push = heapq.heappop, heapq.heappush
     while events and events[0][0] < k:
         step = events[0][0]
-        due = []
+        due = [pop(events)]
         while events and events[0][0] == step:
-            due.append(heapq.heappop(events))
-        new_blocks = sum(kv._new_blocks(req, t0 + step) for _i, _o, req, t0 in due)
-        if new_blocks > pool.free_count():  # this step preempts: it is planned the ordinary way
+            due.append(pop(events))
+        new_blocks = 0  # kv._new_blocks of each, summed
+        for _i, _o, req, t0 in due:
+            nb = -(-(t0 + step) // B) - len(req.blocks)
+            if nb > 0:
+                new_blocks += nb
+        if new_blocks > pool._nfree:  # this step preempts: it is planned the ordinary way
             if step == 0:
                 return None  # nothing was changed
             k = step  # the steps before it run (step 0 alone is an ordinary step)
             break
         for _i, order, req, t0 in due:  # running order within the step, as the step loop goes
-            if not kv.grow_req(req, t0 + step):
-                raise AssertionError("fused decode: a block the free queue was checked to hold is missing")
-            i = _next_event(req, t0, B, caching)
+            # kv.grow_req(req, t0 + step), the free blocks checked above: a new block (one, as a
+            # decode token needs) and the block the token fills, hashed as _cache_full does
+            tok = t0 + step
+            blocks = req.blocks
+            nb = -(-tok // B) - len(blocks)
+            if nb == 1:
+                blocks += pool._allocate_few(1)
+            elif nb > 1:
+                blocks += pool.allocate(nb)
+            if caching:
+                c = req.ncached
+                nfull = tok // B
+                if nfull == c + 1 and req.keys_len >= 0:
+                    pool.register_one(blocks[c], req.keys[c])
+                    req.ncached = nfull
+                elif nfull > c:
+                    kv._cache_full(req, tok)
+            i = len(blocks) * B + 1 - t0
+            if caching:
+                j = (req.ncached + 1) * B - t0
+                if j < i:
+                    i = j
             if i < k:
-                heapq.heappush(events, (i, order, req, t0))
+                push(events, (i if i > 0 else 0, order, req, t0))
     m._pending = ("mixed", k, [])
     return ends[k - 1]
-
-
-def _next_event(req: Any, t0: int, B: int, caching: bool) -> int:
-    """The first step i >= 0 at which grow_req(req, t0 + i) does more than return True."""
-    i = len(req.blocks) * B + 1 - t0  # the token that needs a new block
-    if caching:
-        i = min(i, (req.ncached + 1) * B - t0)  # the token that fills the next block
-    return max(i, 0)

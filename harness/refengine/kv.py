@@ -261,10 +261,10 @@ class BlockKV:
             if m:
                 assert prev is not None
                 new_raw = hasher.raw_sums((req.prompt, req.out), nb, m, int(prev.raw[m - 1]))
-                new_keys = hasher.mix(new_raw)
                 raw = np.concatenate((prev.raw[:m], new_raw))
+                new_keys = hasher.mix(new_raw, copy=False)  # (raw holds a copy of the sums)
                 req.key_array = np.concatenate((prev.key_array[:m], new_keys))
-                req.keys = prev.keys[:m] + new_keys.tolist()
+                req.keys = (prev.keys if m == len(prev.keys) else prev.keys[:m]) + new_keys.tolist()
             else:
                 raw = hasher.raw_sums((req.prompt, req.out), nb)
                 req.key_array = hasher.mix(raw)
@@ -320,22 +320,60 @@ class BlockKV:
         return self.pool.needed(req.hit, new) <= self.pool.free_count()
 
     def admit(self, req: Req, prefix: int) -> None:
+        """Take req's hit blocks: they lead its block list. The hit array stays in `req.hit` while
+        it runs (nothing reads it until a lookup replaces it), so that its release converts only
+        the blocks allocated since (`_block_array`): in a healthy run the hit is a whole session's
+        history, hundreds of blocks, and its conversion was the largest cost of a turn's finish.
+        While `req.hit` holds all of req's blocks, a chunk's blocks join it (`alloc`): in the trap
+        a prompt's blocks are allocated chunk by chunk as arrays, and hit nothing."""
         hit = req.hit
         self.pool.take(hit)
-        req.blocks = hit.tolist() if isinstance(hit, np.ndarray) else list(hit)
+        if isinstance(hit, np.ndarray):
+            req.blocks = hit.tolist()
+        else:
+            req.blocks = list(hit)
+            req.hit = np.asarray(hit, dtype=np.int64)
         req.ncached = len(hit)
-        req.hit = _NO_BLOCKS
         req.hit_entries = None
+
+    @staticmethod
+    def _block_array(req: Req) -> np.ndarray:
+        """req.blocks as an int64 array: `req.hit`, the array of req.blocks' leading blocks (the
+        admitted hit and the chunks allocated while it held them all: BlockKV.admit, alloc), and
+        the blocks allocated since."""
+        hit = req.hit
+        nh = len(hit)
+        if not nh or not isinstance(hit, np.ndarray):
+            return np.fromiter(req.blocks, dtype=np.int64, count=len(req.blocks))  # (faster than np.array)
+        rest = req.blocks[nh:]
+        if not rest:
+            return hit
+        return np.concatenate((hit, np.fromiter(rest, dtype=np.int64, count=len(rest))))
 
     def alloc(self, req: Req, n: int) -> bool:
         """Blocks so that req.done + n tokens fit; False (nothing taken) if too few are free.
         The blocks those tokens fill are cached at once."""
-        need = self._new_blocks(req, req.done + n)
-        if need > self.pool.free_count():
+        tokens = req.done + n
+        need = self._new_blocks(req, tokens)
+        pool = self.pool
+        if need > pool.free_count():
             return False
-        if need:
-            req.blocks.extend(self.pool.allocate(need))
-        self._cache_full(req, req.done + n)
+        if need > pool.SMALL:  # a chunk's blocks: hashed from the array they come in
+            c = req.ncached
+            fresh = c == len(req.blocks)  # the blocks the chunk fills are all new ones
+            arr = pool.allocate_array(need)
+            hit = req.hit
+            if isinstance(hit, np.ndarray) and len(hit) == len(req.blocks):  # the array leads on
+                req.hit = np.concatenate((hit, arr)) if len(hit) else arr
+            req.blocks += arr.tolist()
+            nfull = tokens // self.B
+            if fresh and self.caching and nfull > c and req.keys_len >= 0:
+                pool.register(arr[: nfull - c], req.keys[c:nfull], req.key_array[c:nfull])
+                req.ncached = nfull
+                return True
+        elif need:
+            req.blocks.extend(pool.allocate(need))
+        self._cache_full(req, tokens)
         return True
 
     def grow_req(self, req: Req, tokens: int) -> bool:
@@ -355,8 +393,9 @@ class BlockKV:
         """`blocks`: req.blocks as an array, if the caller made one (each conversion of a long
         block list costs about as much as the operation it feeds)."""
         self._cache_full(req, computed)
-        self.pool.release(req.blocks if blocks is None else blocks)
+        self.pool.release(self._block_array(req) if blocks is None else blocks)
         req.blocks = []
+        req.hit = _NO_BLOCKS
         req.ncached = 0
 
     def finish(self, req: Req) -> None:
@@ -364,7 +403,7 @@ class BlockKV:
         blocks = None
         if self.caching:
             self._cache_full(req, kept)
-            blocks = np.asarray(req.blocks, dtype=np.int64)
+            blocks = self._block_array(req)
             ents = self.pool.first_entries(blocks[: req.ncached])
             if ents.size:
                 _remember(self._history, req.keys[0], (ents, req.keys[ents.size - 1]), HISTORY_SESSIONS)
