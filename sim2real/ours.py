@@ -70,16 +70,29 @@ class OurEngine:
             raise ValueError("OurEngine drives the block (vLLM) flavour; use the radix stepper for SGLang")
         self.kv = kv
         pool = kv.pool
-        allocate = pool.allocate
 
-        def observed_allocate(n: int) -> list[int]:
+        def observe(n: int) -> None:
             for b in pool.peek_free(n):
                 h = pool.block_hash(b)
                 if h is not None and pool.lookup([h], 1) == [b]:
                     self.evicted.append(self._key_digest.get(h, "?"))
-            return allocate(n)
 
-        pool.allocate = observed_allocate  # type: ignore[method-assign]
+        # Every block the pool hands out leaves through one of two leaves: a few at a time (a
+        # decode step's block, also taken directly by fused decode) or as an array (a prefill
+        # chunk's, BlockKV.alloc; `allocate` of many goes through it too). Observing `allocate`
+        # alone missed every chunk's evictions once chunks took the array path.
+        few, array = pool._allocate_few, pool.allocate_array
+
+        def observed_few(n: int) -> list[int]:
+            observe(n)
+            return few(n)
+
+        def observed_array(n: int) -> np.ndarray:
+            observe(n)
+            return array(n)
+
+        pool._allocate_few = observed_few  # type: ignore[method-assign]
+        pool.allocate_array = observed_array  # type: ignore[method-assign]
 
     def outputs(self, prompt: list[int], max_tokens: int) -> list[int]:
         """The ids our model will return for this request (the fake model's outputs on both sides)."""

@@ -157,3 +157,50 @@ def test_radix_prompt_is_checkpointed_and_outputs_become_a_leaf_under_it() -> No
     assert kv.tree.total == 409 and kv.tree.evictable == 409 and kv.own == 0
     assert kv.tree.evict(1) == 9  # the outputs go first, the prompt stays
     assert kv.tree.total == 400
+
+
+class _CacheDiffEngine(OurEngine):
+    """OurEngine that also counts each step's evictions from the cache's contents: a block that
+    held a findable key before the step and does not hold it after was handed out meanwhile."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.mismatches: list[tuple[int, int]] = []
+        self.seen = 0
+
+    def _cached(self) -> dict[int, int]:
+        pool = self.kv.pool
+        out = {}
+        for b in range(pool.num_blocks):
+            h = pool.block_hash(b)
+            if h is not None and pool.lookup([h], 1) == [b]:
+                out[b] = h
+        return out
+
+    def step(self) -> dict[str, Any]:
+        before = self._cached()
+        res = super().step()
+        pool = self.kv.pool
+        gone = sum(1 for b, h in before.items() if pool.block_hash(b) != h)
+        self.seen += len(res["evicted"])
+        if gone != len(res["evicted"]):
+            self.mismatches.append((gone, len(res["evicted"])))
+        return res
+
+
+def test_the_observer_sees_every_eviction_of_either_allocation_path() -> None:
+    """Prompts of up to 19 blocks on a 64-block pool: chunks take the pool's array path (more than
+    BlockPool.SMALL blocks), decode steps the few-at-a-time one. The observer that records `evict`
+    for the comparison with vLLM must see the evictions of both, as the cache's own contents do
+    (it once watched `allocate` alone and missed every chunk's)."""
+    spec = TraceSpec(
+        "pressure",
+        sessions=16,
+        arrival_span=10,
+        first_prompt=(60, 300),
+        engine=EngineShape(num_blocks=64, max_num_seqs=8),
+    )
+    ours = _CacheDiffEngine(vllm_cell(spec.engine))
+    run_trace(make_trace(spec), OurSide(ours), OurSide(OurEngine(vllm_cell(spec.engine))), ours.outputs)
+    assert ours.seen > 0
+    assert ours.mismatches == []
