@@ -103,28 +103,18 @@ class SGLangEngine(BaseEngine):
             # SGLang filters the finished requests in a pass that runs nothing and costs no time
             self._batch_full = False
             self._unfiltered = 0
-        if not self.prefilling and (self._batch_full or not self.waiting):
-            # no admission attempt (most iterations of a healthy run): what the round below does then
-            if self.n_decode:
-                if self._unfiltered:
-                    self._unfiltered = 0
-                    self._batch_full = False
-                return self._plan_decode(now, horizon)
-            return None
-        chunked = self.prefilling[0] if self.prefilling else None
-        items: list[tuple[Req, int]] = []
-        tokens = 0
-        pairs = 0.0
-        attempt = chunked is not None or (self.waiting and not self._batch_full)
-        if attempt and chunked is None and self._allocatable(None) <= 0:
-            self._batch_full = True
-            attempt = False
-        if attempt:
-            self.policy.calc_priority(self.waiting)
-            tokens, pairs = self._prefill_round(chunked, items)
-        if items:
-            self._pending = ("prefill", 0, items)
-            return now + self.cost.prefill_iteration(tokens, pairs, self._take_admitted())
+        if self.prefilling or (self.waiting and not self._batch_full):  # an admission attempt
+            # (none in most iterations of a healthy run: nothing waits, or the batch is full)
+            chunked = self.prefilling[0] if self.prefilling else None
+            if chunked is None and self._allocatable(None) <= 0:
+                self._batch_full = True
+            else:
+                self.policy.calc_priority(self.waiting)
+                items: list[tuple[Req, int]] = []
+                tokens, pairs = self._prefill_round(chunked, items)
+                if items:
+                    self._pending = ("prefill", 0, items)
+                    return now + self.cost.prefill_iteration(tokens, pairs, self._take_admitted())
         if self.n_decode:
             if self._unfiltered:
                 self._unfiltered = 0
