@@ -46,35 +46,33 @@ def test_help_lists_only_implemented_commands_grouped(capsys: pytest.CaptureFixt
     assert [g for g, _ in GROUPS] == ["workload", "calibrate", "execute", "judge"]
 
 
-def test_help_imports_no_command_module() -> None:
-    """`agentload --help` is the table: no command's module (nor numpy, pandas, pydantic) is imported."""
+def _imported_by(argv: list[str], matches: str) -> str:
+    """The sorted modules a fresh interpreter holds after `main(argv)` (its --help: nothing runs)
+    whose name satisfies `matches`, a Python expression in `m`, printed as a list."""
     code = (
-        "import sys; from cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit: pass\n"
-        "print(sorted(m for m in sys.modules "
-        "if m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')))"
+        f"import sys; from cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit: pass\n"
+        f"print(sorted(m for m in sys.modules if {matches}))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_help_imports_no_command_module() -> None:
+    """`agentload --help` is the table: no command's module (nor numpy, pandas, pydantic) is imported."""
+    got = _imported_by(["--help"], "m.split('.')[0] in ('numpy', 'pandas', 'pydantic', 'runs', 'analysis', 'review')")
+    assert got == "[]", got
 
 
 def test_a_command_imports_only_its_own_module() -> None:
-    code = (
-        "import sys; from cli.main import main\ntry:\n    main(['plan', '--help'])\nexcept SystemExit: pass\n"
-        "print(sorted(m for m in sys.modules if m.startswith('cli.')))"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip().splitlines()[-1] == "['cli.commands', 'cli.main', 'cli.plan']", r.stdout
+    got = _imported_by(["plan", "--help"], "m.startswith('cli.')")
+    assert got == "['cli.commands', 'cli.main', 'cli.plan']", got
 
 
 def test_analyze_imports_nothing_only_report_reads() -> None:
     """`analyze` (cli/analyze.py) imports neither the test directory's reader nor the HTML page,
     which only `report` uses (issue 24), nor matplotlib before it draws."""
-    code = (
-        "import sys; from cli.main import main\ntry:\n    main(['analyze', '--help'])\nexcept SystemExit: pass\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('cli.', 'review.html', 'review.testdir', 'matplotlib'))))"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip().splitlines()[-1] == "['cli.analyze', 'cli.commands', 'cli.main']", r.stdout
+    got = _imported_by(["analyze", "--help"], "m.startswith(('cli.', 'review.html', 'review.testdir', 'matplotlib'))")
+    assert got == "['cli.analyze', 'cli.commands', 'cli.main']", got
 
 
 def test_only_the_process_command_freezes_the_collector() -> None:

@@ -65,6 +65,16 @@ class _Perturbed(OurSide):
         return r
 
 
+# prompts of up to 19 blocks on a 64-block pool: evictions and preemptions in most steps
+_PRESSURE = TraceSpec(
+    "pressure",
+    sessions=16,
+    arrival_span=10,
+    first_prompt=(60, 300),
+    engine=EngineShape(num_blocks=64, max_num_seqs=8),
+)
+
+
 def _pair(spec: TraceSpec, perturb: bool = False) -> Any:
     ref = OurEngine(vllm_cell(spec.engine))
     other = OurEngine(vllm_cell(spec.engine))
@@ -73,13 +83,7 @@ def _pair(spec: TraceSpec, perturb: bool = False) -> Any:
 
 
 def test_runner_agrees_with_itself_and_catches_a_planted_difference() -> None:
-    spec = TraceSpec(
-        "pressure",
-        sessions=16,
-        arrival_span=10,
-        first_prompt=(60, 300),
-        engine=EngineShape(num_blocks=64, max_num_seqs=8),
-    )
+    spec = _PRESSURE
     same = _pair(spec)
     assert same.tallies["evict"].total > 0 and same.tallies["preempt"].total > 0
     assert all(t.rate in (None, 1.0) for t in same.tallies.values())
@@ -193,13 +197,7 @@ def test_the_observer_sees_every_eviction_of_either_allocation_path() -> None:
     BlockPool.SMALL blocks), decode steps the few-at-a-time one. The observer that records `evict`
     for the comparison with vLLM must see the evictions of both, as the cache's own contents do
     (it once watched `allocate` alone and missed every chunk's)."""
-    spec = TraceSpec(
-        "pressure",
-        sessions=16,
-        arrival_span=10,
-        first_prompt=(60, 300),
-        engine=EngineShape(num_blocks=64, max_num_seqs=8),
-    )
+    spec = _PRESSURE
     ours = _CacheDiffEngine(vllm_cell(spec.engine))
     run_trace(make_trace(spec), OurSide(ours), OurSide(OurEngine(vllm_cell(spec.engine))), ours.outputs)
     assert ours.seen > 0
