@@ -10,7 +10,8 @@ tree's touches and locks per path segment (tests/radix_reference.py keeps the di
 lookups from a session's last turn, checkpoints without copies and a session's turn keys derived
 from what they share replaced node-by-node walks, root walks, copies and a key per turn; then a
 session's ids drawn in one block (harness/workload/blockdraw.py) replaced a bounded draw per turn
-(the direct forms are kept below and in tests/test_refengine_fastpaths.py). This benchmark plays a fixed set of
+(the direct forms are kept below and in tests/unit/harness/test_refengine_fastpaths.py and
+test_draw_fastpaths.py). This benchmark plays a fixed set of
 runs of the registered tests twice: once with the reference code swapped in
 (tests/blockpool_reference.py's pool, the former BlockKV methods and token generator, kept below),
 once as the code is, alternating, and checks that every
@@ -44,7 +45,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "tests" /
 
 from blockpool_reference import BlockPool as ReferencePool  # noqa: E402
 from radix_reference import RadixCache as ReferenceRadix  # noqa: E402
-from test_refengine_fastpaths import _direct_decode_left, _direct_output_ids, _numpy_key  # noqa: E402
+from test_draw_fastpaths import _direct_output_ids, _direct_output_ids_of, _numpy_key  # noqa: E402
+from test_refengine_fastpaths import _direct_decode_left  # noqa: E402
 
 from harness.client import session as sessionmod  # noqa: E402
 from harness.config import load_test  # noqa: E402
@@ -102,13 +104,8 @@ def _ref_grow_req(self: Any, req: Any, tokens: int) -> bool:
 
 
 def _ref_alloc(self: Any, req: Any, n: int) -> bool:
-    need = self._new_blocks(req, req.done + n)
-    if need > self.pool.free_count():
-        return False
-    if need:
-        req.blocks.extend(self.pool.allocate(need))
-    self._cache_full(req, req.done + n)
-    return True
+    """The former alloc: the former grow_req's taking of blocks, for a prefill chunk of n tokens."""
+    return _ref_grow_req(self, req, req.done + n)
 
 
 def _ref_finish(self: Any, req: Any) -> None:
@@ -179,6 +176,12 @@ def _ref_free_and_evictable(self: Any, req: Any = None) -> int:
     return self.free_slots() + ev
 
 
+def _ref_fits(self: Any, req: Any, need: int) -> bool:
+    """The former admission test, before its bound from the path's depth (the reference radix
+    tree keeps no depths)."""
+    return bool(need < self.free_and_evictable(req))
+
+
 # (module or class, attribute, reference formulation)
 SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod, "BlockPool", ReferencePool),
@@ -189,6 +192,7 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (kvmod.BlockKV, "alloc", _ref_alloc),
     (kvmod.BlockKV, "finish", _ref_finish),
     (kvmod.TokenKV, "free_and_evictable", _ref_free_and_evictable),
+    (kvmod.TokenKV, "fits", _ref_fits),
     (kvmod, "RadixCache", ReferenceRadix),
     (kvmod.TokenKV, "match", _ref_token_match),
     (kvmod.TokenKV, "touch", _ref_token_touch),
@@ -197,6 +201,7 @@ SWAPS: list[tuple[Any, str, Any]] = [
     (modelmod, "plan_fused_decode", lambda *_a: None),
     (sglangmod.SGLangEngine, "_decode_offset", _direct_decode_left),
     (requestmod, "output_ids", _direct_output_ids),
+    (requestmod, "output_ids_of", _direct_output_ids_of),  # what a request calls (Req.__init__)
     (draws, "_turn_generator", _ref_turn_generator),
     (sessionmod, "session_turn_ids", _ref_session_turn_ids),
     (draws, "_philox_key", _numpy_key),

@@ -114,8 +114,11 @@ def test_bounded_blocks_are_numpys_integers(monkeypatch: pytest.MonkeyPatch, low
 
 # -- the engine's stand-in outputs --------------------------------------------------------------------
 def _direct_output_ids(prompt: np.ndarray, n: int, salt: int = 0) -> np.ndarray:
-    tail = np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes()
-    seed = (zlib.crc32(tail) << 32 | zlib.crc32(len(prompt).to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
+    return _direct_output_ids_of(np.ascontiguousarray(prompt[-16:], dtype=np.int32).tobytes(), len(prompt), n, salt)
+
+
+def _direct_output_ids_of(tail: bytes, length: int, n: int, salt: int = 0) -> np.ndarray:
+    seed = (zlib.crc32(tail) << 32 | zlib.crc32(length.to_bytes(8, "little") + tail)) ^ (salt * 0x9E3779B97F4A7C15)
     seed &= (1 << 64) - 1
     z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
