@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -90,22 +91,44 @@ def _canonical(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 
+def _over(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A pyarrow array over a numpy array's bytes (no validity bitmap: plan columns have no nulls).
+
+    Why not `pa.array`: given a list, or even a numpy array, it first asks pandas whether the object
+    is one of its own, importing pandas, about 0.3 s that `prereg check` and `plan` would pay for
+    nothing (issue 24); an array over the buffers asks nobody."""
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+
+
 def plan_bytes(plan: Plan) -> bytes:
-    """The exact bytes of the plan file: a fixed schema, fixed row order, canonical metadata."""
+    """The exact bytes of the plan file: a fixed schema, fixed row order, canonical metadata.
+
+    The columns are built over numpy buffers (`_over`); the bytes are those of the same table built
+    from Python lists (tests/unit/harness/test_plans.py), on which every registered plan hash rests."""
     s = plan.sessions
-    table = pa.table(
-        {
-            "kind": pa.array([x.kind for x in s], pa.string()),
-            "stream": pa.array([x.stream for x in s], pa.int32()),
-            "index": pa.array([x.index for x in s], pa.int32()),
-            "arrival": pa.array([x.arrival for x in s], pa.float64()),
-            "n_turns": pa.array([x.n_turns for x in s], pa.int32()),
-            "tool_times": pa.array([list(x.tool_times) for x in s], pa.list_(pa.float64())),
-            "token_seed": pa.array([x.token_seed for x in s], pa.int64()),
-            "refused": pa.array([x.refused for x in s], pa.bool_()),
-        },
-        schema=_SCHEMA.with_metadata({META_KEY: _canonical(plan.meta)}),
+    n = len(s)
+    kinds = [x.kind.encode() for x in s]
+    kind_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, kinds), np.int32, n), out=kind_offsets[1:])
+    kind = pa.StringArray.from_buffers(n, pa.py_buffer(kind_offsets), pa.py_buffer(b"".join(kinds)))
+    tool_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.fromiter((len(x.tool_times) for x in s), np.int32, n), out=tool_offsets[1:])
+    tool_values = np.fromiter((t for x in s for t in x.tool_times), np.float64, int(tool_offsets[-1]))
+    tool_times = pa.Array.from_buffers(
+        pa.list_(pa.float64()), n, [None, pa.py_buffer(tool_offsets)], children=[_over(tool_values, pa.float64())]
     )
+    refused = np.packbits(np.fromiter((x.refused for x in s), np.bool_, n), bitorder="little")
+    columns = [
+        kind,
+        _over(np.fromiter((x.stream for x in s), np.int32, n), pa.int32()),
+        _over(np.fromiter((x.index for x in s), np.int32, n), pa.int32()),
+        _over(np.fromiter((x.arrival for x in s), np.float64, n), pa.float64()),
+        _over(np.fromiter((x.n_turns for x in s), np.int32, n), pa.int32()),
+        tool_times,
+        _over(np.fromiter((x.token_seed for x in s), np.int64, n), pa.int64()),
+        pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(refused)]),
+    ]
+    table = pa.Table.from_arrays(columns, schema=_SCHEMA.with_metadata({META_KEY: _canonical(plan.meta)}))
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=["kind"], version="2.6")
     return sink.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import subprocess
@@ -255,6 +256,60 @@ def test_default_top_rate_keeps_plans_byte_identical() -> None:
     t, m = top_process(0, E2.duration)
     keep = t[m < 1.35 * LREF / 2.0]
     assert np.array_equal(keep, np.array([s.arrival for s in _base(explicit)]))
+
+
+def _list_built_bytes(plan) -> bytes:
+    """The plan file as plan_bytes built it before issue 24: every column from a Python list."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.workload import planfile
+
+    s = plan.sessions
+    table = pa.table(
+        {
+            "kind": pa.array([x.kind for x in s], pa.string()),
+            "stream": pa.array([x.stream for x in s], pa.int32()),
+            "index": pa.array([x.index for x in s], pa.int32()),
+            "arrival": pa.array([x.arrival for x in s], pa.float64()),
+            "n_turns": pa.array([x.n_turns for x in s], pa.int32()),
+            "tool_times": pa.array([list(x.tool_times) for x in s], pa.list_(pa.float64())),
+            "token_seed": pa.array([x.token_seed for x in s], pa.int64()),
+            "refused": pa.array([x.refused for x in s], pa.bool_()),
+        },
+        schema=planfile._SCHEMA.with_metadata({planfile.META_KEY: planfile._canonical(plan.meta)}),
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=["kind"], version="2.6")
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize(
+    "workload, arm, rate",
+    [(W, "burst", 1.35), (W, "shed-t600", 1.65), (W, "cut-a115", 1.65), (MIRROR, "noburst", 1.35)],
+)
+def test_plan_bytes_are_those_of_the_list_built_table(workload, arm, rate) -> None:
+    """plan_bytes hands pyarrow numpy arrays (no pandas import); the file is byte for byte the one the
+    lists gave: every registered plan hash rests on it. The cases cover refused flags (shed), a cut,
+    and the mirror's tool times."""
+    plan = make_plan(workload, E2, ARMS[arm], rate, LREF, 0)
+    assert plan_bytes(plan) == _list_built_bytes(plan)
+    empty = dataclasses.replace(plan, sessions=())  # no session: zero-length columns and offsets [0]
+    assert plan_bytes(empty) == _list_built_bytes(empty)
+
+
+def test_writing_a_plan_does_not_import_pandas() -> None:
+    code = (
+        "import sys\nfrom harness.config import load_config, WorkloadConfig, ProtocolConfig, ArmConfig\n"
+        "from harness.workload.plans import make_plan\nfrom harness.workload.planfile import plan_bytes\n"
+        "p = make_plan(load_config('workloads/standard', WorkloadConfig), load_config('protocols/e2', "
+        "ProtocolConfig), load_config('arms/burst', ArmConfig), 1.35, 0.071534, 0)\n"
+        "plan_bytes(p)\nprint('pandas' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
 
 
 # -------------------------------------------------------------------------------------------------
