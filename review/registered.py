@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -220,6 +221,7 @@ def _judge_in_worktree(
     finally:
         repo.git("worktree", "remove", "--force", str(wt), check=False)
         repo.git("worktree", "prune", check=False)
+        shutil.rmtree(tmp, ignore_errors=True)  # the frozen rule and test files: the verdict holds what they said
 
 
 def _frozen_test(reg: Any, folder: Path) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -94,8 +95,11 @@ def test_only_bound_runs_count_and_the_registration_judges(project) -> None:
     assert "judged by commit" in (p["tmp"] / "out1" / "registered-report.md").read_text()
 
 
-def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
+def test_moved_checkout_is_judged_by_the_registrations_commit(project, tmp_path, monkeypatch) -> None:
     p = project
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the judge's worktree and files go
     work = p["work"]
     report = work / "analysis" / "paired.py"
     text = report.read_text()
@@ -122,6 +126,7 @@ def test_moved_checkout_is_judged_by_the_registrations_commit(project) -> None:
         assert by_rate[1.65]["verdict"] == "INCOMPLETE"
         assert res["arms"] == ["burst", "noburst", "capped"] and "MISSING" not in by_rate[1.35]["seeds"]["0"].values()
         assert not list((work / ".git" / "worktrees").glob("*")) if (work / ".git" / "worktrees").exists() else True
+        assert not list(scratch.iterdir())  # nothing left behind: the worktree, nor the frozen rule and test files
     finally:
         git(work, "reset", "-q", "--hard", p["commit"])
     here = registered_analysis(p["reg"], [p["runs"]], p["tmp"] / "out2b")
