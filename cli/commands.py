@@ -13,7 +13,16 @@ and the command is listed once in `COMMANDS` below with the module that register
 what `agentload --help` prints, so it costs no import; `agentload CMD ...` imports only CMD's module
 (a command's heavy imports cost nothing to the others). `cli.command` refuses a command whose name,
 group or help differ from its row here, so the table cannot drift from the code
-(tests/unit/harness/test_cli.py registers every module against it).
+(tests/unit/cli/test_cli_plan.py registers every module against it).
+
+An action of a command that imports much more than the command's other actions (`prereg design`
+the simulator, `jobs collect` the registered analysis, beside `prereg check` and `jobs status`,
+which a user repeats between runs) has a module of its own, listed in `ACTIONS`: the command's
+module adds its parser with `cli.deferred_action(sub, command, action)` (with the row's help, in the
+place it wants it listed), and `agentload CMD ACTION ...` imports the action's module too, whose
+`register(cli)` takes that parser with `cli.action_parser(command, action)` and fills it. Modules
+import modules only at their top (docs/architecture.md): the table, not an import inside a function,
+is what defers them.
 
 Errors meant for the user are `harness.errors.AgentloadError`s: `agentload` prints their message as
 one paragraph and exits with status 2; anything else is a bug and keeps its traceback with --debug.
@@ -74,7 +83,7 @@ COMMANDS: list[Command] = [
         "jobs",
         "execute",
         "scheduler states of a submission's jobs; collect their runs, accounting and verdict",
-        "cli.submit",
+        "cli.jobs",
     ),
     Command("emulator", "execute", "serve the engine model over SGLang's or vLLM's HTTP API", "cli.emulator"),
     Command(
@@ -119,6 +128,56 @@ COMMANDS: list[Command] = [
 BY_NAME: dict[str, Command] = {c.name: c for c in COMMANDS}
 
 
+@dataclass(frozen=True)
+class Action:
+    """An action of a command registered by a module of its own (see the module's docstring)."""
+
+    command: str
+    name: str
+    help: str
+    module: str
+
+
+ACTIONS: list[Action] = [
+    Action(
+        "prereg",
+        "design",
+        "before registering: is each arm's outcome reachable; the cheapest decisive protocol",
+        "cli.design",
+    ),
+    Action(
+        "predict",
+        "make",
+        "make a prediction file (simulator, model F on the frozen plans, entry model)",
+        "cli.predict_make",
+    ),
+    Action(
+        "predict",
+        "score",
+        "score frozen predictions (read from the tag) against runs or a test directory",
+        "cli.predict_score",
+    ),
+    Action(
+        "jobs",
+        "collect",
+        "accounting export, run directories, failures with reasons, then the registered analysis",
+        "cli.jobs_collect",
+    ),
+]
+ACTION_BY_NAME: dict[tuple[str, str], Action] = {(a.command, a.name): a for a in ACTIONS}
+
+
+def modules_for(argv: list[str]) -> list[str]:
+    """The modules `agentload ARGV` needs: its command's, and its action's where that has its own
+    (the first two words of argv that are not options); none for a bare `agentload`."""
+    words = [a for a in argv if not a.startswith("-")][:2]
+    if not words or words[0] not in BY_NAME:
+        return []
+    out = [BY_NAME[words[0]].module]
+    action = ACTION_BY_NAME.get((words[0], words[1])) if len(words) > 1 else None
+    return out + ([action.module] if action is not None else [])
+
+
 class CLI:
     """The parser under construction; handed to every module's register()."""
 
@@ -133,6 +192,8 @@ class CLI:
         )
         self._sub = self.parser.add_subparsers(dest="command", metavar="COMMAND")
         self.registered: list[str] = []
+        self._actions: dict[tuple[str, str], argparse.ArgumentParser] = {}
+        self.filled: list[tuple[str, str]] = []  # deferred actions whose module registered them
 
     def command(self, name: str, *, group: str, help: str) -> argparse.ArgumentParser:
         """Add a top-level command and return its parser; it must match its row in COMMANDS."""
@@ -147,8 +208,40 @@ class CLI:
         self.registered.append(name)
         return self._sub.add_parser(name, description=help, formatter_class=argparse.RawDescriptionHelpFormatter)
 
+    def deferred_action(
+        self, sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, name: str
+    ) -> argparse.ArgumentParser:
+        """Add the parser of an action listed in ACTIONS to its command's subparsers `sub`, with the
+        row's help: `agentload CMD --help` lists it, and its module fills it when it is imported."""
+        row = ACTION_BY_NAME.get((command, name))
+        if row is None:
+            raise ValueError(f"action {command} {name} has no row in cli.commands.ACTIONS")
+        p = sub.add_parser(name, help=row.help, description=row.help)
+        p.set_defaults(func=None, _parser=p)
+        self._actions[(command, name)] = p
+        return p
+
+    def action_parser(self, command: str, name: str) -> argparse.ArgumentParser:
+        """The parser of a deferred action, for its own module's register() to fill."""
+        if (command, name) not in self._actions:
+            raise ValueError(
+                f"action {command} {name}: its command's module has not added it (cli.deferred_action), or the "
+                "command's module was not registered first"
+            )
+        if (command, name) in self.filled:
+            raise ValueError(f"action {command} {name} registered twice")
+        self.filled.append((command, name))
+        return self._actions[(command, name)]
+
     def finish(self) -> argparse.ArgumentParser:
         """Put the whole command table, grouped by the data flow, into the top-level help."""
+        missing = [
+            f"{a.command} {a.name}"
+            for a in ACTIONS
+            if a.command in self.registered and (a.command, a.name) not in self._actions
+        ]
+        if missing:
+            raise ValueError(f"actions listed in cli.commands.ACTIONS that their command did not add: {missing}")
         lines = ["commands, in the order data flows through them:"]
         width = max(len(c.name) for c in COMMANDS)
         for key, title in GROUPS:

@@ -199,13 +199,11 @@ def _cmd_design(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_design_command(sub: Any) -> None:
-    """`agentload prereg design` (added to the prereg command's actions)."""
-    d = sub.add_parser(
-        "design",
-        help="before registering: is each arm's outcome reachable; the cheapest decisive protocol",
-        description=__doc__.split("\n\n")[0],
-    )
+def register(cli: Any) -> None:
+    """Fill `agentload prereg design`'s parser (cli/prereg.py adds it; cli.commands.ACTIONS lists this
+    module, so `prereg check` and `prereg fill` import none of the design step)."""
+    d = cli.action_parser("prereg", "design")
+    d.description = __doc__.split("\n\n")[0]
     d.add_argument("--inputs", required=True, help="folder with stage-c.yaml, e0a.yaml, e0b.yaml (the fill's inputs)")
     d.add_argument("--test", required=True, help="registration template (prereg/templates/*.yaml)")
     d.add_argument(

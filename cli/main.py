@@ -24,14 +24,15 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from cli.commands import BY_NAME, CLI, COMMANDS
+from cli.commands import ACTIONS, BY_NAME, CLI, COMMANDS, modules_for
 from harness.errors import AgentloadError
 
 
 def build(modules: Sequence[str] | None = None) -> CLI:
     """The parser with the commands of `modules` (default: every module in the table) registered."""
     cli = CLI()
-    wanted = list(dict.fromkeys(modules if modules is not None else (c.module for c in COMMANDS)))
+    every = [*(c.module for c in COMMANDS), *(a.module for a in ACTIONS)]  # an action's after its command's
+    wanted = list(dict.fromkeys(modules if modules is not None else every))
     for module in wanted:
         register: Callable[[CLI], None] = importlib.import_module(module).register
         register(cli)
@@ -78,7 +79,7 @@ def _run(args_in: list[str], builder: Callable[[Sequence[str]], CLI]) -> int:
             file=sys.stderr,
         )
         return 2
-    cli = builder([BY_NAME[name].module] if name else [])
+    cli = builder(modules_for(args_in))
     args = cli.parser.parse_args(args_in)
     func = getattr(args, "func", None)
     if func is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cli.design import add_design_command
 from prereg.check import check_registration, format_check
 from prereg.decidable import undecidable_reasons
 from prereg.fill import fill_to_file
@@ -114,4 +113,4 @@ def register(cli: Any) -> None:
     c.add_argument("--exploratory", action="store_true", help="accept an EXPLORATORY registration (exploratory runs)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_check)
-    add_design_command(sub)
+    cli.deferred_action(sub, "prereg", "design")  # its own module: cli/design.py

@@ -1,4 +1,4 @@
-"""Commands: `agentload submit REG.yaml` and `agentload jobs status|collect MANIFEST` (slurm/README.md)."""
+"""Command: `agentload submit REG.yaml` (slurm/README.md); `agentload jobs` is cli/jobs.py."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import shlex
 import sys
 from typing import Any
 
-from review.registered import collection_verdict
-from slurm.collect import collect, dump, format_collection, format_table, status
 from slurm.job_options import add_job_options, job_options_from_args
 from slurm.submit import SubmitOptions, format_plan, submit_registration
 
@@ -59,35 +57,8 @@ def _cmd_submit(args: Any) -> int:
     return 0
 
 
-def _cmd_status(args: Any) -> int:
-    st = status(args.manifest)
-    if args.json:
-        print(json.dumps(st, indent=2, default=str))
-    else:
-        print(f"{st['registration']}: {st['manifest']}")
-        print(format_table(st["jobs"]))
-    return 0
-
-
-def _cmd_collect(args: Any) -> int:
-    res = collect(
-        args.manifest,
-        wait_s=args.wait,
-        judge=None if args.no_analysis else collection_verdict,
-        echo=None if args.json else lambda m: print(m, flush=True),
-    )
-    print(dump(res) if args.json else format_collection(res))
-    ok = (
-        res["complete"]
-        and not res["not_completed"]
-        and not res["agreement"]
-        and (args.no_analysis or (res.get("analysis") or {}).get("ran"))
-    )
-    return 0 if ok else 1
-
-
 def register(cli: Any) -> None:
-    """Add `agentload submit` and `agentload jobs status|collect`."""
+    """Add `agentload submit`."""
     p = cli.command(
         "submit",
         group="execute",
@@ -128,25 +99,3 @@ def register(cli: Any) -> None:
     g.add_argument("--health-timeout", type=float, help="seconds to wait for the server's /health")
     g.add_argument("--request-timeout", type=float, help="wall seconds per turn before it is a timeout")
     p.set_defaults(func=_cmd_submit)
-
-    j = cli.command(
-        "jobs",
-        group="execute",
-        help="scheduler states of a submission's jobs; collect their runs, accounting and verdict",
-    )
-    j.set_defaults(func=None, _parser=j)
-    sub = j.add_subparsers(dest="jobs_command", metavar="ACTION")
-    s = sub.add_parser("status", help="each job's scheduler state and run status")
-    s.add_argument("manifest", help="<testdir>/submission.json (or the test directory)")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_cmd_status)
-    c = sub.add_parser(
-        "collect", help="accounting export, run directories, failures with reasons, then the registered analysis"
-    )
-    c.add_argument("manifest", help="<testdir>/submission.json (or the test directory)")
-    c.add_argument(
-        "--wait", type=float, default=0.0, metavar="SECONDS", help="wait up to this long for every job to end"
-    )
-    c.add_argument("--no-analysis", action="store_true", help="skip the registered analysis")
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(func=_cmd_collect)

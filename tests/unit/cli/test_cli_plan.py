@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.commands import COMMANDS, GROUPS
+from cli.commands import ACTIONS, COMMANDS, GROUPS, modules_for
 from cli.main import build, main
 from harness.workload.planfile import read_plan
 
@@ -73,6 +73,46 @@ def test_analyze_imports_nothing_only_report_reads() -> None:
     which only `report` uses (issue 24), nor matplotlib before it draws."""
     got = _imported_by(["analyze", "--help"], "m.startswith(('cli.', 'review.html', 'review.testdir', 'matplotlib'))")
     assert got == "['cli.analyze', 'cli.commands', 'cli.main']", got
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["prereg", "check", "--help"], ["jobs", "status", "--help"], ["predict", "freeze", "--help"]],
+    ids=["prereg-check", "jobs-status", "predict-freeze"],
+)
+def test_light_actions_import_neither_the_simulator_nor_pandas(argv: list[str]) -> None:
+    """The actions a user repeats between runs (check a registration, ask the scheduler, freeze a
+    prediction) share their command with heavy ones (design, collect, make, score), whose modules of
+    their own (cli.commands.ACTIONS) import the simulator, the run code and the rule engine only when
+    they run (issue 24)."""
+    got = _imported_by(argv, "m.split('.')[0] in ('pandas', 'runs', 'matplotlib') or m == 'analysis.staged_analysis'")
+    assert got == "[]", got
+
+
+def test_every_deferred_action_is_added_by_its_command_and_filled_by_its_module() -> None:
+    cli = build()  # every module: commands' first, then the actions'
+    assert sorted(cli.filled) == sorted((a.command, a.name) for a in ACTIONS)
+    assert modules_for(["prereg", "check", "x.yaml"]) == ["cli.prereg"]
+    assert modules_for(["prereg", "design", "--inputs", "d"]) == ["cli.prereg", "cli.design"]
+    assert modules_for(["--debug", "jobs", "collect", "m.json"]) == ["cli.jobs", "cli.jobs_collect"]
+    assert modules_for(["--help"]) == [] and modules_for(["nosuch", "design"]) == []
+
+
+@pytest.mark.parametrize("action", ACTIONS, ids=lambda a: f"{a.command}-{a.name}")
+def test_a_deferred_action_is_listed_without_its_module_and_parsed_with_it(action, capsys) -> None:
+    """`agentload CMD --help` lists the action with its row's help (its module not imported);
+    `agentload CMD ACTION --help` shows the options its module adds."""
+    with pytest.raises(SystemExit):
+        main([action.command, "--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    assert f"{action.name} {action.help}" in listed
+    with pytest.raises(SystemExit):
+        main([action.command, action.name, "--help"])
+    out = capsys.readouterr().out
+    assert "--" in out.split("options:")[1]  # options beyond -h: the action module filled its parser
+    got = _imported_by([action.command, "--help"], f"m == {action.module!r}")
+    assert got == "[]", got
+    assert _imported_by([action.command, action.name, "--help"], f"m == {action.module!r}") == f"[{action.module!r}]"
 
 
 def test_only_the_process_command_freezes_the_collector() -> None:
