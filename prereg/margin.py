@@ -36,6 +36,7 @@ the registration offers the engine can move before the predicted state changes.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -196,17 +197,7 @@ class SimRun:
                 test = test.model_copy(
                     update={"references": test.references.model_copy(update={"lambda_ref": refs["lambda_ref"]})}
                 )
-        bundle = TestBundle(
-            test,
-            cell,
-            self.bundle.workload,
-            self.bundle.protocol,
-            self.bundle.arms,
-            self.bundle.path,
-            self.bundle.arm_refs,
-            self.bundle.rule_path,
-        )
-        return bundle, refs
+        return dataclasses.replace(self.bundle, test=test, cell=cell), refs
 
     def run(self, factor: float = 1.0) -> tuple[str, dict[str, Any]]:
         key = round(float(factor), 9)
