@@ -11,7 +11,7 @@ all-miss token rate as the target, so that the quantity the rule compares is the
 
     python benchmarks/pin_probe_shape.py arm burst --out DIR    # CI's plan (seed 1 at 1.25), the registered rule
     python benchmarks/pin_probe_shape.py arm noburst --out DIR
-    python benchmarks/pin_probe_shape.py e0a --out DIR          # E0a (n = 64, seeds 0-2) under that pin
+    python benchmarks/pin_probe_shape.py e0a --out DIR          # E0a under that pin, as the registered one was made
 
 Everything else is the registration's (plans, rule, references, cell); the runs are exploratory,
 bound to no registration. In fp32 where the CPU lacks AVX-512 BF16 (harness/servers/cpudtype.py),
@@ -23,8 +23,8 @@ arm, or E0a's lambda_ref and all-miss token rate per seed, with the pin's probes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,29 +32,29 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis.calibration_summaries import E0a, load_summary  # noqa: E402
 from analysis.paired import paired_run  # noqa: E402
 from analysis.staged_analysis import run_quantities  # noqa: E402
 from harness.config import TestBundle, WorkloadConfig  # noqa: E402
 from harness.servers.cpudtype import FP32_ARGS, slow_bf16  # noqa: E402
+from harness.workload.draws import turn_survival  # noqa: E402
+from prereg.margin_record import registration_e0a  # noqa: E402
 from prereg.registration import load_registration  # noqa: E402
 from runs.arms import execute_run  # noqa: E402
 from runs.closed_runs import e0a  # noqa: E402
-from runs.cpu_launch import HEALTH_TIMEOUT, VLLM_MODULE, run_options  # noqa: E402
+from runs.cpu_launch import LaunchError, engine_env, run_options  # noqa: E402
 from runs.realrun import EngineOptions  # noqa: E402
 
 REG = ROOT / "prereg" / "registrations" / "e2-vllm-cpu-tiny-65k-quarter.yaml"
 
 
 def mean_turn_prompt(w: WorkloadConfig) -> float:
-    """The workload's prompt length averaged over turns: turn k is sent by the sessions with at least k
-    turns, P(T >= k) = (1 - 1/mean)^(k - 1) up to the cap (capped geometric)."""
+    """The workload's prompt length L_k averaged over turns: turn k is sent by the sessions with at
+    least k turns (`turn_survival`, the capped geometric law's P(T >= k))."""
     if w.turns.law != "capped_geometric":
         raise SystemExit(f"workload {w.name}: turn law {w.turns.law!r}; this script knows capped_geometric")
-    q = 1.0 - 1.0 / w.turns.mean
-    ks = range(1, int(w.turns.cap) + 1)
-    weights = [q ** (k - 1) for k in ks]
-    lengths = [w.first_prompt + (w.tool_tokens + w.decode_tokens) * (k - 1) for k in ks]
-    return sum(a * b for a, b in zip(weights, lengths, strict=True)) / sum(weights)
+    g = turn_survival(w)
+    return float(sum(gk * w.prompt_len(k) for k, gk in enumerate(g.tolist(), start=1)) / g.sum())
 
 
 def shaped_bundle(prompt_tokens: int | None) -> tuple[Any, TestBundle, int]:
@@ -75,7 +75,7 @@ def shaped_bundle(prompt_tokens: int | None) -> tuple[Any, TestBundle, int]:
         }
     )
     cell = b.cell.model_copy(update={"engine_speed_pin": pin})
-    return reg, TestBundle(b.test, cell, b.workload, b.protocol, b.arms, b.path, b.arm_refs, b.rule_path), prompt
+    return reg, dataclasses.replace(b, cell=cell), prompt
 
 
 def _pin(meta: dict[str, Any]) -> dict[str, Any]:
@@ -96,11 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rate", type=float, default=1.25, help="a registered multiple")
     args = ap.parse_args(argv)
-    python, model = os.environ.get("AGENTLOAD_VLLM_PYTHON"), os.environ.get("AGENTLOAD_TINY_MODEL")
-    if not python or not model:
-        raise SystemExit(
-            'AGENTLOAD_VLLM_PYTHON / AGENTLOAD_TINY_MODEL unset: eval "$(scripts/ci-engine-tests.sh --print-env)"'
-        )
+    try:
+        python, model = engine_env()
+    except LaunchError as exc:
+        raise SystemExit(str(exc)) from None
     extra = tuple(FP32_ARGS) if slow_bf16() else ()
     reg, bundle, prompt = shaped_bundle(args.prompt_tokens)
     refs = {"lambda_ref": reg.references.lambda_ref, "all_miss_token_rate": reg.references.all_miss_token_rate}
@@ -120,24 +119,24 @@ def main(argv: list[str] | None = None) -> int:
         doc = {**head, "arm": args.arm, "state": av["state"], "stats": {k: av["stats"].get(k) for k in keep}}
         print(json.dumps({**doc, "pin": _pin(json.loads((out / "meta.json").read_text()))}, indent=1, default=str))
         return 0
-    opts = EngineOptions(
-        engine="vllm",
-        server_cmd=(python, "-m", VLLM_MODULE),
-        model=model,
-        health_timeout=HEALTH_TIMEOUT,
-        extra_args=extra,
-    )
+    # the registered E0a's population, seeds and times, from the input the registration binds
+    bound = registration_e0a(reg)
+    if bound is None:
+        raise SystemExit(f"registration {reg.name}: no bound E0a input")
+    made = load_summary(bound[0], "e0a")
+    assert isinstance(made, E0a)
+    p = made.protocol
     per_seed: list[Any] = []
     s = e0a(
         bundle.cell,
         bundle.workload,
-        seeds=[0, 1, 2],
-        n=64,
+        seeds=[r.seed for r in made.per_seed],
+        n=p.n,
         check_n=None,
         out_dir=out,
-        warmup=18.0,
-        window=36.0,
-        engine=opts,
+        warmup=p.warmup_s,
+        window=p.window_s,
+        engine=EngineOptions(**run_options(python, model, extra_args=extra)),
         runs=per_seed,
     )
     pins = [_pin(json.loads(m.read_text())) for m in sorted(out.glob("*/meta.json"))]
