@@ -22,8 +22,8 @@ the arms skip with what the probe reached. AGENTLOAD_CPU_TRAP_FP32=1 plays them 
 0.83-0.89 against the rule's 0.85, so the registered rule cannot call it reliably there
 (docs/cpu-trap.md), and CI does not spend 7 minutes on it. With the pin's probe shaped like the
 workload's turns and aimed at the all-miss reference (benchmarks/pin_probe_shape.py, exploratory)
-the same plans read 0.94-1.02 there and E0a the registered references: a cell with that pin is the
-way to a CI trap check on such hosts; this registration binds the old one.
+the same plans read 0.94-1.02 there and E0a the registered references on average (runs +-8%): a
+cell with that pin is the way to a CI trap check on such hosts; this registration binds the old one.
 
 Time: per arm a server start (25-65 s), the pin (8-60 s), the smoke checks and canary (~10 s) and
 the run's 118.5 s: about 6-7 minutes for both arms on a 2-core machine. The machine must be
