@@ -24,8 +24,9 @@
 # CI's quiet phase on a server of its own (26-27 s of it the start).
 # Plus ~20 s for the launch check (tests/integration/test_engine_launches.py: every cell's launch
 # command parsed by each engine's own parser, the /metrics series looked up in its source; no server).
-# Plus ~6.5 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
-# NOBURST of seed 1 at 1.25 x lambda_ref, each on a fresh speed-pinned vLLM server; -k "not cpu_trap" skips it).
+# Plus ~6.5-7.5 min for the reduced registered CPU test (tests/integration/test_cpu_trap.py: BURST and
+# NOBURST of e2-vllm-cpu-tiny-65k-fp32's seed 1 at 1.25 x lambda_ref, each on a fresh speed-pinned
+# vLLM server; -k "not cpu_trap" skips it).
 # Plus the tutorial's real-engine steps, each on a fresh server of its own (-k 'not tutorial' skips
 # them; tests/integration/test_tutorial_engines.py): step 11 on vLLM ~6 min at load 11-14, 5 of them
 # the server's start; step 12 on SGLang 133 s at load ~2: model 16 s,

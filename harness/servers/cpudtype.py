@@ -1,13 +1,15 @@
 """Which dtype a CPU engine computes fast on this host: a fact of the CPU, read from its flags.
 
-The CPU cells run their engine in bf16, which a CPU computes fast only with AVX-512 BF16 (the
+The first CPU cells run their engine in bf16, which a CPU computes fast only with AVX-512 BF16 (the
 calibrating host's). Without it, the CPU vLLM read 4,500-4,900 uncached tokens/s per CPU in bf16
 and ~14,000 in fp32 (the smoke probe at 1 CPU, an AVX2-only AMD EPYC, 2026-12-05), so no quota
 within a pin's 1.5 CPU reaches the 65k cell's 21,000 tokens/s in bf16 and the speed pin refuses the
-host; in fp32 it pinned at 1.2-1.3 CPU. Whether a run in fp32 still meets the registered references
-is a separate question (docs/cpu-trap.md: the trapped engine's token rate does not carry over), so
-fp32 is never chosen silently: a refusal names it, and a user adds FP32_ARGS as engine arguments,
-which every run records in its meta.json (engine_launch.argv).
+host; in fp32 it pinned at 1.2-1.3 CPU. Whether a run in fp32 still meets a bf16 cell's registered
+references is a separate question (docs/cpu-trap.md: with that cell's probe the trapped engine's
+token rate did not carry over), so fp32 is never chosen silently: a refusal names it, and a user
+adds FP32_ARGS as engine arguments, which every run records in its meta.json
+(engine_launch.argv). The cell vllm-cpu-tiny-65k-fp32 is calibrated and registered in fp32 for any
+host of this kind.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from harness.config import (
     parse_config,
 )
 from harness.errors import ConfigError
+from harness.workload.draws import turn_survival
 
 SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name not in ("costs", "rules"))
 
@@ -165,6 +166,23 @@ def test_cell_values() -> None:
         e0a.lambda_ref,
         e0a.all_miss_token_rate,
     )  # calibrated under the pin
+    # The cell for any host of this kind: the 65k cell in fp32, its pin's probe one turn of the
+    # workload's mean prompt length (L_k averaged over the turns sent, P(T >= k)), its references its
+    # own E0a under that pin.
+    anyhost = c.pop("vllm-cpu-tiny-65k-fp32")
+    differ = {"name", "description", "gpu", "launch_extras", "engine_cpu_quota", "engine_speed_pin"}
+    differ |= {"lambda_ref", "all_miss_token_rate"}
+    assert anyhost.model_dump(exclude=differ) == pinned.model_dump(exclude=differ)
+    assert anyhost.launch_extras == [x if x != "bfloat16" else "float32" for x in pinned.launch_extras or []]
+    apin = anyhost.engine_speed_pin
+    assert apin is not None and anyhost.engine_cpu_quota is not None
+    assert apin.min_cpu_quota <= anyhost.engine_cpu_quota <= apin.max_cpu_quota < 2 and apin.tolerance < 0.15
+    workload = load_config(CONFIG_ROOT / "workloads" / "cpu-scaled.yaml", WorkloadConfig)
+    g = turn_survival(workload)
+    mean_turn = sum(gk * workload.prompt_len(k) for k, gk in enumerate(g.tolist(), start=1)) / g.sum()
+    assert apin.prompt_tokens == round(mean_turn)
+    e0a_any = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / anyhost.name).e0a, anyhost.name)
+    assert (anyhost.lambda_ref, anyhost.all_miss_token_rate) == (e0a_any.lambda_ref, e0a_any.all_miss_token_rate)
     for name in ("vllm-cpu-tiny-65k-fitted", "vllm-cpu-tiny-65k-fit2"):  # the cell with each of its fitted costs
         pfit = c.pop(name)
         assert pfit.cost_file and pfit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == (
