@@ -38,7 +38,6 @@ from analysis.staged_analysis import run_quantities  # noqa: E402
 from harness.config import TestBundle, WorkloadConfig  # noqa: E402
 from harness.servers.cpudtype import FP32_ARGS, slow_bf16  # noqa: E402
 from harness.workload.draws import turn_survival  # noqa: E402
-from prereg.margin_record import registration_e0a  # noqa: E402
 from prereg.registration import load_registration  # noqa: E402
 from runs.arms import execute_run  # noqa: E402
 from runs.closed_runs import e0a  # noqa: E402
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**doc, "pin": _pin(json.loads((out / "meta.json").read_text()))}, indent=1, default=str))
         return 0
     # the registered E0a's population, seeds and times, from the input the registration binds
-    bound = registration_e0a(reg)
+    bound = reg.bound_input("e0a")
     if bound is None:
         raise SystemExit(f"registration {reg.name}: no bound E0a input")
     made = load_summary(bound[0], "e0a")

@@ -37,7 +37,6 @@ from typing import Any
 from analysis.calibration_summaries import E0a, load_summary
 from prereg.margin import DIRECTIONS, KNOBS, FlipMargin
 from prereg.predictions import MARGIN_LABELS
-from prereg.registration import Registration
 from provenance.meta import sha256_file
 
 LABELS = MARGIN_LABELS
@@ -67,16 +66,6 @@ def e0a_noise(e0a: E0a) -> dict[str, Any]:
         out[knob] = None if sd is None else round(sd, 6)
         out[f"{knob}_from"] = f"E0a per_seed.{col}"
     return out
-
-
-def registration_e0a(reg: Registration) -> tuple[Path, str] | None:
-    """The E0a summary the registration binds (its input whose role is e0a) as (the file, its
-    repository path as the registration names it), or None."""
-    inp = next((i for i in reg.inputs if i.role == "e0a"), None)
-    if inp is None:
-        return None
-    root = reg.path.parents[2] if reg.path is not None else Path.cwd()  # prereg/registrations/X.yaml
-    return root / inp.path, inp.path
 
 
 def load_e0a_noise(path: str | Path, shown: str | None = None) -> dict[str, Any]:

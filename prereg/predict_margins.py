@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.config import TestBundle
 from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE, KNOBS, cell_margins
-from prereg.margin_record import combined_record, load_e0a_noise, margin_record, registration_e0a
+from prereg.margin_record import combined_record, load_e0a_noise, margin_record
 from prereg.predict_makers import is_registration_file
 from prereg.predictions import Prediction
 from prereg.registration import load_registration
@@ -36,7 +36,7 @@ def noise_for(test_path: str | Path, registration: str | Path | None, e0a: str |
     reg = registration if registration is not None else (test_path if is_registration_file(test_path) else None)
     if reg is None:
         return None
-    found = registration_e0a(load_registration(reg))
+    found = load_registration(reg).bound_input("e0a")
     return None if found is None else load_e0a_noise(*found)
 
 

@@ -229,6 +229,17 @@ class Registration(_Strict):
             path=self._path,
         )
 
+    def bound_input(self, role: str) -> tuple[Path, str] | None:
+        """The input file bound in `role` (e.g. "e0a") as (its path in this checkout, its repository
+        path as the registration names it), or None when no input has that role. A method, not a
+        helper of one package: the run code (runs/, which may not import prereg's modules) and the
+        prediction code both find the registered E0a through the registration they are given."""
+        inp = next((i for i in self.inputs if i.role == role), None)
+        if inp is None:
+            return None
+        root = self._path.parents[2] if self._path is not None else Path.cwd()  # prereg/registrations/X.yaml
+        return root / inp.path, inp.path
+
     def binding(self, path: str | None = None, commit: str | None = None) -> dict[str, Any]:
         """The meta.json "registration" block of a run bound to this registration."""
         return {

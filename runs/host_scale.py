@@ -58,11 +58,10 @@ class HostScale:
 def registered_e0a_protocol(reg: Any) -> dict[str, float]:
     """The registered E0a's protocol (warmup_s, window_s, n), read strictly from the registration's
     bound E0a input (analysis.calibration_summaries.load_summary)."""
-    root = reg.path.parents[2] if reg.path is not None else Path.cwd()
-    inp = next((i for i in reg.inputs if i.role == "e0a"), None)
-    if inp is None:
+    found = reg.bound_input("e0a")
+    if found is None:
         raise HostScaleError(f"registration {reg.name}: no bound input of stage e0a ({[i.path for i in reg.inputs]})")
-    e0a = load_summary(root / inp.path, "e0a")
+    e0a = load_summary(found[0], "e0a")
     assert isinstance(e0a, E0a)  # load_summary with stage "e0a" returns the E0a model or raises
     p = e0a.protocol
     return {"warmup_s": p.warmup_s, "window_s": p.window_s, "n": p.n}

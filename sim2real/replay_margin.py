@@ -24,7 +24,7 @@ from analysis.paired import paired_run
 from analysis.staged_analysis import run_quantities
 from harness.errors import AgentloadError
 from prereg.margin import DEFAULT_MAX_CHANGE, DEFAULT_TOLERANCE, flip_margin
-from prereg.margin_record import load_e0a_noise, noise_label, registration_e0a
+from prereg.margin_record import load_e0a_noise, noise_label
 from prereg.registration import load_registration
 from sim2real.replay import replay_run
 
@@ -40,7 +40,7 @@ def run_speed_noise(meta: Mapping[str, Any], root: Path) -> tuple[float | None, 
         r = load_registration(path if path.is_absolute() else root / path, reg.get("sha256"))
     except AgentloadError as exc:
         return None, f"registration unreadable: {exc}"
-    found = registration_e0a(r)
+    found = r.bound_input("e0a")
     if found is None:
         return None, f"registration {r.name} binds no E0a summary"
     try:

@@ -41,10 +41,11 @@ REG = (
     / "registrations"
     / os.environ.get("AGENTLOAD_CPU_TRAP_REGISTRATION", "e2-vllm-cpu-tiny-65k-fp32.yaml")
 )
-# Which seed and rate: the lower registered rate (the most margin for NOBURST: in the AVX-512 host's
-# full test of the 65k cell every BURST was TRAPPED and every NOBURST RECOVERED, and at the higher
-# rate NOBURST's hit over the RECOVERED span was 0.805-0.909 against > 0.8), seed 1 (there BURST's
-# token ratio 0.954 against the rule's 0.85-1.15, slope +0.79 against 0.22; NOBURST's span hit 0.879).
+# Which seed and rate: the lower registered rate, seed 1, as for the AVX-512 host's test of the 65k
+# cell (there every arm of the full test was in its state; at the higher rate NOBURST's hit over the
+# RECOVERED span was 0.805-0.909 against > 0.8). On an AVX2 host this registration's seed 1 at 1.25
+# read BURST token ratio 0.96, slope +0.84 against 0.21, NOBURST span hit 0.846; seed 0 at 1.5 and
+# seed 2 at 1.25 were in their states too (docs/cpu-trap.md).
 SEED = int(os.environ.get("AGENTLOAD_CPU_TRAP_SEED", "1"))
 RATE = os.environ.get("AGENTLOAD_CPU_TRAP_RATE")  # a registered multiple; default the lower one
 

@@ -82,3 +82,15 @@ def test_errors_name_field_and_value(edit: Any, field: str) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(RegistrationError, match="cannot read"):
         load_registration(tmp_path / "absent.yaml")
+
+
+def test_bound_input_is_the_file_the_registration_binds() -> None:
+    root = Path(__file__).resolve().parents[3]
+    reg = load_registration(root / "prereg" / "registrations" / "e2-vllm-cpu-tiny-65k-fp32.yaml")
+    found = reg.bound_input("e0a")
+    assert found is not None
+    path, shown = found
+    assert shown == "prereg/inputs/vllm-cpu-tiny-65k-fp32/e0a.yaml" and path == root / shown
+    bound = next(i for i in reg.inputs if i.role == "e0a")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == bound.sha256  # the very bytes it binds
+    assert reg.bound_input("no-such-stage") is None

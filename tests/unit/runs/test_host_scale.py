@@ -53,6 +53,6 @@ def test_a_host_much_slower_than_the_calibrating_one_is_refused(
 
 def test_a_registration_without_an_e0a_input_is_refused() -> None:
     reg = load_registration(REG)
-    no_e0a = SimpleNamespace(name=reg.name, path=reg.path, inputs=[i for i in reg.inputs if i.role != "e0a"])
+    no_e0a = reg.model_copy(update={"inputs": [i for i in reg.inputs if i.role != "e0a"]})
     with pytest.raises(HostScaleError, match="no bound input of stage e0a"):
         registered_e0a_protocol(no_e0a)
