@@ -37,7 +37,7 @@ from analysis.paired import paired_run  # noqa: E402
 from analysis.staged_analysis import run_quantities  # noqa: E402
 from harness.config import TestBundle, WorkloadConfig  # noqa: E402
 from harness.servers.cpudtype import FP32_ARGS, slow_bf16  # noqa: E402
-from harness.workload.draws import turn_survival  # noqa: E402
+from harness.workload import draws  # noqa: E402
 from prereg.registration import load_registration  # noqa: E402
 from runs.arms import execute_run  # noqa: E402
 from runs.closed_runs import e0a  # noqa: E402
@@ -48,12 +48,11 @@ REG = ROOT / "prereg" / "registrations" / "e2-vllm-cpu-tiny-65k-quarter.yaml"
 
 
 def mean_turn_prompt(w: WorkloadConfig) -> float:
-    """The workload's prompt length L_k averaged over turns: turn k is sent by the sessions with at
-    least k turns (`turn_survival`, the capped geometric law's P(T >= k))."""
+    """The workload's prompt length L_k averaged over turns (harness.workload.draws.mean_turn_prompt),
+    for the capped geometric turn law its G_k = P(T >= k) stands for."""
     if w.turns.law != "capped_geometric":
         raise SystemExit(f"workload {w.name}: turn law {w.turns.law!r}; this script knows capped_geometric")
-    g = turn_survival(w)
-    return float(sum(gk * w.prompt_len(k) for k, gk in enumerate(g.tolist(), start=1)) / g.sum())
+    return draws.mean_turn_prompt(w)
 
 
 def shaped_bundle(prompt_tokens: int | None) -> tuple[Any, TestBundle, int]:

@@ -273,6 +273,15 @@ def expected_turns(workload: WorkloadConfig) -> float:
     return workload.turns.mean * (1.0 - q**workload.turns.cap)
 
 
+def mean_turn_prompt(workload: WorkloadConfig) -> float:
+    """The prompt length L_k averaged over the turns sent, turn k weighted by G_k = P(T >= k): the
+    tokens an all-miss turn of the workload carries on average. Why: a speed pin's probe of that
+    length reads the engine's all-miss speed on the workload's own turns
+    (configs/cells/vllm-cpu-tiny-65k-fp32.yaml), which a shorter probe does not carry to another CPU."""
+    g = turn_survival(workload)
+    return float(sum(gk * workload.prompt_len(k) for k, gk in enumerate(g.tolist(), start=1)) / g.sum())
+
+
 def hit_ceiling(workload: WorkloadConfig) -> float:
     """Long-run hit fraction bound 1 - 1/E[T]: every first turn misses, at best every later one hits."""
     return 1.0 - 1.0 / expected_turns(workload)

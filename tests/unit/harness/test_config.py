@@ -19,7 +19,7 @@ from harness.config import (
     parse_config,
 )
 from harness.errors import ConfigError
-from harness.workload.draws import turn_survival
+from harness.workload.draws import mean_turn_prompt
 
 SHIPPED = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p.parent.name not in ("costs", "rules"))
 
@@ -178,9 +178,7 @@ def test_cell_values() -> None:
     assert apin is not None and anyhost.engine_cpu_quota is not None
     assert apin.min_cpu_quota <= anyhost.engine_cpu_quota <= apin.max_cpu_quota < 2 and apin.tolerance < 0.15
     workload = load_config(CONFIG_ROOT / "workloads" / "cpu-scaled.yaml", WorkloadConfig)
-    g = turn_survival(workload)
-    mean_turn = sum(gk * workload.prompt_len(k) for k, gk in enumerate(g.tolist(), start=1)) / g.sum()
-    assert apin.prompt_tokens == round(mean_turn)
+    assert apin.prompt_tokens == round(mean_turn_prompt(workload))
     e0a_any = e0a_values(load_inputs(CONFIG_ROOT.parent / "prereg" / "inputs" / anyhost.name).e0a, anyhost.name)
     assert (anyhost.lambda_ref, anyhost.all_miss_token_rate) == (e0a_any.lambda_ref, e0a_any.all_miss_token_rate)
     for name in ("vllm-cpu-tiny-65k-fitted", "vllm-cpu-tiny-65k-fit2"):  # the cell with each of its fitted costs

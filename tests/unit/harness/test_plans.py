@@ -23,6 +23,7 @@ from harness.workload.draws import (
     draw_session,
     expected_turns,
     hit_ceiling,
+    mean_turn_prompt,
     turn_count,
     turn_survival,
 )
@@ -69,6 +70,18 @@ def _burst(plan):
 # -------------------------------------------------------------------------------------------------
 # the workload's laws
 # -------------------------------------------------------------------------------------------------
+def test_mean_turn_prompt_is_the_prompt_a_sent_turn_carries_on_average() -> None:
+    """Over the sessions' turns, the mean of L_k: sum over sessions of their prompts' lengths over the
+    number of turns sent, from the capped law's P(T = t) and L_k = first + (tool + decode)(k - 1)."""
+    w = load_config("workloads/cpu-scaled", WorkloadConfig)
+    p, cap = 1 / w.turns.mean, int(w.turns.cap)
+    pmf = [(1 - p) ** (t - 1) * p for t in range(1, cap)] + [(1 - p) ** (cap - 1)]
+    step = w.tool_tokens + w.decode_tokens
+    tokens = sum(q * sum(w.first_prompt + step * (k - 1) for k in range(1, t + 1)) for t, q in enumerate(pmf, 1))
+    turns = sum(q * t for t, q in enumerate(pmf, 1))
+    assert mean_turn_prompt(w) == pytest.approx(tokens / turns, rel=1e-12)
+
+
 def test_turn_law_mean_analytic_and_sampled() -> None:
     p, cap = 1 / 15, 60
     closed_form = (1 - (1 - p) ** cap) / p
