@@ -82,6 +82,12 @@ def format_evaluation(ev: Evaluated, ctx: Context, overhead_s: float, title: str
         lines.append(
             f"  {m:>5g} {d['lambda']:>7.4f} {dr + (' ok' if d['fits'] else ' NO'):>14} {win:>12} " + " ".join(cells)
         )
+    reg = ev.sim.registered if ev.sim else []
+    if reg:
+        lines.append(
+            f"  the registered seeds {ctx.seeds} at the fitted speed (the plans the test will play): "
+            + ", ".join(f"{c.arm} at {c.rate:g} {c.good}/{c.done}" for c in reg)
+        )
     for r in fe.reasons:
         lines.append(("  UNDECIDABLE: " if "can only FAIL" in r else "  formula: ") + r)
     lines.append(
@@ -98,6 +104,7 @@ def format_search(res: SearchResult, ctx: Context, overhead_s: float) -> list[st
     lines = format_evaluation(res.baseline, ctx, overhead_s, f"the template's design ({ctx.template_path}):")
     if res.proposal is res.baseline:
         return lines
+    lines += [f"  over the limits set, so the search goes on: {r}" for r in res.baseline.over_limits]
     if not res.searched:
         return [*lines, "search: not run (--no-search)"]
     lines.append(

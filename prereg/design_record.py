@@ -67,10 +67,17 @@ def evaluated_json(ev: Evaluated, overhead_s: float, margins: list[dict[str, Any
     out["simulated"] = (
         None
         if ev.sim is None
-        else {"counts": [c.to_json() for c in ev.sim.counts], "runs": ev.sim.runs, "reason": ev.sim.reason}
+        else {
+            "counts": [c.to_json() for c in ev.sim.counts],
+            "registered_seeds": [c.to_json() for c in ev.sim.registered],
+            "runs": ev.sim.runs,
+            "reason": ev.sim.reason,
+        }
     )
     out["decisive"] = ev.decisive
     out["why_not"] = ev.why_not() or None
+    if ev.over_limits:
+        out["over_limits"] = ev.over_limits
     if margins is not None:
         out["flip_margins"] = margins
     return out

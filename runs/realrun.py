@@ -68,6 +68,11 @@ class EngineOptions:
     smoke: bool = True
     canary: bool = True
     cell_ref: str | None = None  # how the emulator finds the cell (path or configs/cells name)
+    # The speed pin's first quota (default: the cell's engine_cpu_quota). Why: on one host the quota a
+    # run was pinned at is the best first guess for the next run there (CI's reduced test passes its
+    # first arm's to the second), and each probe costs ~10 s; the pin still probes until it reads the
+    # cell's speed, so the start changes how soon it gets there, never where (recorded in meta.json).
+    pin_start: float | None = None
 
     @property
     def engine_kind(self) -> str:
@@ -265,7 +270,7 @@ def run_real(
                     }
                 },
             )
-            pin = _pin_speed(adapter, handle, cell, base_url, model_name)
+            pin = _pin_speed(adapter, handle, cell, base_url, model_name, options.pin_start)
             if pin is not None:
                 _meta(recorder, {"engine_speed_pin": pin})
             checks = asyncio.run(_preflight(adapter, base_url, cell, model_name, options))
@@ -315,7 +320,9 @@ def run_real(
     return result
 
 
-def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model_name: str) -> dict[str, Any] | None:
+def _pin_speed(
+    adapter: Any, handle: Any, cell: CellConfig, base_url: str, model_name: str, start: float | None = None
+) -> dict[str, Any] | None:
     """Pin the engine's speed to the cell's (harness/servers/speedpin.py) once it is healthy, before
     the smoke checks and the canary; None for a cell without a pin. A server this run did not launch
     under a CPU quota (the emulator, an attached server) cannot be pinned: that is recorded. Raises
@@ -330,9 +337,8 @@ def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model
             "reason": "the server was not launched by this run under a CPU quota (emulator or attached server)",
         }
     try:
-        res = pin_blocking(
-            adapter, base_url, pin, cell.engine_cpu_quota, model_name, lambda q: cpuquota.apply(group, q)
-        )
+        first = cell.engine_cpu_quota if start is None else start
+        res = pin_blocking(adapter, base_url, pin, first, model_name, lambda q: cpuquota.apply(group, q))
     except SpeedPinError:
         raise
     except Exception as exc:  # a failed probe request or flush is a failed pre-run check, not a crash
@@ -343,7 +349,7 @@ def _pin_speed(adapter: Any, handle: Any, cell: CellConfig, base_url: str, model
                 f"\n=== agentload: engine speed pinned at {res.quota:.4g} CPU ({res.token_rate:.0f} tokens/s, target "
                 f"{res.target:.0f}) after {len(res.steps)} probe(s) in {res.seconds:.1f} s\n".encode()
             )
-    return {"applied": True, **res.to_json()}
+    return {"applied": True, "start": first, **res.to_json()}
 
 
 def _recheck_speed(

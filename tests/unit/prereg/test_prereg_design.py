@@ -312,9 +312,75 @@ def test_a_run_state_is_simulated_once_for_designs_that_differ_only_in_the_cap(m
     a = D.formula_eval(ctx, D.Design(1.0, 16.0, 160, 1.0, 0.95, ((1, 5), (2, 5))))
     b = D.formula_eval(ctx, D.Design(1.0, 16.0, 160, 1.0, 0.8, ((1, 5), (2, 5))))
     assert a.ok and b.ok and a.cap != b.cap
-    D.sim_eval(ctx, a, seeds=[1, 2], need=2, margin=0.0)
+    assert ctx.seeds == [0, 1, 2]
+    D.sim_eval(ctx, a, seeds=[1000, 1001], need=2, margin=0.0)
     n = calls.count("BURST")
-    D.sim_eval(ctx, b, seeds=[1, 2], need=2, margin=0.0)
-    assert (
-        calls.count("BURST") == n == 4 and calls.count("CAPPED") == 8
-    )  # BURST and NOBURST reused; CAPPED's cap differs
+    D.sim_eval(ctx, b, seeds=[1000, 1001], need=2, margin=0.0)
+    # per design and arm: 2 rates x (2 fresh + 3 registered seeds); BURST and NOBURST reused, CAPPED's cap differs
+    assert calls.count("BURST") == n == 10 and calls.count("CAPPED") == 20
+
+
+def test_a_decisive_template_over_a_limit_set_does_not_end_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--max-ci-minutes 5` on a template that is decisive but whose CI version takes 6.5 minutes:
+    the search must go on to the cheapest decisive design within the limit (a shorter post-burst
+    time), not stop at the template; without a limit the template itself is the proposal."""
+    import prereg.design as D
+    import prereg.design_search as S
+
+    def fake_state(bundle, arm, rate, seed, factor, rule, refs):  # every arm in its state, at any length
+        return ("TRAPPED" if arm.upper() == "BURST" else "RECOVERED"), {}
+
+    monkeypatch.setattr(D, "_state", fake_state)
+    monkeypatch.setattr(D, "_STATES", {})
+    fp32 = ROOT / "prereg" / "inputs" / "vllm-cpu-tiny-65k-fp32"
+    ctx = load_context(
+        fp32,
+        ROOT / "prereg" / "templates" / "e2-vllm-cpu-tiny-65k-fp32.yaml",
+        ROOT / "configs" / "costs" / "vllm-cpu-tiny-65k-fp32-fit.yaml",
+    )
+    grid = S.Grid(
+        post_factors=(0.5, 1.0), burst_factors=(1.0,), width_factors=(1.0,), cap_fractions=(0.95,),
+        fractions=(((1, 4), (1, 2)),),
+    )  # fmt: skip
+    kw = {"seeds": [1000, 1001], "need": 2, "margin": 0.0, "overhead_s": 75.0}
+    free = S.search(ctx, grid, **kw)
+    assert free.proposal is free.baseline and free.baseline.decisive and not free.baseline.over_limits
+    limit = 300.0
+    assert free.baseline.formula.ci_seconds(75.0) > limit  # 2 x (118.5 + 75) s
+    res = S.search(ctx, grid, **kw, max_ci_s=limit)
+    assert res.baseline.decisive and any("CI version" in r for r in res.baseline.over_limits)
+    assert res.proposal is not None and res.proposal is not res.baseline
+    assert res.proposal.formula.design.post_factor == 0.5 and res.proposal.formula.ci_seconds(75.0) <= limit
+
+
+def test_a_design_whose_registered_seeds_miss_their_states_is_not_decisive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh seeds all trap but the template's own seeds' BURST plans do not (as happened with half
+    the fp32 cell's post-burst time: 5 of 5 fresh seeds, registered seeds INDETERMINATE, DRAINING,
+    INDETERMINATE; the real engine then ended DRAINING): the design is not decisive, and the reason
+    names the registered seeds; with them in their states it is."""
+    import prereg.design as D
+
+    bad_registered: set[int] = {1}
+
+    def fake_state(bundle, arm, rate, seed, factor, rule, refs):
+        if arm.upper() == "BURST":
+            return ("DRAINING" if seed in bad_registered else "TRAPPED"), {}
+        return "RECOVERED", {}
+
+    monkeypatch.setattr(D, "_state", fake_state)
+    monkeypatch.setattr(D, "_STATES", {})
+    ctx = load_context(
+        ROOT / "prereg" / "inputs" / "vllm-cpu-tiny-65k-fp32",
+        ROOT / "prereg" / "templates" / "e2-vllm-cpu-tiny-65k-fp32.yaml",
+        ROOT / "configs" / "costs" / "vllm-cpu-tiny-65k-fp32-fit.yaml",
+    )
+    fe = D.formula_eval(ctx, ctx.baseline())
+    ev = D.sim_eval(ctx, fe, seeds=[1000, 1001, 1002], need=3, margin=0.1)
+    assert not ev.decisive and "registered seeds" in ev.reason and "DRAINING" in ev.reason
+    assert all(c.good == c.done == 3 for c in ev.counts)  # every fresh seed was in its state
+    assert ev.registered[-1].arm == "BURST" and ev.registered[-1].states == ["TRAPPED", "DRAINING", "TRAPPED"]
+    bad_registered.clear()
+    monkeypatch.setattr(D, "_STATES", {})
+    ok = D.sim_eval(ctx, fe, seeds=[1000, 1001, 1002], need=3, margin=0.1)
+    assert ok.decisive and len(ok.registered) == len(fe.multiples) * len(ctx.arms)
+    assert all(c.good == c.done == len(ctx.seeds) for c in ok.registered)
