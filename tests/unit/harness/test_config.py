@@ -186,6 +186,11 @@ def test_cell_values() -> None:
         assert pfit.cost_file and pfit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == (
             pinned.model_dump(exclude={"name", "description", "cost", "cost_file"})
         )
+    afit = c.pop("vllm-cpu-tiny-65k-fp32-fit")  # the fp32 cell with the cost its design and prediction ran on
+    assert afit.cost_file == "../costs/vllm-cpu-tiny-65k-fp32-fit.yaml"
+    assert afit.model_dump(exclude={"name", "description", "cost", "cost_file"}) == (
+        anyhost.model_dump(exclude={"name", "description", "cost", "cost_file"})
+    )
     fitted = c.pop("vllm-cpu-tiny-131k-fitted")  # the same cell with its fitted cost model (the simulator's prediction)
     same = {"name", "description", "cost", "cost_file"}
     assert (
