@@ -371,6 +371,13 @@ class ArmCount:
     states: list[str] = field(default_factory=list)
     stats: list[dict[str, Any]] = field(default_factory=list)
 
+    def add(self, state: str, stats: dict[str, Any], want: list[str]) -> None:
+        """One more run, counted good when its state is one the rule expects of the arm."""
+        self.done += 1
+        self.good += state in want
+        self.states.append(state)
+        self.stats.append(stats)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "arm": self.arm,
@@ -403,6 +410,28 @@ def _order(ctx: Context, fe: FormulaEval) -> list[tuple[str, float]]:
     return sorted(out, key=lambda x: 0 if (ctx.arms[x[0]].burst and ctx.arms[x[0]].gate is None) else 1)
 
 
+def _play(
+    bundle: TestBundle,
+    arm: str,
+    rate: float,
+    seeds: Sequence[int],
+    factor: float,
+    rule: dict[str, Any],
+    refs: dict[str, float],
+    pool: ProcessPoolExecutor | None,
+) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """Each seed's simulated (state, stats) at one arm, rate and speed, simulating only what
+    `_STATES` does not hold yet (in the pool when there is one and more than one is new); and how
+    many were simulated."""
+    new = [s for s in seeds if _key(bundle, arm, rate, s, factor) not in _STATES]
+    if pool is not None and len(new) > 1:
+        got = list(pool.map(_state, *zip(*[(bundle, arm, rate, s, factor, rule, refs) for s in new])))
+    else:
+        got = [_state(bundle, arm, rate, s, factor, rule, refs) for s in new]
+    _STATES.update({_key(bundle, arm, rate, s, factor): g for s, g in zip(new, got)})
+    return [_STATES[_key(bundle, arm, rate, s, factor)] for s in seeds], len(new)
+
+
 def _registered(
     ctx: Context,
     bundle: TestBundle,
@@ -412,26 +441,18 @@ def _registered(
     refs: dict[str, float],
     rule: dict[str, Any],
     pool: ProcessPoolExecutor | None,
-) -> ArmCount:
-    """An arm at one rate on the template's own seeds at the fitted speed. Why besides the fresh seeds:
-    k of n fresh seeds estimates how often a run lands in its state, and with n = 5 a design whose runs
-    land there three times in four still passes 4 of 5 more often than not; the registered seeds'
-    plans are the ones the test will play, and a design under which the simulator already calls them
-    out of their states is one its own frozen prediction would call a FAIL."""
+) -> tuple[ArmCount, int]:
+    """An arm at one rate on the template's own seeds at the fitted speed, and how many runs were
+    simulated for it. Why besides the fresh seeds: k of n fresh seeds estimates how often a run
+    lands in its state, and with n = 5 a design whose runs land there three times in four still
+    passes 4 of 5 more often than not; the registered seeds' plans are the ones the test will play,
+    and a design under which the simulator already calls them out of their states is one its own
+    frozen prediction would call a FAIL."""
     c = ArmCount(arm.upper(), rate, 1.0)
-    new = [s for s in ctx.seeds if _key(bundle, arm, rate, s, 1.0) not in _STATES]
-    if pool is not None and len(new) > 1:
-        got = list(pool.map(_state, *zip(*[(bundle, arm, rate, s, 1.0, rule, refs) for s in new])))
-    else:
-        got = [_state(bundle, arm, rate, s, 1.0, rule, refs) for s in new]
-    _STATES.update({_key(bundle, arm, rate, s, 1.0): g for s, g in zip(new, got)})
-    for s in ctx.seeds:
-        st, stats = _STATES[_key(bundle, arm, rate, s, 1.0)]
-        c.done += 1
-        c.good += st in want
-        c.states.append(st)
-        c.stats.append(stats)
-    return c
+    played, simulated = _play(bundle, arm, rate, ctx.seeds, 1.0, rule, refs, pool)
+    for st, stats in played:
+        c.add(st, stats, want)
+    return c, simulated
 
 
 def sim_eval(
@@ -450,37 +471,30 @@ def sim_eval(
     seed of every arm x rate at the fitted speed is run: the full table of a design)."""
     bundle = sim_bundle(ctx, fe, seeds)
     refs = {"lambda_ref": ctx.lambda_ref, "all_miss_token_rate": ctx.all_miss}
+    rule = fe.rule or ctx.rule
     out = SimEval()
     factors = [1.0] + ([1.0 - margin, 1.0 + margin] if margin > 0 else [])
     for arm, rate in _order(ctx, fe):
-        want = _expect(fe.rule or ctx.rule, arm)
+        want = _expect(rule, arm)
         for f in factors:
             c = ArmCount(arm.upper(), rate, f)
             out.counts.append(c)
             todo = list(seeds)
             while todo and (not early_exit or (c.good < need and (c.done - c.good) <= len(seeds) - need)):
                 batch, todo = todo[: max(1, jobs)], todo[max(1, jobs) :]
-                new = [s for s in batch if _key(bundle, arm, rate, s, f) not in _STATES]
-                if pool is not None and len(new) > 1:
-                    got = list(pool.map(_state, *zip(*[(bundle, arm, rate, s, f, fe.rule, refs) for s in new])))
-                else:
-                    got = [_state(bundle, arm, rate, s, f, fe.rule or ctx.rule, refs) for s in new]
-                _STATES.update({_key(bundle, arm, rate, s, f): g for s, g in zip(new, got)})
-                out.runs += len(new)
-                for st, stats in (_STATES[_key(bundle, arm, rate, s, f)] for s in batch):
-                    c.done += 1
-                    c.good += st in want
-                    c.states.append(st)
-                    c.stats.append(stats)
+                played, simulated = _play(bundle, arm, rate, batch, f, rule, refs, pool)
+                out.runs += simulated
+                for st, stats in played:
+                    c.add(st, stats, want)
             if c.good < need and not out.reason:
                 out.reason = (
                     f"{arm.upper()} at {rate:g} x lambda_ref, speed x{f:g}: {'/'.join(want)} in {c.good} of "
                     f"{c.done} fresh seeds ({', '.join(c.states)}); needs {need} of {len(seeds)}"
                 )
             if f == 1.0 and not out.reason and ctx.seeds:
-                r = _registered(ctx, bundle, arm, rate, want, refs, fe.rule or ctx.rule, pool)
+                r, simulated = _registered(ctx, bundle, arm, rate, want, refs, rule, pool)
                 out.registered.append(r)
-                out.runs += r.done
+                out.runs += simulated
                 if r.good < r.done:
                     out.reason = (
                         f"{arm.upper()} at {rate:g} x lambda_ref: {'/'.join(want)} in {r.good} of the template's "
