@@ -12,9 +12,12 @@ last reply is the rate, and the quota is moved until the rate is within `toleran
 first in proportion (a CPU-bound engine's rate grows about linearly with its quota), then along
 the power law the last two probes give (a secant in log-log; on a shared host the speed a quota
 gives drifts with the others' load, so only the latest probes count). A host that cannot reach
-the rate at `max_cpu_quota` is refused with what it reached (SpeedPinError, an EngineStartError),
-at once when even the fastest growth the search trusts (ALPHA_MAX) could not get it there;
-so is one still too fast at `min_cpu_quota`, and a search that does not settle in `max_steps`.
+the rate at `max_cpu_quota` is refused with what it reached (SpeedPinError, an EngineStartError)
+once SLOW_CONFIRM probes in a row say so (a probe below the largest quota says so when even the
+fastest growth the search trusts, ALPHA_MAX, could not get it there; it then sends the next probe
+straight to the largest quota, so a host whose speed dipped for a minute gets a second look and a
+truly slow one is refused after two probes); so is one still too fast at `min_cpu_quota`, and a
+search that does not settle in `max_steps`.
 The cache is flushed after the probe, so the canary that follows checks that nothing is left.
 
 The search (`next_quota`) is a pure function of the steps so far, tested with fake rate functions;
@@ -51,6 +54,11 @@ WARMUP_STEP = 1 << 20  # the unmeasured warm-up's draw (never a step of the sear
 # walking up to the largest quota (three probes, about 1.5 minutes, on an AVX2-only EPYC serving an
 # AVX-512 host's cell).
 ALPHA_MIN, ALPHA_MAX = 0.3, 1.5
+# How many probes in a row must read short of the target at the largest quota (or be out of reach of
+# it) before a host is refused as too slow. One is not enough on a shared host: in one SLURM
+# submission of the fp32 CPU cell, 1.7 CPU read 12,000 and 18,572 tokens/s a minute apart, and jobs
+# were refused on a single slow probe projected to 1.7 CPU.
+SLOW_CONFIRM = 2
 
 
 class SpeedPinError(EngineStartError):
@@ -84,6 +92,23 @@ def within(rate: float, target: float, tolerance: float) -> bool:
     return abs(rate / target - 1.0) <= tolerance
 
 
+def reach(step: Step, hi: float) -> float:
+    """The most a probe says the largest quota `hi` could give: its rate where it ran at `hi`, else
+    grown as quota^ALPHA_MAX, the fastest growth the search trusts (so it never understates)."""
+    if step.quota >= hi * (1 - 1e-9) or step.token_rate <= 0:
+        return step.token_rate
+    return float(step.token_rate * (hi / step.quota) ** ALPHA_MAX)
+
+
+def _slow_reading(step: Step, hi: float) -> str:
+    if step.quota >= hi * (1 - 1e-9):
+        return f"the probe read {step.token_rate:.0f} uncached tokens/s at {step.quota:.3g} CPU"
+    return (
+        f"the probe read {step.token_rate:.0f} uncached tokens/s at {step.quota:.3g} CPU (even growing as "
+        f"quota^{ALPHA_MAX:g}, at most {reach(step, hi):.0f} at {hi:g} CPU)"
+    )
+
+
 def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
     """The search's next move from the probes so far (pure: tests drive it with fake rates)."""
     lo, hi, T = pin.min_cpu_quota, pin.max_cpu_quota, pin.token_rate
@@ -96,24 +121,21 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
             last.quota,
             f"{last.token_rate:.0f} tokens/s at {last.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%})",
         )
-    # reach exceeds the probe's own rate, so only a rate short of the target is ever refused here
-    if last.token_rate > 0 and last.quota < hi * (1 - 1e-9):
-        reach = last.token_rate * (hi / last.quota) ** ALPHA_MAX
-        if reach < T * (1 - pin.tolerance):
+    # Too slow only on evidence that repeats: the last SLOW_CONFIRM probes all short of the target even
+    # at the largest quota (a probe there as read, one below it grown as quota^ALPHA_MAX, which can
+    # only overstate what the largest quota gives). One short probe sends the next to the largest
+    # quota instead: a host whose speed dips for a minute is probed again where it is most likely to
+    # reach the target, and a truly slow host costs one probe more than refusing at once would.
+    if last.token_rate < T * (1 - pin.tolerance):
+        recent = steps[-SLOW_CONFIRM:]
+        if len(recent) == SLOW_CONFIRM and all(reach(s, hi) < T * (1 - pin.tolerance) for s in recent):
+            said = "; ".join(_slow_reading(s, hi) for s in recent)
             return Decision(
                 "refused",
                 None,
-                f"host too slow: the probe read {last.token_rate:.0f} uncached tokens/s at {last.quota:.3g} CPU; "
-                f"even growing as quota^{ALPHA_MAX:g} it would reach at most {reach:.0f} at the largest allowed "
-                f"quota {hi:g} CPU, below the cell's {T:.0f} - {pin.tolerance:.0%}",
+                f"host too slow: {SLOW_CONFIRM} probes in a row short of the cell's {T:.0f} - {pin.tolerance:.0%} "
+                f"at the largest allowed quota {hi:g} CPU: {said}",
             )
-    if last.token_rate < T and last.quota >= hi * (1 - 1e-9):
-        return Decision(
-            "refused",
-            None,
-            f"host too slow: the probe read {last.token_rate:.0f} uncached tokens/s at the largest allowed quota "
-            f"{hi:g} CPU, below the cell's {T:.0f} - {pin.tolerance:.0%}",
-        )
     if last.token_rate > T and last.quota <= lo * (1 + 1e-9):
         return Decision(
             "refused",
@@ -130,6 +152,8 @@ def next_quota(steps: Sequence[Step], pin: SpeedPin, start: float) -> Decision:
             f"{best.quota:.3g} CPU (target {T:.0f} +- {pin.tolerance:.0%}); rates "
             f"{[round(s.token_rate) for s in steps]}",
         )
+    if last.token_rate > 0 and reach(last, hi) < T * (1 - pin.tolerance):
+        return Decision("measure", hi)  # short even at the largest quota once: see there, before refusing
     # Move along rate ~ quota^alpha through the last probe, alpha from the last two probes (a secant in
     # log-log; 1 = proportional until there are two). Only the last two: on a shared host the speed a
     # quota gives drifts with the others' load, and an older probe no longer says what the quota gives.

@@ -19,6 +19,8 @@ from harness.errors import ConfigError
 from harness.servers.base import EngineStartError, ParsedTurn
 from harness.servers.speedpin import (
     ALPHA_MAX,
+    SLOW_CONFIRM,
+    Decision,
     SpeedPinError,
     Step,
     next_quota,
@@ -81,37 +83,64 @@ def test_a_noisy_probe_still_settles() -> None:
 
 def test_a_host_too_slow_at_the_largest_quota_is_refused_with_what_it_reached() -> None:
     # 4,725 tokens/s at 1.5 CPU, short of 5,000 - 4%; near enough on the way up (1,575 at 0.5, 3,150 at
-    # 1.0) that no probe can rule it out early (test_..._refused_after_one_probe covers that)
+    # 1.0) that no probe can rule it out early (test_..._refused_after_two_probes covers that)
     res = search_quota(linear(3150.0), PIN, start=0.5)
     assert not res.pinned and res.quota is None
-    assert res.steps[-1].quota == PIN.max_cpu_quota
+    assert [s.quota for s in res.steps[-SLOW_CONFIRM:]] == [PIN.max_cpu_quota] * SLOW_CONFIRM  # confirmed there
     assert "host too slow" in res.reason and f"{res.steps[-1].token_rate:.0f} uncached tokens/s" in res.reason
     assert "1.5 CPU" in res.reason
 
 
-def test_a_host_that_cannot_reach_the_target_even_at_the_fastest_growth_is_refused_after_one_probe() -> None:
+def test_a_host_that_cannot_reach_the_target_even_at_the_fastest_growth_is_refused_after_two_probes() -> None:
     """An AVX2-only EPYC serving an AVX-512 host's cell: 2,900 tokens/s at 0.5 CPU against 21,000.
-    Even growing as quota^ALPHA_MAX it would give 2,900 x 3^1.5 = 15,070 at 1.5 CPU: refused now,
-    without walking up to the largest quota."""
+    Even growing as quota^ALPHA_MAX it would give 2,900 x 3^1.5 = 15,070 at 1.5 CPU: the next probe
+    goes straight to 1.5 CPU (8,700), which confirms it, and the host is refused without walking up."""
     pin = PIN.model_copy(update={"token_rate": 21000.0, "tolerance": 0.06})
     res = search_quota(linear(5800.0), pin, start=0.5)
-    assert not res.pinned and len(res.steps) == 1 and res.steps[0].quota == 0.5
+    assert not res.pinned and [s.quota for s in res.steps] == [0.5, 1.5]
     assert "host too slow" in res.reason and "2900 uncached tokens/s at 0.5 CPU" in res.reason
-    assert f"at most {2900 * 3**ALPHA_MAX:.0f}" in res.reason and "1.5 CPU" in res.reason
+    assert f"at most {2900 * 3**ALPHA_MAX:.0f}" in res.reason and "8700 uncached tokens/s at 1.5 CPU" in res.reason
+
+
+def test_one_slow_probe_on_a_host_that_dips_is_not_a_refusal() -> None:
+    """A shared host's speed dips for one probe (in one submission 1.7 CPU read 12,000 and 18,572
+    tokens/s a minute apart): the dip alone would be out of reach, so the next probe goes to the
+    largest quota, the host has recovered, and the search pins."""
+    load = iter([0.2] + [1.0] * 10)
+    res = search_quota(lambda q: 5000 / 0.8 * q * next(load), PIN, start=0.5)  # needs 0.8 CPU when not dipped
+    assert res.pinned, res.reason
+    assert res.steps[1].quota == PIN.max_cpu_quota  # the dip sent the second probe to the largest quota
+    assert res.quota == pytest.approx(0.8, rel=PIN.tolerance)
+
+
+@pytest.mark.parametrize("slow", [[0], [1], [0, 1]])
+def test_a_refusal_needs_every_one_of_the_last_probes_short(slow: list[int]) -> None:
+    """next_quota alone: two probes at the largest quota, short or within reach as given; only both
+    short refuses (a mutation refusing on one short probe fails here)."""
+    hi, thr = PIN.max_cpu_quota, PIN.token_rate * (1 - PIN.tolerance)
+    steps = [Step(hi, thr * (0.9 if i in slow else 1.2)) for i in range(2)]
+    d = next_quota(steps, PIN, start=0.5)
+    assert (d.action == "refused") == (slow == [0, 1]), d
+    if 1 in slow and d.action != "refused":
+        assert d == next_quota(steps, PIN, start=0.5) and d.action == "measure" and d.quota == hi
 
 
 def test_a_host_that_could_reach_the_target_at_the_fastest_trusted_growth_is_searched() -> None:
     """The bound is the search's own: a host whose rate does grow as quota^ALPHA_MAX up to the target
     at the largest quota gets its probes and is pinned; a first probe 3% below that curve is still
-    probed further (the tolerance is 4%), one just short of the tolerance's reach is refused."""
+    probed on the way up (the tolerance is 4%), one just short of the tolerance's reach is probed at
+    the largest quota next, and refused when that probe reads short too."""
     hi, T = PIN.max_cpu_quota, PIN.token_rate
     c = T / hi**ALPHA_MAX  # rate(hi) = T exactly
     res = search_quota(lambda q: c * q**ALPHA_MAX, PIN, start=0.5)
     assert res.pinned and len(res.steps) > 1, res.reason
     first = Step(0.5, c * 0.5**ALPHA_MAX * 0.97)  # a first probe 3% slow: within the tolerance's reach
-    assert next_quota([first], PIN, start=0.5).action == "measure"
+    d = next_quota([first], PIN, start=0.5)
+    assert d.action == "measure" and d.quota < hi
     short = Step(0.5, T * (1 - PIN.tolerance) / (hi / 0.5) ** ALPHA_MAX * 0.99)  # just out of reach
-    assert next_quota([short], PIN, start=0.5).action == "refused"
+    assert next_quota([short], PIN, start=0.5) == Decision("measure", hi)
+    assert next_quota([short, Step(hi, T * 0.9)], PIN, start=0.5).action == "refused"
+    assert next_quota([short, Step(hi, T)], PIN, start=0.5).action == "pinned"
 
 
 def test_a_host_too_fast_at_the_smallest_quota_is_refused() -> None:
