@@ -43,6 +43,7 @@ from provenance.git import GitError, Repo
 from provenance.portable import remote_label
 from runs.arms import run_name
 from slurm.budget import job_time_limit, parse_time_minutes, run_budget
+from slurm.checks import Refused, code_check
 from slurm.executors import run_local, sbatch_script, slurm_executor, submit_slurm
 from slurm.gpus import GPUS_PER_JOB, gres_gpus, needs_gpu
 from slurm.job import CODE_ROOT, JobSpec
@@ -166,6 +167,23 @@ def _checkout(reg_path: Path, exploratory: bool) -> tuple[Path, str]:
     return root, rel
 
 
+def _code_matches(root: Path, reg_path: Path, commit: str | None) -> None:
+    """Refuse now what every job would refuse on the node: code changed since the registration's
+    commit (Decision 19; slurm.checks.code_check, the job's own check). Found at submission, it costs
+    nothing; found by the jobs, it costs a scheduler slot each and a submission that can never be
+    completed, since its jobs have been submitted."""
+    try:
+        code_check(root, reg_path, commit, exploratory=False)
+    except Refused as exc:
+        short = (commit or "")[:12]
+        raise SubmitRefused(
+            f"submission refused: every job would refuse to run: {exc.reason}. A registration binds the code of "
+            f"its commit: submit it from a checkout of that commit (git worktree add DIR {short or 'COMMIT'}, "
+            "then submit DIR's copy of the registration), or register it again with this code (a registration "
+            "committed after these changes)"
+        ) from None
+
+
 def plan_submission(
     reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -182,6 +200,8 @@ def plan_submission(
     root, rel = _checkout(p, opts.exploratory)
     g = res.git or {}
     committed = g.get("state") == "committed"
+    if committed and not opts.exploratory:
+        _code_matches(root, p, g.get("commit"))
     engine = opts.engine or reg.cell.engine.name
     try:
         budget = run_budget(reg.protocol.duration, reg.allowances, engine, opts.time_scale)

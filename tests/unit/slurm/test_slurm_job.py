@@ -201,6 +201,16 @@ def test_job_code_check_descendants_and_changes(project: dict[str, Any], tmp_pat
         out = J.run_job(_spec(project, tmp_path / "c"), code_root=work)
         _refused(out, "code")
         assert f"commit {moved[:12]} changes ['harness/config/models.py']" in out.reason
+        # the submission refuses it first, with the job's reason and what to do (nothing is written)
+        with pytest.raises(SubmitRefused) as refused:
+            plan_submission(project["reg"], SubmitOptions(engine="sim", dry_run=True, out=str(tmp_path / "t")))
+        msg = str(refused.value)
+        assert "every job would refuse" in msg and f"commit {moved[:12]} changes" in msg
+        assert f"git worktree add DIR {project['commit'][:12]}" in msg and not (tmp_path / "t").exists()
+        doc = plan_submission(
+            project["reg"], SubmitOptions(engine="sim", dry_run=True, exploratory=True, out=str(tmp_path / "t"))
+        )
+        assert len(doc["jobs"]) == 1  # an exploratory submission is not refused (its jobs record the relation)
         # an exploratory job runs anyway and records why it would have been refused
         out = J.run_job(_spec(project, tmp_path / "d", exploratory=True), code_root=work)
         assert out.status == "COMPLETED" and load_run(tmp_path / "d").meta["code"]["relation"] == "exploratory"
