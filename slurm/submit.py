@@ -179,8 +179,8 @@ def _code_matches(root: Path, reg_path: Path, commit: str | None) -> None:
         raise SubmitRefused(
             f"submission refused: every job would refuse to run: {exc.reason}. A registration binds the code of "
             f"its commit: submit it from a checkout of that commit (git worktree add DIR {short or 'COMMIT'}, "
-            "then submit DIR's copy of the registration), or register it again with this code (a registration "
-            "committed after these changes)"
+            "then submit DIR's copy of the registration), or register the test anew with this code (a registration "
+            "file committed after these changes; refilling this one changes no byte, so its commit stays the old one)"
         ) from None
 
 
