@@ -163,6 +163,12 @@ ACTIONS: list[Action] = [
         "accounting export, run directories, failures with reasons, then the registered analysis",
         "cli.jobs_collect",
     ),
+    Action(
+        "jobs",
+        "resubmit",
+        "submit again, unchanged, the jobs whose run never started (refused or failed before sending a turn)",
+        "cli.jobs_resubmit",
+    ),
 ]
 ACTION_BY_NAME: dict[tuple[str, str], Action] = {(a.command, a.name): a for a in ACTIONS}
 

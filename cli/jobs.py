@@ -37,4 +37,5 @@ def register(cli: Any) -> None:
     s.add_argument("manifest", help="<testdir>/submission.json (or the test directory)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_status)
+    cli.deferred_action(sub, "jobs", "resubmit")
     cli.deferred_action(sub, "jobs", "collect")

@@ -21,6 +21,8 @@ bundle copies exactly what those depend on, each file with its SHA-256 in `bundl
                                       lists, and the frozen plan the run played (its bytes are
                                       what `provenance verify` compares with the registered hash;
                                       a plan of the small protocols bundled is a few KB)
+  test/superseded/<run>.job-<id>/     the run of a job resubmitted because it never started (its
+                                      meta.json says why; `provenance verify` checks it sent nothing)
   test/analysis/                      the registered verdict (registered-verdict.json, the reports)
   test/predictions/                   the scored predictions
 
@@ -141,6 +143,10 @@ def pack(
     run_dirs = sorted({p.parent for p in (td / "runs").glob("*/meta.json")})
     _need(missing, bool(run_dirs), f"run directories under {td / 'runs'} (gathered by `agentload jobs collect`)")
     run_files = {d: _run_files(d, missing) for d in run_dirs}
+    # the runs of resubmitted jobs (slurm/resubmit.py), kept so that a reviewer sees they never started
+    superseded = {
+        d: _run_files(d, missing) for d in sorted({p.parent for p in (td / "superseded").glob("*/meta.json")})
+    }
     verdicts = [p for p in find_verdicts(td) if p.name == "registered-verdict.json"]
     _need(
         missing,
@@ -224,6 +230,9 @@ def pack(
     for d, kept in run_files.items():
         for src_file in kept:
             _write(tdest / "runs" / d.name / src_file.name, src_file.read_bytes())
+    for d, kept in superseded.items():
+        for src_file in kept:
+            _write(tdest / "superseded" / d.name / src_file.name, src_file.read_bytes())
     vdir = verdicts[0].parent
     for name in ("registered-verdict.json", "registered-report.md", "report.md"):
         if (vdir / name).is_file():

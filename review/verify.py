@@ -42,6 +42,7 @@ from provenance.meta import sha256_file
 from provenance.proofcheck import verify_proof
 from review.records import iso
 from review.timeline import Timeline, build_timeline, repo_for
+from slurm.manifest import never_started
 
 
 @dataclass
@@ -240,6 +241,17 @@ def verify_test(
             v.skipped.append(f"{name}: code commit not checked (asked)")
         elif repo is not None and ref is not None and ref.commit:
             v.add("runs", f"{name} code is the registration's", *_code_check(repo, r.meta, ref.commit))
+    # -- resubmitted jobs (slurm/resubmit.py): only a job whose run never started may be --------
+    for j in (tl.manifest.raw.get("jobs") if tl.manifest else None) or []:
+        if not j.get("superseded_by"):
+            continue
+        moved = td / str(j.get("superseded_run_dir") or "")
+        try:
+            meta = orjson.loads((moved / "meta.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            meta = None
+        ok, why = never_started(meta if isinstance(meta, dict) else None)
+        v.add("runs", f"job {j.get('job_id')}, resubmitted as {j['superseded_by']}, never started its run", ok, why)
     # -- proofs -----------------------------------------------------------------------------
     counted_dirs = [t.run.path for t in tl.counted]
     for pd in sorted((td / "provenance" / "proofs").glob("*/proof.json")):

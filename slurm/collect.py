@@ -91,7 +91,7 @@ def job_table(
     base = test_dir(doc)
     for j in doc["jobs"]:
         jid = str(j.get("job_id"))
-        rd = base / j["run_dir"]
+        rd = base / (j.get("superseded_run_dir") or j["run_dir"])  # a resubmitted job's run moved aside
         meta = _run_meta(rd)
         row = (rows or {}).get(jid)
         state = row.state if row is not None else states.get(jid, JobState.UNKNOWN)
@@ -133,7 +133,8 @@ def job_table(
                 "run_status": run_status,
                 "refused_by": refusal.get("check"),
                 "reason": reason,
-                "run_dir": j["run_dir"],
+                "run_dir": j.get("superseded_run_dir") or j["run_dir"],
+                "superseded_by": j.get("superseded_by"),
             }
         )
     return out
@@ -145,6 +146,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
         lines.append(
             f"{t['index']:>3} {t['job_id']:>12} {t['arm']:<10} {t['rate']:>6g} {t['seed']:>4}  {t['state']:<11} "
             f"{t['run_status'] or '-':<12} {t['reason'] or ''}"
+            + (f" [resubmitted as {t['superseded_by']}]" if t.get("superseded_by") else "")
         )
     return "\n".join(lines)
 
@@ -285,8 +287,11 @@ def collect(
     table = job_table(doc, states, {r.job_id: r for r in rows} if rows else None)
     result["jobs"] = table
     result["not_completed"] = [
-        t for t in table if t["state"] != JobState.COMPLETED or t["run_status"] != RunStatus.COMPLETED
+        t
+        for t in table
+        if not t["superseded_by"] and (t["state"] != JobState.COMPLETED or t["run_status"] != RunStatus.COMPLETED)
     ]
+    result["resubmitted"] = [t for t in table if t["superseded_by"]]
     remote_now = _remote_now(doc)
     result["remote_now"] = remote_now
     result["label"] = label_from_record(doc, submit_times, remote_now).to_json()
@@ -320,6 +325,11 @@ def format_collection(res: dict[str, Any]) -> str:
                 f"{' exit ' + str(t['exit_code']) if t['exit_code'] not in (None, 0) else ''}, run "
                 f"{t['run_status'] or '-'}: {t['reason']}"
             )
+    for t in res.get("resubmitted") or []:
+        lines.append(
+            f"  resubmitted {t['job_id']} {t['arm']} x {t['rate']:g} seed {t['seed']} as job {t['superseded_by']} "
+            f"(its run never started: {t['reason']}; kept in {t['run_dir']})"
+        )
     an = res.get("analysis")
     if an:
         lines.append(

@@ -28,6 +28,7 @@ from typing import Any
 
 from harness.atomic import write_text_atomic
 from harness.errors import RecordError
+from harness.recording.schema import RunStatus
 from prereg.labels import label_for, to_utc
 
 FORMAT = "agentload-submission"
@@ -114,3 +115,22 @@ def label_from_record(
         remote_confirmed_at=confirmed,
         first_submit=first_submit(submit_times),
     )
+
+
+def never_started(meta: dict[str, Any] | None) -> tuple[bool, str]:
+    """Did this run end before sending anything of its plan? (status REFUSED or FAILED, no turn sent,
+    every record table empty); with the reason either way. Only such a job may be submitted again
+    (slurm/resubmit.py), and `provenance verify` checks it of every job that was."""
+    if meta is None:
+        return False, "no readable meta.json: what the job did is not on record"
+    status = meta.get("status")
+    if status not in (RunStatus.REFUSED, RunStatus.FAILED):
+        return False, f"its run is {status}: only a run that never started may be submitted again"
+    sent = (meta.get("drive") or {}).get("sent")
+    tables = meta.get("tables")
+    if not isinstance(tables, dict) or not tables:
+        return False, "its meta.json lists no record tables, so it cannot show that nothing was sent"
+    rows = {k: (t or {}).get("rows") for k, t in tables.items()}
+    if sent not in (0, None) or any(r != 0 for r in rows.values()):
+        return False, f"its run had started (turns sent {sent}, table rows {rows}): it is judged as it ended"
+    return True, f"{status} before its run: {meta.get('status_reason') or 'no reason recorded'}"

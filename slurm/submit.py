@@ -320,7 +320,7 @@ def plan_submission(
     return doc
 
 
-def _scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
+def scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str, str | None]:
     """The scheduler's submit time of each job, as soon as accounting lists them.
 
     The tasks of one array are one submission with one submit time; accounting lists tasks that
@@ -377,7 +377,7 @@ def submit_registration(
             job.update(rec)
         doc["submitted_at_client"] = records[-1]["submitted_at_client"] if records else None
         save()  # the ids are on disk before anything else can fail
-        times = _scheduler_submit_times([r["job_id"] for r in records])
+        times = scheduler_submit_times([r["job_id"] for r in records])
         for job in doc["jobs"]:
             job["submit_utc"] = times.get(job["job_id"])
         doc["submit_time_source"] = "sacct (the scheduler's accounting, Submit)"
