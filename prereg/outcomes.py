@@ -49,7 +49,7 @@ from analysis.staged_analysis import run_quantities
 from analysis.stages import StagedRun, judge_staged
 from harness.errors import ConfigError
 from harness.recording.record import load_run
-from harness.recording.schema import read_meta
+from harness.recording.schema import SUPERSEDED_DIR, read_meta
 from prereg.predictions import About, PredictionFile, _parse_about
 from prereg.scoring import Outcomes
 
@@ -138,7 +138,11 @@ def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
         if (p / "meta.json").is_file():
             dirs.append(p)
         else:
-            dirs += sorted(m.parent for m in p.rglob("meta.json") if m.parent.name != "analysis")
+            dirs += sorted(
+                m.parent
+                for m in p.rglob("meta.json")
+                if m.parent.name != "analysis" and SUPERSEDED_DIR not in m.relative_to(p).parts
+            )
     return sorted(set(dirs))
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from harness.errors import RecordError, UsageError
+from harness.recording.schema import SUPERSEDED_DIR
 from provenance.git import GitError, Repo, utc_now
 from provenance.meta import sha256_bytes, sha256_file
 from provenance.portable import portable_argv
@@ -145,7 +146,7 @@ def pack(
     run_files = {d: _run_files(d, missing) for d in run_dirs}
     # the runs of resubmitted jobs (slurm/resubmit.py), kept so that a reviewer sees they never started
     superseded = {
-        d: _run_files(d, missing) for d in sorted({p.parent for p in (td / "superseded").glob("*/meta.json")})
+        d: _run_files(d, missing) for d in sorted({p.parent for p in (td / SUPERSEDED_DIR).glob("*/meta.json")})
     }
     verdicts = [p for p in find_verdicts(td) if p.name == "registered-verdict.json"]
     _need(
@@ -232,7 +233,7 @@ def pack(
             _write(tdest / "runs" / d.name / src_file.name, src_file.read_bytes())
     for d, kept in superseded.items():
         for src_file in kept:
-            _write(tdest / "superseded" / d.name / src_file.name, src_file.read_bytes())
+            _write(tdest / SUPERSEDED_DIR / d.name / src_file.name, src_file.read_bytes())
     vdir = verdicts[0].parent
     for name in ("registered-verdict.json", "registered-report.md", "report.md"):
         if (vdir / name).is_file():

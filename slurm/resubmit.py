@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from harness.errors import AgentloadError
+from harness.recording.schema import SUPERSEDED_DIR
 from slurm.collect import scheduler_states
 from slurm.executors import run_local, slurm_executor, submit_slurm
 from slurm.job import JobSpec
@@ -41,8 +42,6 @@ from slurm.job_options import JobOptions
 from slurm.manifest import JOBS, MANIFEST, never_started, read_manifest, test_dir, write_manifest
 from slurm.parsers import TERMINAL_STATES, JobState
 from slurm.submit import scheduler_submit_times
-
-SUPERSEDED = "superseded"
 
 
 class ResubmitRefused(AgentloadError):
@@ -154,8 +153,8 @@ def resubmit(
     specs = []
     for n, c in enumerate(chosen):
         old = doc["jobs"][c.index]
-        moved = Path(SUPERSEDED) / f"{Path(c.run_dir).name}.job-{c.job_id}"
-        (base / SUPERSEDED).mkdir(exist_ok=True)
+        moved = Path(SUPERSEDED_DIR) / f"{Path(c.run_dir).name}.job-{c.job_id}"
+        (base / SUPERSEDED_DIR).mkdir(exist_ok=True)
         shutil.move(str(base / c.run_dir), str(base / moved))
         old["superseded_run_dir"] = moved.as_posix()
         spec = JobSpec.from_json({**old["spec"], "index": len(doc["jobs"]) + n})

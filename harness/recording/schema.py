@@ -17,6 +17,11 @@ import orjson
 FORMAT_VERSION = 1
 
 
+# Where a test directory keeps the run of a job that was submitted again because its run never
+# started (slurm/resubmit.py): beside runs/, never counted, never scored; kept as the record of it.
+SUPERSEDED_DIR = "superseded"
+
+
 class RunStatus(StrEnum):
     """A run's status in meta.json (`status`). The values are the on-disk strings."""
 

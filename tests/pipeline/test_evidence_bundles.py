@@ -197,3 +197,24 @@ def test_a_label_claimed_that_the_record_does_not_give_breaks(demo: Path) -> Non
     _rehash(demo)
     res = check_bundle(demo)
     assert any(b.startswith("label claimed at submission") for b in _breaks(res, "timeline")), res.text()
+
+
+RESUBMITTED = [b for b in BUNDLES if any((b / "test" / "superseded").glob("*/meta.json"))]
+
+
+@pytest.mark.parametrize("bundle", RESUBMITTED, ids=[b.name for b in RESUBMITTED])
+def test_a_resubmitted_job_whose_kept_run_had_started_breaks(bundle: Path, no_git: Path) -> None:
+    """A bundle whose test resubmitted a job (`jobs resubmit`) carries that job's run under
+    superseded/, and the check reads it: were it a run that had sent turns, repeating it would have
+    been choosing an outcome, and the bundle breaks naming the job (even with every hash re-listed)."""
+    copy = _copy(bundle, no_git)
+    ok = check_bundle(copy)
+    assert ok.ok and any(n.startswith("runs: job ") and "never started its run" in n for _, n, _, _ in ok.checks)
+    meta_path = sorted((copy / "test" / "superseded").glob("*/meta.json"))[0]
+    meta = orjson.loads(meta_path.read_bytes())
+    meta["tables"]["turns"]["rows"] = 40
+    meta["drive"]["sent"] = 40
+    meta_path.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    _rehash(copy)
+    res = check_bundle(copy)
+    assert any("never started its run" in b and "its run had started" in b for b in _breaks(res, "proofs")), res.text()
