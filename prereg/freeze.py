@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 import yaml
 
+from harness.config.files import safe_load
 from harness.errors import ConfigError
 from prereg.predictions import FORMAT, PredictionFile, parse_predictions
 from provenance.git import GitError, Repo
@@ -100,7 +101,7 @@ def load_record(path: str | Path) -> FreezeRecord:
 def _prediction_meta(data: bytes, path: str) -> dict[str, Any]:
     """If the file is a prediction file, validate it and return what the record keeps about it."""
     try:
-        doc = yaml.safe_load(data)
+        doc = safe_load(data)
     except yaml.YAMLError:
         return {"kind": "file"}
     if isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT:
@@ -341,7 +342,7 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
 
 def _model_value_runs(data: bytes) -> list[tuple[str, float, int]] | None:
     try:
-        doc = yaml.safe_load(data)
+        doc = safe_load(data)
     except yaml.YAMLError:
         return None
     if not (isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT):
@@ -357,7 +358,7 @@ def _model_value_runs(data: bytes) -> list[tuple[str, float, int]] | None:
 
 def _prediction_meta_safe(data: bytes, where: str, problems: list[str]) -> PredictionFile | None:
     try:
-        doc = yaml.safe_load(data)
+        doc = safe_load(data)
     except yaml.YAMLError:
         return None
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):

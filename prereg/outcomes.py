@@ -47,6 +47,7 @@ from analysis.paired import UNJUDGED, paired_rates, paired_run
 from analysis.rules import load_rule
 from analysis.staged_analysis import run_quantities
 from analysis.stages import StagedRun, judge_staged
+from harness.config.files import safe_load
 from harness.errors import ConfigError
 from harness.recording.record import load_run
 from harness.recording.schema import SUPERSEDED_DIR, read_meta
@@ -107,7 +108,7 @@ class OutcomeError(ConfigError):
 def load_outcome_file(path: str | Path) -> Outcomes:
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_bytes())
+        doc = safe_load(p.read_bytes())
     except (OSError, yaml.YAMLError) as exc:
         raise OutcomeError(f"{p}: cannot read outcomes ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != OUTCOMES_FORMAT or doc.get("format_version") != 1:

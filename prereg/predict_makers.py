@@ -31,6 +31,7 @@ import yaml
 
 from analysis.rules import load_rule
 from harness.config import TestBundle, load_test
+from harness.config.files import safe_load
 from harness.errors import ConfigError
 from prereg.registration import load_registration
 from provenance.meta import git_state, sha256_file
@@ -54,7 +55,7 @@ def is_registration_file(path: str | Path) -> bool:
     if not p.is_file():
         return False
     try:
-        doc = yaml.safe_load(p.read_bytes())
+        doc = safe_load(p.read_bytes())
     except yaml.YAMLError:
         return False
     return isinstance(doc, dict) and doc.get("format") == "agentload-registration"
@@ -86,7 +87,7 @@ def registration_ref(path: str | Path | None) -> dict[str, Any] | None:
     if not p.is_file():
         raise ConfigError(f"{p}: registration file not found")
 
-    doc = yaml.safe_load(p.read_bytes()) or {}
+    doc = safe_load(p.read_bytes()) or {}
     return {
         "name": doc.get("name", p.stem) if isinstance(doc, dict) else p.stem,
         "path": str(path),

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from harness.config import check_finite
+from harness.config.files import safe_load
 from harness.errors import ConfigError
 
 FORMAT = "agentload-prediction-set"
@@ -214,7 +215,7 @@ def load_predictions(path: str | Path) -> PredictionFile:
 def parse_predictions(data: bytes | str, path: str = "<predictions>") -> PredictionFile:
     """Parse and validate a prediction file's bytes (e.g. the bytes a freeze tag holds)."""
     try:
-        doc = yaml.safe_load(data)
+        doc = safe_load(data)
     except yaml.YAMLError as exc:
         raise PredictionError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(doc, dict):
