@@ -37,7 +37,6 @@ from typing import Any
 import orjson
 import yaml
 
-from harness.config.files import safe_load
 from harness.errors import ConfigError
 from provenance.meta import sha256_file
 from provenance.proofcheck import verify_proof
@@ -302,7 +301,7 @@ def _proof(d: Path) -> dict[str, Any]:
 
 def _prediction_registration(path: Path) -> str | None:
     try:
-        doc = safe_load(path.read_bytes())
+        doc = yaml.safe_load(path.read_bytes())
     except (OSError, yaml.YAMLError):
         return None
     reg = doc.get("registration") if isinstance(doc, dict) else None
