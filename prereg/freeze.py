@@ -28,7 +28,7 @@ import yaml
 
 from harness.config.files import safe_load
 from harness.errors import ConfigError
-from prereg.predictions import FORMAT, PredictionFile, parse_predictions
+from prereg.predictions import FORMAT, PredictionFile, parse_predictions, predictions_from_doc
 from provenance.git import GitError, Repo
 from provenance.meta import sha256_bytes
 from provenance.portable import portable_argv, remote_label
@@ -331,20 +331,17 @@ def read_frozen(ref: str | Path, repo: Repo | None = None, record_dirs: Sequence
             )
         wt = repo.path / path
         wsha = sha256_bytes(wt.read_bytes()) if wt.is_file() else None
-        pf = None
-        meta = _prediction_meta_safe(data, f"{tag}:{path}", fp)
-        if meta:
-            pf = meta
+        try:
+            doc = safe_load(data)  # once: what kind of file it is, and its predictions or runs
+        except yaml.YAMLError:
+            doc = None
+        pf = _prediction_meta_safe(doc, f"{tag}:{path}", fp)
         errata = [{"commit": c, "committed_at": t} for c, t in repo.commits_touching(path, commit)]
-        files.append(FrozenFile(path, sha, data, wsha, pf, fp, errata, _model_value_runs(data)))
+        files.append(FrozenFile(path, sha, data, wsha, pf, fp, errata, _model_value_runs(doc)))
     return Frozen(tag, commit, record, files, problems)
 
 
-def _model_value_runs(data: bytes) -> list[tuple[str, float, int]] | None:
-    try:
-        doc = safe_load(data)
-    except yaml.YAMLError:
-        return None
+def _model_value_runs(doc: Any) -> list[tuple[str, float, int]] | None:
     if not (isinstance(doc, dict) and doc.get("format") == MODEL_VALUES_FORMAT):
         return None
     out = []
@@ -356,15 +353,13 @@ def _model_value_runs(data: bytes) -> list[tuple[str, float, int]] | None:
     return out
 
 
-def _prediction_meta_safe(data: bytes, where: str, problems: list[str]) -> PredictionFile | None:
-    try:
-        doc = safe_load(data)
-    except yaml.YAMLError:
-        return None
+def _prediction_meta_safe(doc: Any, where: str, problems: list[str]) -> PredictionFile | None:
+    """A frozen file's predictions when its (parsed) document is a prediction file, else None; a
+    prediction file that does not validate adds its problem."""
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         return None
     try:
-        return parse_predictions(data, where)
+        return predictions_from_doc(doc, where)
     except ConfigError as exc:
         problems.append(str(exc))
         return None

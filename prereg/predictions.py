@@ -218,6 +218,12 @@ def parse_predictions(data: bytes | str, path: str = "<predictions>") -> Predict
         doc = safe_load(data)
     except yaml.YAMLError as exc:
         raise PredictionError(f"{path}: not valid YAML ({exc})") from None
+    return predictions_from_doc(doc, path)
+
+
+def predictions_from_doc(doc: Any, path: str = "<predictions>") -> PredictionFile:
+    """Validate a prediction file's parsed YAML document (for a reader that has parsed it already:
+    a freeze's files are parsed once, then asked what kind of file each is)."""
     if not isinstance(doc, dict):
         raise _err(path, "top level", type(doc).__name__, "a mapping with format: agentload-prediction-set")
     if doc.get("format") != FORMAT:
