@@ -42,7 +42,7 @@ from provenance.meta import sha256_file
 from provenance.proofcheck import verify_proof
 from review.records import iso
 from review.timeline import Timeline, build_timeline, repo_for
-from slurm.manifest import never_started
+from slurm.manifest import never_started, run_meta
 
 
 @dataclass
@@ -245,12 +245,7 @@ def verify_test(
     for j in (tl.manifest.raw.get("jobs") if tl.manifest else None) or []:
         if not j.get("superseded_by"):
             continue
-        moved = td / str(j.get("superseded_run_dir") or "")
-        try:
-            meta = orjson.loads((moved / "meta.json").read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            meta = None
-        ok, why = never_started(meta if isinstance(meta, dict) else None)
+        ok, why = never_started(run_meta(td / str(j.get("superseded_run_dir") or "")))
         v.add("runs", f"job {j.get('job_id')}, resubmitted as {j['superseded_by']}, never started its run", ok, why)
     # -- proofs -----------------------------------------------------------------------------
     counted_dirs = [t.run.path for t in tl.counted]

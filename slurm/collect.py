@@ -27,8 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from harness.recording.schema import RunStatus
 from provenance.git import GitError, Repo
 from slurm.accounting_export import write_accounting_export
@@ -41,20 +39,12 @@ from slurm.manifest import (
     job_ids,
     label_from_record,
     read_manifest,
+    run_meta,
     test_dir,
     write_manifest,
 )
 from slurm.parsers import TERMINAL_STATES, JobState, normalise_state
 from slurm.scheduler import SchedulerError, accounting, job_states, wait_for_accounting
-
-
-def _run_meta(path: Path) -> dict[str, Any] | None:
-    """The run's meta.json, or None where it is missing, unreadable or not a JSON object."""
-    try:
-        meta = orjson.loads((path / "meta.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return meta if isinstance(meta, dict) else None
 
 
 def _log_tail(job: dict[str, Any], lines: int = 3) -> str | None:
@@ -91,8 +81,8 @@ def job_table(
     base = test_dir(doc)
     for j in doc["jobs"]:
         jid = str(j.get("job_id"))
-        rd = base / (j.get("superseded_run_dir") or j["run_dir"])  # a resubmitted job's run moved aside
-        meta = _run_meta(rd)
+        run_dir = j.get("superseded_run_dir") or j["run_dir"]  # a resubmitted job's run moved aside
+        meta = run_meta(base / run_dir)
         row = (rows or {}).get(jid)
         state = row.state if row is not None else states.get(jid, JobState.UNKNOWN)
         exit_code = row.exit_code if row is not None else j.get("exit_code")
@@ -133,7 +123,7 @@ def job_table(
                 "run_status": run_status,
                 "refused_by": refusal.get("check"),
                 "reason": reason,
-                "run_dir": j.get("superseded_run_dir") or j["run_dir"],
+                "run_dir": run_dir,
                 "superseded_by": j.get("superseded_by"),
             }
         )

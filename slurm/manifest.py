@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from harness.atomic import write_text_atomic
 from harness.errors import RecordError
 from harness.recording.schema import RunStatus
@@ -115,6 +117,16 @@ def label_from_record(
         remote_confirmed_at=confirmed,
         first_submit=first_submit(submit_times),
     )
+
+
+def run_meta(path: Path) -> dict[str, Any] | None:
+    """The run's meta.json, or None where it is missing, unreadable or not a JSON object (collect,
+    resubmit and verify read a job's run with it)."""
+    try:
+        meta = orjson.loads((path / "meta.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def never_started(meta: dict[str, Any] | None) -> tuple[bool, str]:

@@ -31,15 +31,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from harness.errors import AgentloadError
 from harness.recording.schema import SUPERSEDED_DIR
 from slurm.collect import scheduler_states
 from slurm.executors import run_local, slurm_executor, submit_slurm
 from slurm.job import JobSpec
 from slurm.job_options import JobOptions
-from slurm.manifest import JOBS, MANIFEST, never_started, read_manifest, test_dir, write_manifest
+from slurm.manifest import JOBS, MANIFEST, never_started, read_manifest, run_meta, test_dir, write_manifest
 from slurm.parsers import TERMINAL_STATES, JobState
 from slurm.submit import scheduler_submit_times
 
@@ -71,11 +69,7 @@ def candidates(doc: dict[str, Any], states: dict[str, JobState]) -> list[Candida
         if state not in TERMINAL_STATES:
             out.append(Candidate(i, jid, j["run_dir"], False, f"the scheduler says {state}: not finished"))
             continue
-        try:
-            meta = orjson.loads((base / j["run_dir"] / "meta.json").read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            meta = None
-        ok, why = never_started(meta if isinstance(meta, dict) else None)
+        ok, why = never_started(run_meta(base / j["run_dir"]))
         out.append(Candidate(i, jid, j["run_dir"], ok, why))
     return out
 
