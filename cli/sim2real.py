@@ -27,7 +27,7 @@ from analysis.calibration_summaries import E0a, InputError, StageC, load_summary
 from analysis.rules import is_paired_form, load_rule
 from harness.config import CellConfig, WorkloadConfig, config_ref, load_config, load_cost_file
 from harness.errors import AgentloadError, UsageError
-from harness.recording.schema import SUPERSEDED_DIR
+from harness.recording.schema import meta_files_under
 from prereg.registration import load_registration
 from runs.closed_runs import cache_off, e0a, run_closed, stage_c
 from runs.realrun import add_engine_arguments, options_from_args
@@ -348,11 +348,7 @@ def run_dirs(paths: list[str], out: Path) -> list[Path]:
             continue
         if not p.is_dir():
             raise UsageError(f"replay: {p}: neither a run directory (no meta.json) nor a folder of runs")
-        under = sorted(
-            m.parent
-            for m in p.rglob("meta.json")
-            if not m.parent.resolve().is_relative_to(out.resolve()) and SUPERSEDED_DIR not in m.relative_to(p).parts
-        )
+        under = sorted(m.parent for m in meta_files_under(p) if not m.parent.resolve().is_relative_to(out.resolve()))
         if not under:
             raise UsageError(f"replay: {p}: no run directory (with a meta.json) under it")
         found.extend(under)

@@ -50,7 +50,7 @@ from analysis.stages import StagedRun, judge_staged
 from harness.config.files import safe_load
 from harness.errors import ConfigError
 from harness.recording.record import load_run
-from harness.recording.schema import SUPERSEDED_DIR, read_meta
+from harness.recording.schema import meta_files_under, read_meta
 from prereg.predictions import About, PredictionFile, _parse_about
 from prereg.scoring import Outcomes
 
@@ -139,11 +139,7 @@ def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
         if (p / "meta.json").is_file():
             dirs.append(p)
         else:
-            dirs += sorted(
-                m.parent
-                for m in p.rglob("meta.json")
-                if m.parent.name != "analysis" and SUPERSEDED_DIR not in m.relative_to(p).parts
-            )
+            dirs += sorted(m.parent for m in meta_files_under(p) if m.parent.name != "analysis")
     return sorted(set(dirs))
 
 

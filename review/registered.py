@@ -54,7 +54,7 @@ from analysis.reports import module_for, write_report
 from analysis.rules import is_paired_form
 from analysis.staged_analysis import analyze_staged
 from harness.errors import UsageError
-from harness.recording.schema import SUPERSEDED_DIR
+from harness.recording.schema import meta_files_under
 from prereg.labels import git_facts
 from prereg.registration import RegistrationError, cell_dict, load_registration
 from provenance.codepaths import CODE_DIRS, is_code_path
@@ -75,7 +75,7 @@ def _expand(paths: Sequence[str | Path]) -> list[Path]:
         if (p / "meta.json").exists():
             out.append(p)
         else:
-            out += sorted(q.parent for q in p.rglob("meta.json") if SUPERSEDED_DIR not in q.relative_to(p).parts)
+            out += sorted(q.parent for q in meta_files_under(p))
     return out
 
 

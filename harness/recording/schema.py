@@ -22,6 +22,13 @@ FORMAT_VERSION = 1
 SUPERSEDED_DIR = "superseded"
 
 
+def meta_files_under(folder: Path) -> list[Path]:
+    """Every run's meta.json under `folder`, leaving out a superseded run's (SUPERSEDED_DIR): what
+    each finder of a test's runs searches (scoring, the registered analysis, replay), each adding
+    its own exclusions."""
+    return [m for m in folder.rglob("meta.json") if SUPERSEDED_DIR not in m.relative_to(folder).parts]
+
+
 class RunStatus(StrEnum):
     """A run's status in meta.json (`status`). The values are the on-disk strings."""
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from harness.recording.schema import meta_files_under
+from prereg.outcomes import find_run_dirs
 from slurm.collect import collect, format_collection
 from slurm.manifest import FORMAT, FORMAT_VERSION, never_started, read_manifest
 from slurm.parsers import JobState
@@ -142,3 +144,13 @@ def test_a_job_still_running_is_not_resubmitted_and_a_dry_run_changes_nothing(tm
     assert (td / "submission.json").read_bytes() == before and (td / "runs" / "noburst-r1.25-s1").is_dir()
     with pytest.raises(ResubmitRefused, match="RUNNING: not finished"):
         resubmit(td, indices=[0], states=states, submit=_fake_submit(calls))
+
+
+def test_a_superseded_run_is_never_found_as_a_run_of_the_test(tmp_path: Path) -> None:
+    """Scoring and the registered analysis search a test directory for runs: the kept run of a
+    resubmitted job must not count a second time for its arm x rate x seed."""
+    for d in ("runs/noburst-r1.25-s2", "superseded/noburst-r1.25-s2.job-20_8"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "meta.json").write_text("{}")
+    assert meta_files_under(tmp_path) == [tmp_path / "runs/noburst-r1.25-s2/meta.json"]
+    assert find_run_dirs([tmp_path]) == [tmp_path / "runs/noburst-r1.25-s2"]
