@@ -34,12 +34,12 @@ from typing import Any
 from harness.errors import AgentloadError
 from harness.recording.schema import SUPERSEDED_DIR
 from slurm.collect import scheduler_states
-from slurm.executors import run_local, slurm_executor, submit_slurm
+from slurm.executors import run_local, submit_slurm
 from slurm.job import JobSpec
 from slurm.job_options import JobOptions
 from slurm.manifest import JOBS, MANIFEST, never_started, read_manifest, run_meta, test_dir, write_manifest
 from slurm.parsers import TERMINAL_STATES, JobState
-from slurm.submit import scheduler_submit_times
+from slurm.submit import manifest_executor, scheduler_submit_times
 
 
 class ResubmitRefused(AgentloadError):
@@ -83,17 +83,7 @@ def _submit_like_the_manifest(doc: dict[str, Any], specs: Sequence[JobSpec]) -> 
     root = Path(doc["checkout"]["path"])
     job = JobOptions(**(doc.get("arguments") or {}).get("job", {}))
     if doc["executor"] == "slurm":
-        tl = doc["time_limit"]
-        ex = slurm_executor(
-            base / JOBS,
-            time_min=tl["minutes"],
-            warning_lead_s=tl["warning_lead_s"],
-            checkout=root,
-            comment=doc["comment"],
-            job_name=doc["job_name"],
-            job=job,
-        )
-        return submit_slurm(specs, ex)
+        return submit_slurm(specs, manifest_executor(doc, job))
     recs = run_local(specs, base / JOBS, checkout=root, python=job.python, env=job.job_env, parallel=job.parallel or 1)
     for r in recs:
         r["submit_utc"] = r.get("submitted_at_client")

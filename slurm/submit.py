@@ -342,6 +342,22 @@ def scheduler_submit_times(ids: list[str], timeout_s: float = 30.0) -> dict[str,
         time.sleep(0.5)
 
 
+def manifest_executor(doc: dict[str, Any], job: JobOptions) -> Any:
+    """The SLURM executor of a manifest's jobs: its checkout, time limit, comment and job name, the
+    job logs under <testdir>/jobs/. A resubmission (slurm/resubmit.py) takes the same one, so a job
+    submitted again asks the scheduler exactly what its first submission asked."""
+    tl = doc["time_limit"]
+    return slurm_executor(
+        Path(doc["_path"]).parent / JOBS,
+        time_min=tl["minutes"],
+        warning_lead_s=tl["warning_lead_s"],
+        checkout=Path(doc["checkout"]["path"]),
+        comment=doc["comment"],
+        job_name=doc["job_name"],
+        job=job,
+    )
+
+
 def submit_registration(
     reg_path: str | Path, opts: SubmitOptions, *, echo: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -362,17 +378,7 @@ def submit_registration(
         write_manifest({k: v for k, v in doc.items() if k != "_path"}, manifest_path)
 
     if opts.executor == "slurm":
-        tl = doc["time_limit"]
-        ex = slurm_executor(
-            folder,
-            time_min=tl["minutes"],
-            warning_lead_s=tl["warning_lead_s"],
-            checkout=root,
-            comment=doc["comment"],
-            job_name=doc["job_name"],
-            job=opts.job,
-        )
-        records = submit_slurm(specs, ex)
+        records = submit_slurm(specs, manifest_executor(doc, opts.job))
         for job, rec in zip(doc["jobs"], records):
             job.update(rec)
         doc["submitted_at_client"] = records[-1]["submitted_at_client"] if records else None
