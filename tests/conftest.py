@@ -9,7 +9,8 @@ SLURM job): on a 2-core machine a scheduler stall can make one try late, so such
 rerun after 5 s (pytest-rerunfailures' `flaky` marker; the summary says "rerun"). A real fault fails
 both tries. Every other test gets no rerun: a failure there is a finding.
 
-A test marked `quiet` runs before every other test (see pytest_collection_modifyitems).
+A test marked `quiet` runs before every other test, and one marked `last` after every other test
+of its session (see pytest_collection_modifyitems).
 """
 
 import pytest
@@ -28,8 +29,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests marked `quiet` measure an engine's speed (the host's scale, the speed pin): they run
     # first, while nothing else runs; tests/integration/conftest.py boots the session's shared
     # engine servers only once the first other test starts. Their order among themselves is kept.
-    items[:] = [i for i in items if is_quiet(i)] + [i for i in items if not is_quiet(i)]
+    # Tests marked `last` collect a long job that an earlier test submitted (the SLURM TIMEOUT job):
+    # at the end of the session the job has run its course beside every other test, where collected
+    # at its module's end the session would wait minutes for it. Their fixtures are session-scoped,
+    # so moving them does not set their module up again.
+    items[:] = (
+        [i for i in items if is_quiet(i)]
+        + [i for i in items if not is_quiet(i) and not is_last(i)]
+        + [i for i in items if is_last(i) and not is_quiet(i)]
+    )
 
 
 def is_quiet(item: pytest.Item) -> bool:
     return item.get_closest_marker("quiet") is not None
+
+
+def is_last(item: pytest.Item) -> bool:
+    return item.get_closest_marker("last") is not None

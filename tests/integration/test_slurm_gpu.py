@@ -13,8 +13,11 @@ two GPUs that are no devices: Gres=gpu:2, gres.conf File= placeholder nodes of t
   outlives its 4-minute limit: the time-limit warning ends the run INTERRUPTED with its records, the
   job waits for the limit, accounting says TIMEOUT and `jobs collect` reports it with the reason.
 
-Time: about 5 minutes, most of it the TIMEOUT job (a 4-minute limit, enforced up to ~30 s late),
-which is submitted first and collected last.
+Time: the TIMEOUT job takes about 5 minutes (a 4-minute limit, enforced up to ~30 s late, after a
+90 s start). It is submitted by this module's first test and collected by a test marked `last`,
+which runs after every other test of the session (tests/conftest.py), so the job runs beside the
+other SLURM tests instead of holding the session up; this module's other tests take under a
+minute.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ def _meta(run: Path) -> dict[str, Any]:
     return orjson.loads((run / "meta.json").read_bytes())
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: the collecting test runs at the session's end (marked `last`), after other modules;
+# a module-scoped fixture would be set up again there, and submit a second job.
+@pytest.fixture(scope="session")
 def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("gpu")
     work, _remote = make_project(tmp)
@@ -76,9 +81,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"tmp": tmp, "work": work, "regs": regs}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def timeout_submission(project: dict[str, Any]) -> Path:
-    """Submitted first, collected by the last test: the job runs while the others do."""
+    """Submitted by this module's first test, collected by the session's last: the job runs while
+    the others do."""
     out = project["tmp"] / "timeout"
     wrapper = f'sleep {SLOW_START_S}; exec "$@"'
     slow = shlex.join(["bash", "-c", wrapper, "slow-start", sys.executable, "-m", "harness.emulator"])
@@ -183,6 +189,7 @@ def test_calibrate_through_slurm_takes_the_job_options(
     assert row.state == "COMPLETED" and row.timelimit_s == 7 * 60
 
 
+@pytest.mark.last
 @pytest.mark.timeout(600)
 def test_a_job_past_its_limit_is_interrupted_kept_and_collected_as_timeout(
     timeout_submission: Path, capsys: pytest.CaptureFixture[str]
