@@ -12,6 +12,12 @@ budget is 15 minutes on a 2-core machine with --jobs 2.
 one pool for every run, each test scored as its runs finish (runs/suite.py), a run that is another
 test's simulation copied rather than played (runs/shared_sims.py; `--simulate-each` plays them all);
 the wall of that one command is the figure, each test's own span is in its row.
+
+--against DIR (a checkout of another commit, e.g. `git worktree add --detach /tmp/old 7201407`)
+times the one command instead in both checkouts, this one first, --repeats times alternating: the
+tests whose configs both checkouts have, each checkout running its own code and configs
+(benchmarks/bench_main_job.py's entry point rule); prints each wall and CPU, the ratio of the
+medians, and whether every test's verdict is the same in both (nothing is written).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 BUDGET_S = 900.0
 
 from analysis.reports.common import LETTER  # noqa: E402 - the reports' own letters for the per-seed strings
+from benchmarks.bench_main_job import entry_module  # noqa: E402
 
 # The paper's real-engine outcome per test (rules-digest sec. 6), for the closing comparison.
 PAPER = {
@@ -138,6 +145,51 @@ def _shared(base: Path) -> int | None:
     return json.loads(wall.read_text()).get("shared") if wall.exists() else None
 
 
+def _suite_in(tree: Path, names: list[str], jobs: int, out: Path) -> tuple[float, float]:
+    """`agentload test run` of the named tests in one command, by the code checked out at `tree`:
+    (wall, CPU seconds of the command and its workers)."""
+    code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
+    configs = [f"configs/tests/{n}.yaml" for n in names]
+    cmd = [sys.executable, "-c", code, "test", "run", *configs, "--engine", "sim", "--jobs", str(jobs)]
+    t0, c0 = time.monotonic(), _child_cpu()
+    proc = subprocess.run(
+        [*cmd, "--out", str(out), "--plain"], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode not in (0, 1):  # 1: some test's verdict is not a pass (by design for a few)
+        raise SystemExit(f"{tree}: the suite crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return time.monotonic() - t0, _child_cpu() - c0
+
+
+def compare_suites(other: Path, jobs: int, repeats: int) -> int:
+    """The one command in this checkout and in `other`, alternating; see the module docstring."""
+    names = sorted({p.stem for p in (ROOT / "configs" / "tests").glob("*.yaml")}
+                   & {p.stem for p in (other / "configs" / "tests").glob("*.yaml")})  # fmt: skip
+    trees = [ROOT, other]
+    walls: dict[Path, list[float]] = {t: [] for t in trees}
+    verdicts: dict[Path, dict[str, str | None]] = {}
+    with tempfile.TemporaryDirectory(prefix="agentload-all-") as tmp:
+        for r in range(repeats):
+            for i, t in enumerate(trees):
+                out = Path(tmp) / f"{i}-{r}"
+                wall, cpu = _suite_in(t, names, jobs, out)
+                walls[t].append(wall)
+                print(f"repeat {r + 1}: {t}: {len(names)} tests, {wall:.1f} s wall ({cpu:.1f} s CPU)", flush=True)
+                verdicts[t] = {
+                    n: json.loads((out / n / "verdict.json").read_text())["verdict"]
+                    if (out / n / "verdict.json").exists()
+                    else None
+                    for n in names
+                }
+    med = {t: sorted(v)[(len(v) - 1) // 2] for t, v in walls.items()}
+    differ = [n for n in names if verdicts[ROOT][n] != verdicts[other][n]]
+    print(
+        f"median wall: this checkout {med[ROOT]:.1f} s, {other} {med[other]:.1f} s -> x{med[other] / med[ROOT]:.2f}; "
+        + ("every verdict the same" if not differ else f"verdicts differ: {', '.join(differ)}")
+    )
+    return 0 if not differ else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
@@ -156,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one `agentload test run` of every config (one pool) instead of one per config",
     )
+    ap.add_argument("--against", help="time the one command in this checkout and in this one (see above)")
+    ap.add_argument("--repeats", type=int, default=1, help="--against: runs per checkout, alternating")
     args = ap.parse_args(argv)
+    if args.against:
+        return compare_suites(Path(args.against).resolve(), args.jobs, args.repeats)
     if args.out is None:
         args.out = str(ROOT / "benchmarks" / ("all_tests_suite.json" if args.suite else "all_tests.json"))
 

@@ -6,6 +6,14 @@ the figure, and writes the result to benchmarks/main_job.json. The budget is 5 m
 a 2-core machine.
 
     .venv/bin/python benchmarks/bench_main_job.py [--jobs N] [--keep DIR]
+
+Against another commit (a checkout, e.g. `git worktree add --detach /tmp/old 7201407`): the same
+command is run by this checkout's code and by that one's in turn, --repeats times alternating (so
+the machine's load falls on both alike), each as `python -c` of the checkout's own entry point
+(cli.main, or harness.cli before the package layout of the redesign) with the checkout first on
+the path; the medians, their ratio and each run's verdict are printed (nothing is written):
+
+    .venv/bin/python benchmarks/bench_main_job.py --against /tmp/old [--repeats 2]
 """
 
 from __future__ import annotations
@@ -27,6 +35,46 @@ TEST = "configs/tests/e2-sglang-300k.yaml"
 BUDGET_S = 300.0
 
 
+def entry_module(tree: Path) -> str:
+    """The checkout's `agentload` entry point, as a module name (the layout moved it)."""
+    return "cli.main" if (tree / "cli" / "main.py").exists() else "harness.cli"
+
+
+def timed_in(tree: Path, jobs: int | None) -> tuple[float, str | None]:
+    """The README command run by the code checked out at `tree`: (wall seconds, overall verdict)."""
+    with tempfile.TemporaryDirectory(prefix="agentload-bench-") as tmp:
+        out = Path(tmp) / "e2"
+        code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
+        cmd = [sys.executable, "-c", code, "test", "run", TEST, "--engine", "sim", "--out", str(out), "--plain"]
+        if jobs:
+            cmd += ["--jobs", str(jobs)]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"{tree}: the main job crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        vpath = out / "verdict.json"
+        return wall, (json.loads(vpath.read_text())["verdict"] if vpath.exists() else None)
+
+
+def compare(trees: list[Path], jobs: int | None, repeats: int) -> None:
+    """Each checkout in turn, `repeats` times; the median wall of each and how many times faster
+    the first (this checkout) is than each other."""
+    walls: dict[Path, list[float]] = {t: [] for t in trees}
+    for r in range(repeats):
+        for t in trees:
+            wall, verdict = timed_in(t, jobs)
+            walls[t].append(wall)
+            print(f"repeat {r + 1}: {t}: {wall:.1f} s, verdict {verdict}", flush=True)
+    med = {t: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1]) / 2
+           for t, v in walls.items()}  # fmt: skip
+    now = med[trees[0]]
+    for t in trees:
+        ratio = "" if t == trees[0] else f"  -> this checkout is x{med[t] / now:.2f} faster"
+        print(f"{t}: median {med[t]:.1f} s over {repeats}{ratio}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -34,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", help="write the runs here and keep them (default: a temporary folder)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "main_job.json"))
+    ap.add_argument("--against", action="append", default=[], help="also time the checkout in this folder")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per checkout with --against (alternating)")
     args = ap.parse_args(argv)
+    if args.against:
+        compare([ROOT, *(Path(a).resolve() for a in args.against)], args.jobs, args.repeats)
+        return 0
 
     tmp = None
     if args.keep:
