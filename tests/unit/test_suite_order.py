@@ -1,13 +1,14 @@
-"""The suite's test order (tests/conftest.py): `quiet` tests first, then the rest in their order,
-then `last` tests (the SLURM TIMEOUT job's collection runs after every other test of its session,
-so the job runs beside them instead of holding the session up)."""
+"""The suite's test order (tests/support/suite_order.py, applied by tests/conftest.py): `quiet` tests
+first, then the rest in their order, then `last` tests (the SLURM TIMEOUT job's collection runs
+after every other test of its session, so the job runs beside them instead of holding the session
+up); and the `wallclock` reruns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import conftest
 import pytest
+from support.suite_order import add_wallclock_reruns, ordered
 
 
 @dataclass
@@ -24,8 +25,7 @@ class FakeItem:
 
 
 def _order(items: list[FakeItem]) -> list[str]:
-    conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
-    return [i.name for i in items]
+    return [i.name for i in ordered(items)]
 
 
 def test_quiet_first_last_at_the_end_and_the_rest_in_their_order() -> None:
@@ -48,5 +48,5 @@ def test_a_quiet_test_marked_last_still_runs_with_the_quiet_ones() -> None:
 
 def test_wallclock_tests_get_their_one_rerun_and_no_other_test_does() -> None:
     items = [FakeItem("w", {"wallclock"}), FakeItem("plain")]
-    conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    add_wallclock_reruns(items)
     assert [m.mark.name for m in items[0].added] == ["flaky"] and items[1].added == []
