@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 BUDGET_S = 900.0
 
 from analysis.reports.common import LETTER  # noqa: E402 - the reports' own letters for the per-seed strings
-from benchmarks.bench_main_job import entry_module  # noqa: E402
+from benchmarks.bench_main_job import run_in_tree  # noqa: E402
 
 # The paper's real-engine outcome per test (rules-digest sec. 6), for the closing comparison.
 PAPER = {
@@ -148,16 +149,10 @@ def _shared(base: Path) -> int | None:
 def _suite_in(tree: Path, names: list[str], jobs: int, out: Path) -> tuple[float, float]:
     """`agentload test run` of the named tests in one command, by the code checked out at `tree`:
     (wall, CPU seconds of the command and its workers)."""
-    code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
     configs = [f"configs/tests/{n}.yaml" for n in names]
-    cmd = [sys.executable, "-c", code, "test", "run", *configs, "--engine", "sim", "--jobs", str(jobs)]
+    argv = ["test", "run", *configs, "--engine", "sim", "--jobs", str(jobs), "--out", str(out), "--plain"]
     t0, c0 = time.monotonic(), _child_cpu()
-    proc = subprocess.run(
-        [*cmd, "--out", str(out), "--plain"], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if proc.returncode not in (0, 1):  # 1: some test's verdict is not a pass (by design for a few)
-        raise SystemExit(f"{tree}: the suite crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    run_in_tree(tree, argv, "the suite")  # exit 1: some test's verdict is not a pass (by design for a few)
     return time.monotonic() - t0, _child_cpu() - c0
 
 
@@ -181,8 +176,10 @@ def compare_suites(other: Path, jobs: int, repeats: int) -> int:
                     else None
                     for n in names
                 }
-    med = {t: sorted(v)[(len(v) - 1) // 2] for t, v in walls.items()}
-    differ = [n for n in names if verdicts[ROOT][n] != verdicts[other][n]]
+    med = {t: statistics.median(v) for t, v in walls.items()}
+    # a test with no verdict file (e.g. one test alone, whose output has no per-test folder) is not
+    # "the same" in both: it was not compared
+    differ = [n for n in names if verdicts[ROOT][n] is None or verdicts[ROOT][n] != verdicts[other][n]]
     print(
         f"median wall: this checkout {med[ROOT]:.1f} s, {other} {med[other]:.1f} s -> x{med[other] / med[ROOT]:.2f}; "
         + ("every verdict the same" if not differ else f"verdicts differ: {', '.join(differ)}")

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,20 +41,28 @@ def entry_module(tree: Path) -> str:
     return "cli.main" if (tree / "cli" / "main.py").exists() else "harness.cli"
 
 
+def run_in_tree(tree: Path, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    """`agentload ARGV` run by the code checked out at `tree` (its own entry point, the checkout first
+    on the path, from its top folder); exit 1 is a verdict that is not a pass, anything else above 0
+    a crash, which stops the benchmark with its error output."""
+    code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tree, env=env, capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{tree}: {what} crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
 def timed_in(tree: Path, jobs: int | None) -> tuple[float, str | None]:
     """The README command run by the code checked out at `tree`: (wall seconds, overall verdict)."""
     with tempfile.TemporaryDirectory(prefix="agentload-bench-") as tmp:
         out = Path(tmp) / "e2"
-        code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
-        cmd = [sys.executable, "-c", code, "test", "run", TEST, "--engine", "sim", "--out", str(out), "--plain"]
+        argv = ["test", "run", TEST, "--engine", "sim", "--out", str(out), "--plain"]
         if jobs:
-            cmd += ["--jobs", str(jobs)]
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+            argv += ["--jobs", str(jobs)]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        run_in_tree(tree, argv, "the main job")
         wall = time.monotonic() - t0
-        if proc.returncode not in (0, 1):
-            raise SystemExit(f"{tree}: the main job crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         vpath = out / "verdict.json"
         return wall, (json.loads(vpath.read_text())["verdict"] if vpath.exists() else None)
 
@@ -67,8 +76,7 @@ def compare(trees: list[Path], jobs: int | None, repeats: int) -> None:
             wall, verdict = timed_in(t, jobs)
             walls[t].append(wall)
             print(f"repeat {r + 1}: {t}: {wall:.1f} s, verdict {verdict}", flush=True)
-    med = {t: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1]) / 2
-           for t, v in walls.items()}  # fmt: skip
+    med = {t: statistics.median(v) for t, v in walls.items()}
     now = med[trees[0]]
     for t in trees:
         ratio = "" if t == trees[0] else f"  -> this checkout is x{med[t] / now:.2f} faster"
