@@ -8,7 +8,6 @@ nothing that executes runs.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,31 +15,13 @@ from typing import Any
 
 import orjson
 
+from analysis.figure_process import FigureProcess
 from analysis.paired import is_paired
 from analysis.predictions import Predictions
 from analysis.reports import write_report
 from analysis.rules import load_rule
 from analysis.staged_analysis import analyze_staged
 from harness.config import load_test
-
-
-def refs_override(args: argparse.Namespace) -> dict[str, float] | None:
-    """The references given on the command line (`--lambda-ref`, `--all-miss-rate`), if any."""
-    out = {}
-    if getattr(args, "lambda_ref", None):
-        out["lambda_ref"] = float(args.lambda_ref)
-    if getattr(args, "all_miss_rate", None):
-        out["all_miss_token_rate"] = float(args.all_miss_rate)
-    return out or None
-
-
-def add_ref_options(p: argparse.ArgumentParser) -> None:
-    """The rule and reference options shared by `analyze` and `test run`."""
-    p.add_argument(
-        "--rule", help="rule: a name under analysis/rulespecs or a YAML file (default: the test's, else the runs')"
-    )
-    p.add_argument("--lambda-ref", type=float, help="override the cell's lambda_ref in the rule (sessions/s)")
-    p.add_argument("--all-miss-rate", type=float, help="override the cell's E0a all-miss token rate in the rule")
 
 
 def _first_meta(run_dirs: Sequence[str]) -> dict[str, Any]:
@@ -95,11 +76,14 @@ def report_runs(
     rule: str | None,
     refs: dict[str, float] | None,
     predictions: str | None = None,
+    figures: FigureProcess | None = None,
+    workers: int = 1,
 ) -> int:
     """Score run directories, write verdict JSON + Markdown + figure to `out_dir`, print the tables.
 
-    The rule is `rule` if given, else the test's, else the one the runs recorded. Returns the exit
-    status (`exit_status`)."""
+    The rule is `rule` if given, else the test's, else the one the runs recorded. `figures`: a
+    started figure process to draw the figure in (analysis/figure_process.py); `workers`:
+    processes that score the runs (analysis.forking). Returns the exit status (`exit_status`)."""
     arm_names = rates = seeds = None
     name = cell = None
     expect_registration = None
@@ -133,8 +117,9 @@ def report_runs(
         test_name=name,
         expect_cell=cell,
         expect_registration=expect_registration,
+        workers=workers,
     )
-    paths, md = write_report(verdict, analyzed, out_dir)
+    paths, md = write_report(verdict, analyzed, out_dir, figures=figures)
     print()
     print(md)
     status = exit_status(spec, verdict)

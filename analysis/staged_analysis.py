@@ -16,13 +16,14 @@ import hashlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analysis.analyzed import StagedAnalyzedRun
 from analysis.family_metrics import completions
+from analysis.forking import forked_map
 from analysis.measures import RunTables, measure_all
 from analysis.metrics import (
     MetricSpec,
@@ -36,24 +37,13 @@ from analysis.metrics import (
 from analysis.openloop import run_open_loop
 from analysis.paired import is_paired, ordered_arms, paired_verdict
 from analysis.predictions import Predictions
-from analysis.stages import COUNTED, StagedRun, judge_staged, judge_staged_run
+from analysis.stages import COUNTED, judge_staged, judge_staged_run
 from harness.recording.record import RunData, RunFormatError, load_run
 from harness.recording.schema import RunStatus
 
 NAN = float("nan")
 # The tables of a run record that judging it reads (the gauges are the engine's, never read here).
 SCORED_TABLES = ("turns", "sessions", "gate_events")
-
-
-@dataclass
-class StagedAnalyzedRun:
-    """A judged run with what its report draws: the figure series, meta.json, and the open-loop
-    summary of its session starts (analysis/openloop.py; None for a record without them)."""
-
-    run: StagedRun
-    series: dict[str, np.ndarray] | None
-    meta: dict[str, Any] | None
-    open_loop: dict[str, Any] | None = None
 
 
 def flatten(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -244,22 +234,26 @@ def analyze_staged(
     test_name: str | None = None,
     expect_cell: str | None = None,
     expect_registration: Mapping[str, Any] | None = None,
+    workers: int = 1,
 ) -> tuple[dict[str, Any], list[StagedAnalyzedRun]]:
     """The verdict over `run_dirs`; arms, rates and seeds default to those the runs name (pass the
-    registered ones, so a missing run counts as missing). The paired test's verdict has E2's layout."""
-    analyzed = []
-    for d in run_dirs:
+    registered ones, so a missing run counts as missing). The paired test's verdict has E2's layout.
+
+    `workers` > 1 scores the runs in that many processes (analysis.forking.forked_map: forks of
+    this one, where that is safe); each run's quantities are the same either way."""
+
+    def score(d: Path | str) -> StagedAnalyzedRun:
         with kept_tables():  # a run's tables are only read while it is scored (analysis.metrics)
-            analyzed.append(
-                run_quantities(
-                    d,
-                    spec,
-                    refs_override=refs_override,
-                    predictions=predictions,
-                    expect_cell=expect_cell,
-                    expect_registration=expect_registration,
-                )
+            return run_quantities(
+                d,
+                spec,
+                refs_override=refs_override,
+                predictions=predictions,
+                expect_cell=expect_cell,
+                expect_registration=expect_registration,
             )
+
+    analyzed = forked_map(score, run_dirs, workers)
     runs = [a.run for a in analyzed]
     present = [r for r in runs if r.status != "MISSING"]
     if not arms:

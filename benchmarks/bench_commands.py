@@ -43,6 +43,7 @@ EVIDENCE = ROOT / "evidence" / "e2-vllm-cpu-tiny-65k-quarter" / "test"
 RULE = "e2-cpu-65k-quarter"
 REGISTRATION = "prereg/registrations/e2-vllm-cpu-tiny-65k-quarter.yaml"  # relative: each checkout's own
 TARGET_S = 1.0
+BYTECODE = True  # main(): --no-bytecode leaves the environment's PYTHONDONTWRITEBYTECODE as it is
 
 
 def commands(testdir: Path, out: Path, rule: str) -> dict[str, list[str]]:
@@ -64,6 +65,11 @@ def timed(tree: Path, args: list[str]) -> tuple[float, float]:
     """(wall, CPU) seconds of `agentload ARGS` run from the checkout `tree`; a failed command is an
     error (a timing of a command that did not do its work is no timing)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # the unmeasured first pass writes each checkout's bytecode, as a user's first command does; an
+    # environment that forbids it (PYTHONDONTWRITEBYTECODE, set on some machines) would make every
+    # timed command compile its modules from source again, ~0.06 s of each (see --no-bytecode)
+    if BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     c0 = _children_cpu()
     t0 = time.perf_counter()
     done = subprocess.run(
@@ -82,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tree", action="append", default=[], help="another checkout to time beside this one")
     ap.add_argument("--out", help="write the timings as JSON here")
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE if the environment sets it (every command compiles from source)",
+    )
     args = ap.parse_args(argv)
+    global BYTECODE
+    BYTECODE = not args.no_bytecode
 
     trees = [ROOT, *(Path(t).resolve() for t in args.tree)]
     walls: dict[str, dict[str, list[float]]] = {str(t): {} for t in trees}

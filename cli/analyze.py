@@ -4,7 +4,10 @@ report.md and figure.png; analysis/judge.py).
 A module of its own, apart from `report` (cli/review.py): `report` reads a whole test directory
 (review.testdir through cli.status) and writes the HTML page (review.html), none of which `analyze`
 uses; importing them cost each `analyze` about a tenth of a second (issue 24,
-benchmarks/bench_commands.py).
+benchmarks/bench_commands.py). Its row in the command table asks for a figure process
+(`Command.figure`), which `agentload` forks before importing this module, so that the child's
+import of matplotlib runs beside this module's import of the scoring; the runs are scored by as many
+processes as the machine has CPUs (analysis.forking).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from analysis.judge import add_ref_options, refs_override, report_runs
+from analysis.forking import cpus
+from analysis.judge import report_runs
+from analysis.ref_options import add_ref_options, refs_override
 from cli.commands import CLI
 from review.registered import cmd
 
@@ -57,5 +62,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out else Path(os.path.commonpath(dirs)) / "analysis"
     return report_runs(
-        dirs, out, test_path=args.test, rule=args.rule, refs=refs_override(args), predictions=args.predictions
+        dirs,
+        out,
+        test_path=args.test,
+        rule=args.rule,
+        refs=refs_override(args),
+        predictions=args.predictions,
+        figures=getattr(args, "figures", None),  # forked by cli.main before this module was imported
+        workers=cpus(),
     )

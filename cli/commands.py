@@ -42,14 +42,24 @@ GROUPS: list[tuple[str, str]] = [
 ]
 
 
+#: the module whose `FigureProcess.start()` `agentload` calls for a row with `figure` (by name, as
+#: it imports the command modules: `agentload --help` imports no package of the project)
+FIGURE_PROCESS = "analysis.figure_process"
+
+
 @dataclass(frozen=True)
 class Command:
-    """One top-level command: its name, data-flow group, one-line help and the module that registers it."""
+    """One top-level command: its name, data-flow group, one-line help and the module that registers it.
+
+    `figure`: the command draws a report's figure while it does little else, so `agentload` forks its
+    figure process (analysis/figure_process.py) before importing the module, whose imports
+    (the scoring: pandas, the measures) then run beside the child's import of matplotlib."""
 
     name: str
     group: str
     help: str
     module: str
+    figure: bool = False
 
 
 COMMANDS: list[Command] = [
@@ -98,7 +108,11 @@ COMMANDS: list[Command] = [
         "replay", "judge", "replay real runs in the simulator (their plan, arm, cell) and report parity", "cli.sim2real"
     ),
     Command(
-        "analyze", "judge", "score run directories with a registered rule; write verdict, report, figure", "cli.analyze"
+        "analyze",
+        "judge",
+        "score run directories with a registered rule; write verdict, report, figure",
+        "cli.analyze",
+        figure=True,
     ),
     Command(
         "provenance",

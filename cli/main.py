@@ -15,6 +15,10 @@ again and again, and once more at exit, cost a read-only command such as `analyz
 its ~2 s (issue 24). Objects made while the command runs are collected as before while it runs
 (what is cyclic garbage at exit is left to the process's end, as Python allows). A caller that runs
 `main(argv)` in-process (the tests) keeps its collector as it is.
+
+A command whose row asks for a figure process (`Command.figure`: `analyze`) has it forked here,
+before its module is imported (analysis/figure_process.py, imported here by name like the command
+modules, so that `agentload --help` imports nothing of the packages), and finds it as `args.figures`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ import gc
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from cli.commands import ACTIONS, BY_NAME, CLI, COMMANDS, modules_for
+from cli.commands import ACTIONS, BY_NAME, CLI, COMMANDS, FIGURE_PROCESS, modules_for
 from harness.errors import AgentloadError
+
+if TYPE_CHECKING:
+    from analysis.figure_process import FigureProcess
 
 
 def build(modules: Sequence[str] | None = None) -> CLI:
@@ -79,8 +87,21 @@ def _run(args_in: list[str], builder: Callable[[Sequence[str]], CLI]) -> int:
             file=sys.stderr,
         )
         return 2
+    row = BY_NAME.get(name) if name is not None else None
+    figures = None
+    if row is not None and row.figure and not {"-h", "--help"} & set(args_in):
+        figures = importlib.import_module(FIGURE_PROCESS).FigureProcess.start()
+    if figures is None:
+        return _build_and_call(args_in, builder, None)
+    with figures:  # told to end and reaped however the command ends
+        return _build_and_call(args_in, builder, figures)
+
+
+def _build_and_call(args_in: list[str], builder: Callable[[Sequence[str]], CLI], figures: FigureProcess | None) -> int:
     cli = builder(modules_for(args_in))
     args = cli.parser.parse_args(args_in)
+    if figures is not None:
+        args.figures = figures
     func = getattr(args, "func", None)
     if func is None:
         # a command group given without its action, or nothing at all

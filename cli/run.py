@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from analysis.judge import add_ref_options, refs_override, report_runs
+from analysis.judge import report_runs
+from analysis.ref_options import add_ref_options, refs_override
 from analysis.rules import load_rule
 from analysis.theory.predict import freeze_predictions
 from harness.config import load_test

@@ -48,6 +48,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# The project's bytecode, once: where the environment sets PYTHONDONTWRITEBYTECODE (as on the
+# machines CI runs on) Python never writes it, and every `agentload` a test starts would compile
+# each module it imports from source again (about 0.06 s of each command's start-up).
+.venv/bin/python -m compileall -q -j 0 analysis cli harness prereg provenance review runs sim2real slurm >/dev/null
 
 # The formatter, the linter and the type checker (configured in pyproject.toml) before any test: a
 # failure here stops the run in seconds (and the installs above with it).

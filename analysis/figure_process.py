@@ -1,0 +1,140 @@
+"""A report's figure drawn by a forked process that imported matplotlib while the command scored.
+
+Why: `analyze` of an 18-run test spent about 0.35 s importing matplotlib and 0.25 s drawing, after
+about 0.45 s importing the scoring (pandas, the measures) and 0.3 s scoring: 1.25-1.3 s in all,
+against issue 24's 1 s. Nothing in the figure's import depends on the scoring, and the machines this
+runs on have at least two cores, so the import runs beside it: `FigureProcess.start()` forks before
+the command imports its scoring; the child imports matplotlib and the Agg canvas and waits; the
+parent scores, sends the child the verdict and the judged runs (pickled, through a pipe), writes
+verdict.json and report.md while the child draws, and waits for the PNG.
+
+The figure is the same either way: the child runs the very `figure` function the parent would
+(`analysis.reports.<family>.figure`) on the same objects. Where the child cannot be had (no
+`os.fork`, or other threads run), cannot be sent its work, or reports a failure, the parent draws
+the figure itself, so a user gets the figure (or the drawing's own exception and traceback) as
+without the child. The child never writes to the command's output, and it ends with `os._exit`,
+so it neither flushes the parent's buffered output nor runs its exit handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis.forking import can_fork, read_all, write_all
+
+OK = b"ok"
+
+
+def draw_in_process(family: str, verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path) -> Path:
+    """The family module's figure, drawn here."""
+    mod = importlib.import_module(f"analysis.reports.{family}")
+    return Path(mod.figure(verdict, analyzed, path))
+
+
+def _child(requests: int, results: int) -> None:
+    """The forked process: import the canvas, then draw the one figure asked for (if any) and say
+    how it went: `OK`, or the failure's traceback."""
+    try:
+        import matplotlib.backends.backend_agg
+        import matplotlib.figure  # noqa: F401
+    except Exception:  # the parent draws it, and meets the error itself
+        pass
+    payload = read_all(requests)
+    if not payload:  # the parent ended, or drew the figure itself
+        return
+    try:
+        family, verdict, analyzed, path = pickle.loads(payload)
+        draw_in_process(family, verdict, analyzed, Path(path))
+        reply = OK
+    except BaseException:
+        reply = traceback.format_exc().encode()
+    write_all(results, reply)
+
+
+class FigureProcess:
+    """A forked child that draws one figure (see the module's docstring). Use as a context manager,
+    so that the child is told to end and reaped however the command ends."""
+
+    def __init__(self, pid: int, requests: int, results: int) -> None:
+        self.pid = pid
+        self._requests: int | None = requests
+        self._results = results
+        self._pending: tuple[str, Mapping[str, Any], Sequence[Any], Path] | None = None
+        self.failure: str | None = None  # what the child reported, when it did not draw
+
+    @classmethod
+    def start(cls) -> FigureProcess | None:
+        """Fork the child now, before the caller imports anything heavy (a fork copies it all);
+        None where forking is impossible or unsafe here (analysis.forking.can_fork)."""
+        if not can_fork():
+            return None
+        sys.stdout.flush()  # the child inherits the buffers; it never flushes them, but keep them empty
+        sys.stderr.flush()
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child; its work is checked through the parent
+            code = 1
+            try:
+                os.close(req_w)
+                os.close(res_r)
+                _child(req_r, res_w)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(res_w)
+        return cls(pid, req_w, res_r)
+
+    def submit(self, family: str, verdict: Mapping[str, Any], analyzed: Sequence[Any], path: Path) -> None:
+        """Send the child the figure to draw; `result()` waits for it."""
+        self._pending = (family, verdict, analyzed, path)
+        if self._requests is None:
+            return
+        try:
+            payload = pickle.dumps((family, verdict, analyzed, str(path)), protocol=pickle.HIGHEST_PROTOCOL)
+            write_all(self._requests, payload)
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
+            self.failure = f"not sent: {type(exc).__name__}: {exc}"
+        finally:
+            self._close_requests()
+
+    def result(self) -> Path:
+        """The figure's path once drawn: by the child, or here where the child did not draw it."""
+        if self._pending is None:
+            raise RuntimeError("FigureProcess.result() before submit()")
+        family, verdict, analyzed, path = self._pending
+        if self.failure is None:
+            reply = read_all(self._results)
+            self._reap()
+            if reply == OK:
+                return path
+            self.failure = reply.decode(errors="replace") or "the figure process ended without a reply"
+        return draw_in_process(family, verdict, analyzed, path)
+
+    def _close_requests(self) -> None:
+        if self._requests is not None:
+            os.close(self._requests)
+            self._requests = None
+
+    def _reap(self) -> None:
+        if self.pid:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid = 0
+
+    def __enter__(self) -> FigureProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_requests()  # a child still waiting reads the end of its input and exits
+        self._reap()
+        os.close(self._results)
