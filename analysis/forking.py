@@ -53,6 +53,19 @@ def read_all(fd: int) -> bytes:
         chunks.append(b)
 
 
+def read_exact(fd: int, n: int) -> bytes:
+    """`n` bytes, or fewer where the writer closed its end first."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        b = os.read(fd, min(n - got, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

@@ -51,9 +51,10 @@ FIGURE_PROCESS = "analysis.figure_process"
 class Command:
     """One top-level command: its name, data-flow group, one-line help and the module that registers it.
 
-    `figure`: the command draws a report's figure while it does little else, so `agentload` forks its
-    figure process (analysis/figure_process.py) before importing the module, whose imports
-    (the scoring: pandas, the measures) then run beside the child's import of matplotlib."""
+    `figure`: the command draws reports' figures, so `agentload` forks its figure process
+    (analysis/figure_process.py) before importing the module: the child's import of matplotlib then
+    runs beside the module's own imports (the scoring: pandas, the measures), and the figures are
+    drawn by a process that has it already."""
 
     name: str
     group: str
@@ -103,7 +104,7 @@ COMMANDS: list[Command] = [
         "cli.smoke",
     ),
     Command("run", "execute", "drive one arm x rate x seed of a test into a run directory", "cli.run"),
-    Command("test", "execute", "run a whole test (every arm x rate x seed) and score it", "cli.run"),
+    Command("test", "execute", "run a whole test (every arm x rate x seed) and score it", "cli.run", figure=True),
     Command(
         "replay", "judge", "replay real runs in the simulator (their plan, arm, cell) and report parity", "cli.sim2real"
     ),

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from analysis.forking import cpus
 from analysis.judge import report_runs
 from analysis.ref_options import add_ref_options, refs_override
 from analysis.rules import load_rule
@@ -207,6 +208,8 @@ def _cmd_test_run(args: argparse.Namespace) -> int:
             rule=args.rule,
             refs=refs_override(args),
             predictions=str(out / "predictions.json") if bundle.test.predictions == "freeze" else None,
+            figures=getattr(args, "figures", None),  # forked by cli.main before this module was imported
+            workers=cpus(),  # the pool is done: forks score the runs where no thread is left (analysis.forking)
         )
     else:
         print("no run completed: no verdict", flush=True)
@@ -357,6 +360,7 @@ def run_suite_command(args: argparse.Namespace) -> int:
             rule=None,
             refs=None,
             predictions=str(t.out / "predictions.json") if b.test.predictions == "freeze" else None,
+            figures=getattr(args, "figures", None),
         )
 
     for t, spec in zip(tests, specs):  # frozen before any run of any test exists

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq
 
 from analysis.arrays import FloatArray
 from analysis.theory.moments import WorkloadMoments
@@ -143,6 +142,8 @@ class Server:
             hi *= 2.0
             if hi > 1e12:
                 return math.inf
+        from scipy.optimize import brentq  # deferred (analysis/theory/model_f.py)
+
         return float(brentq(g, 0.0, hi, xtol=1e-12, rtol=1e-13))
 
     def decode_time_per_turn(self, nu: float, h: float) -> float:
@@ -179,6 +180,8 @@ class Server:
         hi = cap * (1.0 - 1e-12)
         if g(hi) <= 0.0:  # pragma: no cover - K_run diverges at the cap (Lemma 5)
             return hi
+        from scipy.optimize import brentq  # deferred (analysis/theory/model_f.py)
+
         return float(brentq(g, 0.0, hi, xtol=1e-14, rtol=1e-13))
 
 

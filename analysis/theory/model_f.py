@@ -17,8 +17,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import logsumexp
 
 from analysis.arrays import FloatArray
 from analysis.theory.entry import Batching, Server, all_miss_onset
@@ -106,6 +104,9 @@ class ModelF:
         """
         if lam <= 0:
             raise ValueError("lambda must be positive")
+        from scipy.optimize import brentq  # deferred: scipy costs a command ~0.3 s to import
+        from scipy.special import logsumexp
+
         la = np.log(lam * self.c * self.G)
         k = self.k
 
@@ -211,6 +212,8 @@ class ModelF:
         """alpha_PS solving lam sum_k c_k G_k int_{k-1}^{k} e^{-alpha a} da = 1 (Euler-Lotka)."""
         if self.rho(lam) <= 1.0:
             raise ValueError("the PS exponent is positive only for rho > 1")
+        from scipy.optimize import brentq
+
         a = lam * self.c * self.G
         k = self.k
 
@@ -233,6 +236,8 @@ class ModelF:
 
         xi is the least root of xi = E[exp(-lam W_T (1 - xi))], W_T = sum_{k<=T} c_k.
         """
+        from scipy.optimize import brentq
+
         W = np.cumsum(self.c)
         pmf = self.pmf
         if self.rho(lam) <= 1.0:

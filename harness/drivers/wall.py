@@ -34,9 +34,8 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 import numpy as np
 
 from harness.client.contract import Client, Send, Timer, TurnResponse
@@ -46,6 +45,9 @@ from harness.recording.schema import RunStatus
 from harness.servers.base import ParsedTurn, ResponseError
 from harness.servers.keepalive import engine_session
 
+if TYPE_CHECKING:
+    import aiohttp
+
 HEALTH_TRIES = 3  # after a dropped connection, /health is asked this many times before the server counts as gone
 HEALTH_GAP_S = 1.0
 ENGINE_TIMINGS = ("queue_time", "engine_ttft", "engine_decode")  # ParsedTurn.extra keys, seconds
@@ -53,7 +55,14 @@ ENGINE_TIMINGS = ("queue_time", "engine_ttft", "engine_decode")  # ParsedTurn.ex
 log = logging.getLogger("agentload.driver")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError)
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What a dropped connection raises. aiohttp is imported here, not at the top: the simulator's
+    commands import this module (runs.realrun) and never drive HTTP (~0.1 s of `test run`)."""
+    import aiohttp
+
+    return (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError)
 
 
 class Transport(Protocol):
@@ -95,6 +104,7 @@ class _Driver:
         self.server_alive = server_alive
         self.progress = progress
         self.http = session
+        self.connection_errors = _connection_errors()
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.timers: dict[int, asyncio.TimerHandle] = {}
@@ -214,7 +224,7 @@ class _Driver:
             )
         except asyncio.CancelledError:
             raise  # abandoned at the end of the drive
-        except _CONNECTION_ERRORS as exc:
+        except self.connection_errors as exc:
             conn_error = True
             tr = self._failed(
                 send, "error", t_send, t_first, f"connection: {type(exc).__name__}: {exc}".strip(), http_status
@@ -280,6 +290,8 @@ class _Driver:
         timeout or a 5xx is not on its own (a loaded server on a quarter of a CPU can drop one
         connection and be slow to answer), so those are asked again on fresh connections,
         HEALTH_TRIES times HEALTH_GAP_S apart, and only a server failing every try is gone."""
+        import aiohttp
+
         reason: str | None = None
         for i in range(HEALTH_TRIES):
             if i:
@@ -523,4 +535,6 @@ def _open_session() -> aiohttp.ClientSession:
     """The drive's own HTTP session (harness/servers/keepalive.py: no connection cap, idle connections
     closed before the server's keep-alive timer). Timeouts are per request (asyncio.timeout) so
     that they cover the whole reply."""
+    import aiohttp
+
     return engine_session(timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))

@@ -110,8 +110,9 @@ def test_forked_scoring_and_figure_are_those_of_one_process(tmp_path: Path, monk
     assert figures is not None
     with figures:
         there, _ = write_report(two, analyzed2, tmp_path / "there", figures=figures)
-    assert figures.failure is None and not drawn_here  # the child drew it
-    assert here["figure"].read_bytes() == there["figure"].read_bytes()
+        again, _ = write_report(two, analyzed2, tmp_path / "again", figures=figures)  # a second test's
+    assert figures.failure is None and not drawn_here  # the child drew both
+    assert here["figure"].read_bytes() == there["figure"].read_bytes() == again["figure"].read_bytes()
     assert here["verdict"].read_bytes() == there["verdict"].read_bytes()
 
 
@@ -130,9 +131,11 @@ def test_a_figure_the_child_fails_to_draw_is_drawn_here(tmp_path: Path, monkeypa
     figures = FigureProcess.start()
     assert figures is not None
     with figures:
-        paths, _ = write_report(verdict, analyzed, tmp_path, figures=figures)
-    assert figures.failure is not None and "no canvas in the child" in figures.failure
+        paths, _ = write_report(verdict, analyzed, tmp_path / "a", figures=figures)
+        assert figures.failure is not None and "no canvas in the child" in figures.failure
+        later, _ = write_report(verdict, analyzed, tmp_path / "b", figures=figures)  # drawn here too
     assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert later["figure"].read_bytes() == paths["figure"].read_bytes()
 
 
 @needs_fork
