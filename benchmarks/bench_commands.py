@@ -76,7 +76,10 @@ def timed(tree: Path, args: list[str]) -> tuple[float, float]:
         [sys.executable, "-m", "cli.main", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=600
     )
     dt, cpu = time.perf_counter() - t0, _children_cpu() - c0
-    if done.returncode not in (0, 1):  # analyze exits 1 for a verdict other than PASS, check for a refusal
+    crashed = done.returncode == 1 and (
+        "Traceback (most recent call last)" in done.stderr or "No module named" in done.stderr
+    )
+    if done.returncode not in (0, 1) or crashed:  # analyze exits 1 for a verdict other than PASS, check for a refusal
         raise SystemExit(f"agentload {' '.join(args)} (from {tree}) exited {done.returncode}:\n{done.stderr[-2000:]}")
     return dt, cpu
 
