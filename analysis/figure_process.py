@@ -24,13 +24,12 @@ import importlib
 import os
 import pickle
 import signal
-import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.forking import can_fork, read_exact, write_all
+from analysis.forking import can_fork, fork_child, read_exact, write_all
 
 OK = b"ok"
 
@@ -92,20 +91,9 @@ class FigureProcess:
         (analysis.forking.can_fork)."""
         if not can_fork():
             return None
-        sys.stdout.flush()  # the child inherits the buffers; it never flushes them, but keep them empty
-        sys.stderr.flush()
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child; its work is checked through the parent
-            code = 1
-            try:
-                os.close(req_w)
-                os.close(res_r)
-                _child(req_r, res_w)
-                code = 0
-            finally:
-                os._exit(code)
+        pid = fork_child(lambda: _child(req_r, res_w), close=(req_w, res_r))
         os.close(req_r)
         os.close(res_w)
         return cls(pid, req_w, res_r)

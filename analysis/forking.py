@@ -16,6 +16,7 @@ nor run its exit handlers or a test runner's teardown.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
@@ -72,6 +73,26 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def fork_child(body: Callable[[], None], close: Sequence[int] = ()) -> int:
+    """Fork; the child closes the descriptors `close` (the parent's ends of its pipes), runs `body`
+    and ends with `os._exit` (0 once `body` returns, 1 if it raised); the parent gets its pid. The
+    output buffers are flushed first: the child inherits them and never flushes them, but they are
+    kept empty."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its work is checked through the parent
+        code = 1
+        try:
+            for fd in close:
+                os.close(fd)
+            body()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
 def shares(n_items: int, workers: int) -> list[range]:
     """Contiguous index ranges, as even as they come, for at most `workers` processes with at least
     MIN_SHARE items each (one range where forking would not pay)."""
@@ -94,25 +115,19 @@ def forked_map(func: Callable[[T], R], items: Sequence[T], workers: int) -> list
     parts = shares(len(items), workers) if can_fork() else [range(len(items))]
     if len(parts) == 1:
         return [func(x) for x in items]
-    sys.stdout.flush()  # a child inherits the buffers; it never flushes them, but keep them empty
-    sys.stderr.flush()
     children: list[tuple[int, int, range]] = []
+
+    def share(part: range, w: int) -> None:  # in the child
+        try:
+            payload = pickle.dumps([func(items[i]) for i in part], protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            payload = b""  # the parent does this share and meets the error itself
+        write_all(w, payload)
+
     try:
         for part in parts[1:]:
             r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child; its results are checked through the parent
-                code = 1
-                try:
-                    os.close(r)
-                    try:
-                        payload = pickle.dumps([func(items[i]) for i in part], protocol=pickle.HIGHEST_PROTOCOL)
-                    except BaseException:
-                        payload = b""  # the parent does this share and meets the error itself
-                    write_all(w, payload)
-                    code = 0
-                finally:
-                    os._exit(code)
+            pid = fork_child(functools.partial(share, part, w), close=(r,))
             os.close(w)
             children.append((pid, r, part))
         out = [func(items[i]) for i in parts[0]]

@@ -16,7 +16,7 @@ its ~2 s (issue 24). Objects made while the command runs are collected as before
 (what is cyclic garbage at exit is left to the process's end, as Python allows). A caller that runs
 `main(argv)` in-process (the tests) keeps its collector as it is.
 
-A command whose row asks for a figure process (`Command.figure`: `analyze`) has it forked here,
+A command whose row asks for a figure process (`Command.figure`: `analyze`, `test`) has it forked here,
 before its module is imported (analysis/figure_process.py, imported here by name like the command
 modules, so that `agentload --help` imports nothing of the packages), and finds it as `args.figures`.
 """

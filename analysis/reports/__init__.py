@@ -53,8 +53,7 @@ def write_report(
         figures.submit(family, verdict, analyzed, figure_path)
     vj = out / "verdict.json"
     vj.write_bytes(orjson.dumps(verdict, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    mod = importlib.import_module(f"analysis.reports.{family}")
-    md = mod.markdown(verdict)
+    md = module_for(verdict).markdown(verdict)
     rp = out / "report.md"
     rp.write_text(md + "\n\n![figure](figure.png)\n")
     fig = figures.result() if figures is not None else draw_in_process(family, verdict, analyzed, figure_path)
