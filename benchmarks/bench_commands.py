@@ -39,11 +39,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 EVIDENCE = ROOT / "evidence" / "e2-vllm-cpu-tiny-65k-quarter" / "test"
 RULE = "e2-cpu-65k-quarter"
 REGISTRATION = "prereg/registrations/e2-vllm-cpu-tiny-65k-quarter.yaml"  # relative: each checkout's own
 TARGET_S = 1.0
 BYTECODE = True  # main(): --no-bytecode leaves the environment's PYTHONDONTWRITEBYTECODE as it is
+
+from benchmarks.bench_main_job import crashed  # noqa: E402 - the one test of a crash for both benchmarks
 
 
 def commands(testdir: Path, out: Path, rule: str) -> dict[str, list[str]]:
@@ -76,10 +79,7 @@ def timed(tree: Path, args: list[str]) -> tuple[float, float]:
         [sys.executable, "-m", "cli.main", *args], cwd=tree, env=env, capture_output=True, text=True, timeout=600
     )
     dt, cpu = time.perf_counter() - t0, _children_cpu() - c0
-    crashed = done.returncode == 1 and (
-        "Traceback (most recent call last)" in done.stderr or "No module named" in done.stderr
-    )
-    if done.returncode not in (0, 1) or crashed:  # analyze exits 1 for a verdict other than PASS, check for a refusal
+    if crashed(done):  # analyze exits 1 for a verdict other than PASS, check for a refusal
         raise SystemExit(f"agentload {' '.join(args)} (from {tree}) exited {done.returncode}:\n{done.stderr[-2000:]}")
     return dt, cpu
 

@@ -41,14 +41,22 @@ def entry_module(tree: Path) -> str:
     return "cli.main" if (tree / "cli" / "main.py").exists() else "harness.cli"
 
 
+def crashed(proc: subprocess.CompletedProcess[str]) -> bool:
+    """Whether `agentload` crashed rather than answered. Exit 1 is a verdict that is not a pass (or a
+    refusal) unless Python's own crash output says otherwise: an uncaught exception, or a module
+    missing from a checkout of another layout, exits 1 too. Anything else above 0 is a crash."""
+    if proc.returncode == 1:
+        return "Traceback (most recent call last)" in proc.stderr or "No module named" in proc.stderr
+    return proc.returncode != 0
+
+
 def run_in_tree(tree: Path, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
     """`agentload ARGV` run by the code checked out at `tree` (its own entry point, the checkout first
-    on the path, from its top folder); exit 1 is a verdict that is not a pass, anything else above 0
-    a crash, which stops the benchmark with its error output."""
+    on the path, from its top folder); a crash (`crashed`) stops the benchmark with its error output."""
     code = f"import sys; from {entry_module(tree)} import main; sys.exit(main())"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tree, env=env, capture_output=True, text=True)
-    if proc.returncode not in (0, 1):
+    if crashed(proc):
         raise SystemExit(f"{tree}: {what} crashed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
 
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    if proc.returncode not in (0, 1):  # 1 = the verdict is not PASS; anything else is a crash
+    if crashed(proc):
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
